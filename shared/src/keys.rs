@@ -1,0 +1,146 @@
+//! The Redis key schema, in one typed place. README.md documents it for ops.
+//!
+//! Every key starts with a prefix (`REDIS_KEY_PREFIX`, default `sr`) so several
+//! deployments, or several test runs, can share one Redis without meeting.
+//!
+//! | key | type | what |
+//! |---|---|---|
+//! | `{p}:jobs` | stream | one entry per submitted task: `task_id` |
+//! | `{p}:task:{id}` | hash | the task record (fields: [`Field`]) |
+//! | `{p}:task:{id}:zip` | string | the submitted zip, until a worker extracts it |
+//! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
+//! | `{p}:workers` | set | names of every worker that ever registered |
+
+/// The consumer group every worker joins on the jobs stream.
+pub const WORKER_GROUP: &str = "workers";
+
+/// Builds key names for one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub const DEFAULT_PREFIX: &'static str = "sr";
+
+    pub fn new(prefix: impl Into<String>) -> Keys {
+        Keys { prefix: prefix.into() }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The stream the api appends jobs to and workers read from.
+    pub fn jobs(&self) -> String {
+        format!("{}:jobs", self.prefix)
+    }
+
+    pub fn task(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}", self.prefix)
+    }
+
+    pub fn task_zip(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}:zip", self.prefix)
+    }
+
+    pub fn worker(&self, name: &str) -> String {
+        format!("{}:worker:{name}", self.prefix)
+    }
+
+    pub fn workers(&self) -> String {
+        format!("{}:workers", self.prefix)
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Keys::new(Self::DEFAULT_PREFIX)
+    }
+}
+
+/// The fields of a task hash. Timestamps are Unix milliseconds read from Redis's
+/// own clock (`TIME`), so api and worker hosts never compare skewed clocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Field {
+    /// `TaskState::as_str()`.
+    State,
+    /// The runtime name the client asked for.
+    Runtime,
+    /// The image that runtime resolved to when the task was submitted.
+    Image,
+    /// The decoded shell one-liner.
+    Command,
+    /// The effective timeout in seconds.
+    TimeoutSeconds,
+    /// `1` when a zip was submitted (then stored under `Keys::task_zip`).
+    HasZip,
+    CreatedAt,
+    /// When a worker claimed it.
+    ClaimedAt,
+    /// When its container started; absent if it never did.
+    StartedAt,
+    FinishedAt,
+    /// Time of the last byte on stdout or stderr.
+    LastOutputAt,
+    /// The worker (consumer name) holding it.
+    Worker,
+    /// The Docker container id while it exists.
+    Container,
+    ExitCode,
+    /// The sentence shown to clients.
+    Reason,
+    /// `ReasonKind::as_str()`.
+    ReasonKind,
+    /// The last bytes (at most the tail cap) of stdout / stderr, raw.
+    StdoutTail,
+    StderrTail,
+    /// Total bytes the script wrote to stdout / stderr.
+    StdoutBytes,
+    StderrBytes,
+}
+
+impl Field {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Field::State => "state",
+            Field::Runtime => "runtime",
+            Field::Image => "image",
+            Field::Command => "command",
+            Field::TimeoutSeconds => "timeout_seconds",
+            Field::HasZip => "has_zip",
+            Field::CreatedAt => "created_at",
+            Field::ClaimedAt => "claimed_at",
+            Field::StartedAt => "started_at",
+            Field::FinishedAt => "finished_at",
+            Field::LastOutputAt => "last_output_at",
+            Field::Worker => "worker",
+            Field::Container => "container",
+            Field::ExitCode => "exit_code",
+            Field::Reason => "reason",
+            Field::ReasonKind => "reason_kind",
+            Field::StdoutTail => "stdout_tail",
+            Field::StderrTail => "stderr_tail",
+            Field::StdoutBytes => "stdout_bytes",
+            Field::StderrBytes => "stderr_bytes",
+        }
+    }
+}
+
+/// The field of a jobs-stream entry that names the task.
+pub const JOB_TASK_ID: &str = "task_id";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_prefix() {
+        let k = Keys::new("t1");
+        assert_eq!(k.jobs(), "t1:jobs");
+        assert_eq!(k.task("abc"), "t1:task:abc");
+        assert_eq!(k.task_zip("abc"), "t1:task:abc:zip");
+        assert_eq!(k.worker("w"), "t1:worker:w");
+        assert_eq!(Keys::default().jobs(), "sr:jobs");
+    }
+}

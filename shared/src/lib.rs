@@ -1,0 +1,17 @@
+//! What the api and the worker agree on: task states and reasons, the Redis key
+//! schema and hash fields, the Lua scripts that move a task between states, the
+//! runtime catalogue, output tails and the zip safety rules.
+//!
+//! Invariant: this crate does no I/O. It holds types, names and pure functions, so
+//! both binaries (and ops reading Redis by hand) see one definition of each.
+
+pub mod keys;
+pub mod runtimes;
+pub mod scripts;
+pub mod tail;
+pub mod task;
+pub mod zipcheck;
+
+pub use keys::{Field, Keys};
+pub use runtimes::{RuntimeCatalog, RuntimeError};
+pub use task::{ReasonKind, TaskState};

@@ -1,0 +1,199 @@
+//! The task state machine.
+//!
+//! ```text
+//! queued ──claim──▶ running ──finish──▶ succeeded | failed | timed-out | killed
+//!    └──────────────kill_task──────────────────────────────────────────▶ killed
+//! ```
+//! Terminal states are final: every Lua script in [`crate::scripts`] that writes a
+//! state first checks that the current one is not terminal, inside Redis, atomically.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a task is in its life. Stored in the task hash as its `as_str()` form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskState {
+    /// Accepted and waiting in the stream for a worker with a free slot.
+    Queued,
+    /// Claimed by a worker: its workspace and container are being prepared or run.
+    Running,
+    /// The script exited with code 0.
+    Succeeded,
+    /// The script exited non-zero, ran out of memory, or could not be started.
+    Failed,
+    /// Stopped by `kill_task`, or lost with its worker.
+    Killed,
+    /// Still running when its wall-clock timeout expired.
+    TimedOut,
+}
+
+impl TaskState {
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Queued,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Failed,
+        TaskState::Killed,
+        TaskState::TimedOut,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Queued => "queued",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Failed => "failed",
+            TaskState::Killed => "killed",
+            TaskState::TimedOut => "timed-out",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskState::Queued | TaskState::Running)
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("unknown task state {0:?}")]
+pub struct UnknownState(pub String);
+
+impl FromStr for TaskState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// Why a task reached its terminal state. Stored as `reason_kind` next to the
+/// human sentence in `reason`, so ops and code can branch on it without parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReasonKind {
+    /// The container exited by itself, with the recorded exit code.
+    Exited,
+    /// The wall-clock timeout expired.
+    TimedOut,
+    /// `kill_task` was called.
+    KilledByUser,
+    /// The container hit its memory cap.
+    OutOfMemory,
+    /// The container could not be created or started (e.g. the image is missing).
+    StartFailed,
+    /// The workspace could not be prepared (e.g. the zip could not be extracted).
+    WorkspaceFailed,
+    /// The worker that held the task stopped heartbeating.
+    WorkerLost,
+    /// The worker that held the task restarted while it was running.
+    WorkerRestarted,
+}
+
+impl ReasonKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasonKind::Exited => "exited",
+            ReasonKind::TimedOut => "timed-out",
+            ReasonKind::KilledByUser => "killed-by-user",
+            ReasonKind::OutOfMemory => "out-of-memory",
+            ReasonKind::StartFailed => "start-failed",
+            ReasonKind::WorkspaceFailed => "workspace-failed",
+            ReasonKind::WorkerLost => "worker-lost",
+            ReasonKind::WorkerRestarted => "worker-restarted",
+        }
+    }
+}
+
+/// The sentence shown to clients for a kill requested through `kill_task`.
+pub const KILLED_BY_USER_REASON: &str = "killed by kill_task";
+
+/// A terminal outcome as the worker decides it: state, reason and exit code together,
+/// so they cannot disagree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub state: TaskState,
+    pub kind: ReasonKind,
+    pub reason: String,
+    pub exit_code: Option<i64>,
+}
+
+impl Outcome {
+    /// The container exited by itself. `oom_killed` comes from Docker's inspect
+    /// (unreliable on cgroup v2, hence the 137 heuristic is the caller's to apply).
+    pub fn exited(exit_code: i64, oom_killed: bool, memory_mib: u64) -> Outcome {
+        if oom_killed {
+            return Outcome {
+                state: TaskState::Failed,
+                kind: ReasonKind::OutOfMemory,
+                reason: format!("out of memory (limit {memory_mib} MiB)"),
+                exit_code: Some(exit_code),
+            };
+        }
+        let (state, reason) = if exit_code == 0 {
+            (TaskState::Succeeded, "exited with code 0".to_owned())
+        } else {
+            (TaskState::Failed, format!("exited with code {exit_code}"))
+        };
+        Outcome { state, kind: ReasonKind::Exited, reason, exit_code: Some(exit_code) }
+    }
+
+    pub fn timed_out(timeout_seconds: u64) -> Outcome {
+        Outcome {
+            state: TaskState::TimedOut,
+            kind: ReasonKind::TimedOut,
+            reason: format!("timed out after {timeout_seconds} s"),
+            exit_code: None,
+        }
+    }
+
+    pub fn failed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
+        Outcome { state: TaskState::Failed, kind, reason: reason.into(), exit_code: None }
+    }
+
+    pub fn killed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
+        Outcome { state: TaskState::Killed, kind, reason: reason.into(), exit_code: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_their_stored_form() {
+        for st in TaskState::ALL {
+            assert_eq!(st.as_str().parse::<TaskState>(), Ok(st));
+            // The serde form is what clients see; it must equal the stored form.
+            assert_eq!(serde_json::to_value(st).ok(), Some(serde_json::json!(st.as_str())));
+        }
+        assert!("done".parse::<TaskState>().is_err());
+    }
+
+    #[test]
+    fn only_queued_and_running_are_not_terminal() {
+        let open: Vec<_> = TaskState::ALL.into_iter().filter(|s| !s.is_terminal()).collect();
+        assert_eq!(open, vec![TaskState::Queued, TaskState::Running]);
+    }
+
+    #[test]
+    fn exit_outcomes_carry_code_and_sentence() {
+        let ok = Outcome::exited(0, false, 512);
+        assert_eq!((ok.state, ok.exit_code), (TaskState::Succeeded, Some(0)));
+        let bad = Outcome::exited(3, false, 512);
+        assert_eq!(bad.state, TaskState::Failed);
+        assert_eq!(bad.reason, "exited with code 3");
+        let oom = Outcome::exited(137, true, 256);
+        assert_eq!(oom.reason, "out of memory (limit 256 MiB)");
+        assert_eq!(Outcome::timed_out(300).reason, "timed out after 300 s");
+    }
+}
