@@ -1,1 +1,36 @@
-fn main(){}
+//! `script-runner-api`: loads the config from the environment, binds, serves until
+//! SIGINT/SIGTERM.
+
+use anyhow::Context;
+use script_runner_api::{Config, run};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let config = Config::from_env().context("invalid configuration")?;
+    let listener = tokio::net::TcpListener::bind(config.listen_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen_addr))?;
+    run(listener, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}

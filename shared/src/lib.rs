@@ -5,11 +5,13 @@
 //! Invariant: this crate does no I/O. It holds types, names and pure functions, so
 //! both binaries (and ops reading Redis by hand) see one definition of each.
 
+pub mod envvar;
 pub mod keys;
 pub mod runtimes;
 pub mod scripts;
 pub mod tail;
 pub mod task;
+pub mod time;
 pub mod zipcheck;
 
 pub use keys::{Field, Keys};

@@ -97,6 +97,8 @@ pub enum ReasonKind {
     WorkerLost,
     /// The worker that held the task restarted while it was running.
     WorkerRestarted,
+    /// The worker shut down (after its grace period) while the task was running.
+    WorkerShutdown,
 }
 
 impl ReasonKind {
@@ -110,6 +112,7 @@ impl ReasonKind {
             ReasonKind::WorkspaceFailed => "workspace-failed",
             ReasonKind::WorkerLost => "worker-lost",
             ReasonKind::WorkerRestarted => "worker-restarted",
+            ReasonKind::WorkerShutdown => "worker-shutdown",
         }
     }
 }

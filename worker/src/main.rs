@@ -1,1 +1,34 @@
-fn main(){}
+//! `script-runner-worker`: loads the config from the environment and runs until
+//! SIGINT/SIGTERM.
+
+use anyhow::Context;
+use script_runner_worker::{Config, run};
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    // Loaded before the runtime starts: it reads /etc/hostname, a blocking call.
+    let config = Config::from_env().context("invalid configuration")?;
+    tokio::runtime::Runtime::new()?.block_on(async {
+        run(config, shutdown_signal()).await.context("worker failed")
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}

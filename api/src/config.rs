@@ -1,0 +1,171 @@
+//! The api's configuration, loaded from the environment. `.env.example` lists every
+//! variable with its default; README.md explains each.
+
+use std::net::SocketAddr;
+
+use shared::envvar::{VarError, parse_list, parse_or, parse_range};
+use shared::zipcheck::ZipLimits;
+use shared::{Keys, RuntimeCatalog, RuntimeError};
+
+/// Shortest bearer token the api accepts: anything shorter is guessable.
+pub const MIN_TOKEN_LEN: usize = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "SCRIPT_RUNNER_TOKEN is not set: every request to /mcp must carry it as a bearer token \
+         (generate one with `openssl rand -hex 32`)"
+    )]
+    MissingToken,
+    #[error("SCRIPT_RUNNER_TOKEN is {0} characters long; it must be at least {MIN_TOKEN_LEN}")]
+    ShortToken(usize),
+    #[error(transparent)]
+    Var(#[from] VarError),
+    #[error("RUNTIME_IMAGES: {0}")]
+    Runtime(#[from] RuntimeError),
+    #[error(
+        "DEFAULT_TIMEOUT_SECONDS ({default}) must not exceed MAX_TIMEOUT_SECONDS ({max})"
+    )]
+    DefaultAboveMax { default: u64, max: u64 },
+}
+
+/// Everything the api needs to run.
+#[derive(Clone)]
+pub struct Config {
+    /// `SCRIPT_RUNNER_TOKEN`: the bearer token every `/mcp` request must carry.
+    pub token: String,
+    /// `REDIS_URL`: where tasks and the job stream live.
+    pub redis_url: String,
+    /// `REDIS_KEY_PREFIX`: prefix of every Redis key (default `sr`).
+    pub keys: Keys,
+    /// `LISTEN_ADDR`: the HTTP listen address.
+    pub listen_addr: SocketAddr,
+    /// `ALLOWED_HOSTS`: Host header values accepted on `/mcp` (DNS-rebinding protection).
+    pub allowed_hosts: Vec<String>,
+    /// `RUNTIME_IMAGES`: runtime name to image.
+    pub runtimes: RuntimeCatalog,
+    /// `DEFAULT_TIMEOUT_SECONDS`: a task's timeout when the client gives none.
+    pub default_timeout_seconds: u64,
+    /// `MAX_TIMEOUT_SECONDS`: larger requested timeouts are lowered to this.
+    pub max_timeout_seconds: u64,
+    /// `MAX_COMMAND_BYTES`: the longest decoded one-liner.
+    pub max_command_bytes: usize,
+    /// `MAX_ZIP_BYTES`: the largest decoded zip.
+    pub max_zip_bytes: usize,
+    /// `ZIP_MAX_ENTRIES` / `ZIP_MAX_EXPANDED_BYTES`: caps on what a zip may hold.
+    pub zip_limits: ZipLimits,
+    /// `MAX_QUEUED_TASKS`: `run_script` refuses new work while this many jobs wait.
+    pub max_queued_tasks: u64,
+    /// `TASK_RETENTION_SECONDS`: how long a finished task's record is kept.
+    pub retention_seconds: u64,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the token.
+        f.debug_struct("Config")
+            .field("redis_url", &self.redis_url)
+            .field("listen_addr", &self.listen_addr)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("runtimes", &self.runtimes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `get`, so tests can configure without touching the
+    /// process environment.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let var = |name: &str| get(name);
+        let token = var("SCRIPT_RUNNER_TOKEN").filter(|t| !t.is_empty()).ok_or(ConfigError::MissingToken)?;
+        if token.chars().count() < MIN_TOKEN_LEN {
+            return Err(ConfigError::ShortToken(token.chars().count()));
+        }
+        let default_timeout_seconds =
+            parse_range("DEFAULT_TIMEOUT_SECONDS", var("DEFAULT_TIMEOUT_SECONDS").as_deref(), 300, 1, 86_400)?;
+        let max_timeout_seconds =
+            parse_range("MAX_TIMEOUT_SECONDS", var("MAX_TIMEOUT_SECONDS").as_deref(), 3600, 1, 86_400)?;
+        if default_timeout_seconds > max_timeout_seconds {
+            return Err(ConfigError::DefaultAboveMax {
+                default: default_timeout_seconds,
+                max: max_timeout_seconds,
+            });
+        }
+        let defaults = ZipLimits::default();
+        Ok(Config {
+            token,
+            redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
+            keys: Keys::new(var("REDIS_KEY_PREFIX").unwrap_or_else(|| Keys::DEFAULT_PREFIX.into())),
+            listen_addr: parse_or(
+                "LISTEN_ADDR",
+                var("LISTEN_ADDR").as_deref(),
+                SocketAddr::from(([0, 0, 0, 0], 8080)),
+                "an address and port such as 0.0.0.0:8080",
+            )?,
+            allowed_hosts: parse_list(var("ALLOWED_HOSTS").as_deref(), "localhost,127.0.0.1,::1"),
+            runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
+            default_timeout_seconds,
+            max_timeout_seconds,
+            max_command_bytes: parse_range("MAX_COMMAND_BYTES", var("MAX_COMMAND_BYTES").as_deref(), 65_536, 1, 1 << 20)? as usize,
+            max_zip_bytes: parse_range("MAX_ZIP_BYTES", var("MAX_ZIP_BYTES").as_deref(), 16 << 20, 1, 256 << 20)? as usize,
+            zip_limits: ZipLimits {
+                max_entries: parse_range("ZIP_MAX_ENTRIES", var("ZIP_MAX_ENTRIES").as_deref(), defaults.max_entries as u64, 1, 1_000_000)? as usize,
+                max_expanded_bytes: parse_range(
+                    "ZIP_MAX_EXPANDED_BYTES",
+                    var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
+                    defaults.max_expanded_bytes,
+                    1,
+                    1 << 40,
+                )?,
+                max_ratio: defaults.max_ratio,
+            },
+            max_queued_tasks: parse_range("MAX_QUEUED_TASKS", var("MAX_QUEUED_TASKS").as_deref(), 10_000, 1, 10_000_000)?,
+            retention_seconds: parse_range("TASK_RETENTION_SECONDS", var("TASK_RETENTION_SECONDS").as_deref(), 86_400, 60, 365 * 86_400)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> =
+            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    const TOKEN: (&str, &str) = ("SCRIPT_RUNNER_TOKEN", "0123456789abcdef0123456789abcdef");
+
+    #[test]
+    fn refuses_to_start_without_a_long_enough_token() {
+        assert!(matches!(load(&[]), Err(ConfigError::MissingToken)));
+        let short = load(&[("SCRIPT_RUNNER_TOKEN", "short")]);
+        assert!(matches!(short, Err(ConfigError::ShortToken(5))));
+        assert!(short.err().map(|e| e.to_string()).is_some_and(|m| m.contains("at least 32")));
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let c = load(&[TOKEN]).expect("config");
+        assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
+        assert_eq!(c.listen_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
+        assert_eq!((c.default_timeout_seconds, c.max_timeout_seconds), (300, 3600));
+        assert_eq!(c.runtimes.image("python3.8"), Some("python:3.8-slim"));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = load(&[TOKEN, ("MAX_TIMEOUT_SECONDS", "soon")]).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.starts_with("MAX_TIMEOUT_SECONDS=\"soon\"")));
+        let e = load(&[TOKEN, ("DEFAULT_TIMEOUT_SECONDS", "600"), ("MAX_TIMEOUT_SECONDS", "60")]);
+        assert!(matches!(e, Err(ConfigError::DefaultAboveMax { .. })));
+    }
+}

@@ -1,0 +1,128 @@
+//! The MCP front end of script-runner: stateless Streamable HTTP at `POST /mcp`
+//! behind a bearer token, and an open `GET /healthz`.
+//!
+//! `run(listener, config, shutdown)` is the whole server; the binary only loads
+//! the config and binds. Tests start it on port 0.
+
+pub mod config;
+pub mod store;
+pub mod tools;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+use store::{Store, StoreError};
+use tools::ScriptRunner;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the HTTP server failed: {0}")]
+    Serve(#[from] std::io::Error),
+}
+
+/// Serves until `shutdown` resolves, then finishes in-flight requests.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ApiError> {
+    let cancel = CancellationToken::new();
+    let app = router(config, cancel.clone())?;
+    tracing::info!(addr = %listener.local_addr()?, "api listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            cancel.cancel();
+        })
+        .await?;
+    Ok(())
+}
+
+/// The axum app: `/mcp` (authenticated) and `/healthz` (open).
+pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, StoreError> {
+    let config = Arc::new(config);
+    let store = Store::new(&config.redis_url, config.keys.clone())?;
+    // base64 makes the zip 4/3 larger; leave room for the JSON-RPC envelope and command.
+    let max_body = config.max_zip_bytes / 3 * 4 + config.max_command_bytes * 2 + (1 << 20);
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_allowed_hosts(config.allowed_hosts.clone())
+        .with_max_request_body_bytes(max_body)
+        .with_cancellation_token(cancel);
+    let factory = {
+        let (store, config) = (store.clone(), config.clone());
+        move || Ok(ScriptRunner::new(store.clone(), config.clone()))
+    };
+    let mcp = StreamableHttpService::new(factory, Arc::new(NeverSessionManager::default()), mcp_config);
+    let token = Arc::new(config.token.clone().into_bytes());
+    let authed = Router::new()
+        .route_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(token, require_bearer));
+    Ok(Router::new().route("/healthz", get(healthz)).with_state(store).merge(authed))
+}
+
+/// 401 with `WWW-Authenticate: Bearer` unless the request carries the token.
+/// Runs before any MCP processing.
+async fn require_bearer(State(token): State<Arc<Vec<u8>>>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .map(<[u8]>::trim_ascii);
+    match presented {
+        Some(p) if constant_time_eq(p, &token) => next.run(req).await,
+        _ => {
+            let mut resp = (StatusCode::UNAUTHORIZED, "missing or invalid bearer token\n").into_response();
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"script-runner\""));
+            resp
+        }
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a guess
+/// was right. (The length of the token is not a secret worth protecting.)
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// 200 when Redis answers a PING within a second, else 503 with the reason.
+async fn healthz(State(store): State<Store>) -> Response {
+    match tokio::time::timeout(Duration::from_secs(1), store.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ok\n").into_response(),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {e}\n")).into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy: Redis did not answer within 1 s\n")
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn token_comparison_needs_every_byte() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abd", b"abc"));
+        assert!(!constant_time_eq(b"ab", b"abc"));
+    }
+}

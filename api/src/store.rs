@@ -1,0 +1,157 @@
+//! The api's view of Redis: submit a task, read one, kill one, check reachability.
+//! Key names and hash fields come from `shared`; multi-step changes are atomic
+//! (MULTI for submit, Lua for kill).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, AsyncCommands, Script};
+use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+use shared::keys::JOB_TASK_ID;
+use shared::task::KILLED_BY_USER_REASON;
+use shared::{Field, Keys, ReasonKind, TaskState, scripts};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the task store (Redis) is unreachable: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+    #[error("the task store (Redis) failed: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("the task store returned an unexpected value: {0}")]
+    Corrupt(String),
+    #[error("could not create the Redis pool: {0}")]
+    CreatePool(#[from] deadpool_redis::CreatePoolError),
+}
+
+/// A task as `run_script` hands it to the queue.
+pub struct NewTask<'a> {
+    pub id: &'a str,
+    pub runtime: &'a str,
+    pub image: &'a str,
+    pub command: &'a str,
+    pub timeout_seconds: u64,
+    pub zip: Option<&'a [u8]>,
+}
+
+/// A task hash as read, with Redis's clock at the moment of the read.
+pub struct TaskRecord {
+    pub fields: HashMap<String, Vec<u8>>,
+    pub now_ms: i64,
+}
+
+impl TaskRecord {
+    pub fn bytes(&self, f: Field) -> Option<&[u8]> {
+        self.fields.get(f.as_str()).map(Vec::as_slice)
+    }
+
+    pub fn text(&self, f: Field) -> Option<String> {
+        self.bytes(f).map(|b| String::from_utf8_lossy(b).into_owned())
+    }
+
+    pub fn int(&self, f: Field) -> Option<i64> {
+        self.bytes(f).and_then(|b| std::str::from_utf8(b).ok()).and_then(|s| s.parse().ok())
+    }
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    keys: Keys,
+}
+
+impl Store {
+    pub fn new(redis_url: &str, keys: Keys) -> Result<Store, StoreError> {
+        let mut cfg = deadpool_redis::Config::from_url(redis_url);
+        // Fail fast when Redis is down, so a tool call or /healthz answers in
+        // bounded time instead of hanging on the pool.
+        cfg.pool = Some(PoolConfig {
+            max_size: 32,
+            timeouts: Timeouts {
+                wait: Some(Duration::from_secs(2)),
+                create: Some(Duration::from_secs(2)),
+                recycle: Some(Duration::from_secs(2)),
+            },
+            ..PoolConfig::default()
+        });
+        Ok(Store { pool: cfg.create_pool(Some(Runtime::Tokio1))?, keys })
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Jobs in the stream not yet acknowledged: waiting or being run.
+    pub async fn backlog(&self) -> Result<u64, StoreError> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.xlen(self.keys.jobs()).await?)
+    }
+
+    /// Stores the task (and its zip) and appends its job, all or nothing.
+    pub async fn submit(&self, t: &NewTask<'_>) -> Result<(), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let task_key = self.keys.task(t.id);
+        let fields: Vec<(&str, String)> = vec![
+            (Field::State.as_str(), TaskState::Queued.as_str().to_owned()),
+            (Field::Runtime.as_str(), t.runtime.to_owned()),
+            (Field::Image.as_str(), t.image.to_owned()),
+            (Field::Command.as_str(), t.command.to_owned()),
+            (Field::TimeoutSeconds.as_str(), t.timeout_seconds.to_string()),
+            (Field::HasZip.as_str(), u8::from(t.zip.is_some()).to_string()),
+            (Field::StdoutBytes.as_str(), "0".into()),
+            (Field::StderrBytes.as_str(), "0".into()),
+        ];
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        pipe.hset_multiple(&task_key, &fields).ignore();
+        // created_at comes from Redis's clock, like every other timestamp.
+        pipe.cmd("EVAL")
+            .arg(concat!(
+                "local t = redis.call('TIME') ",
+                "redis.call('HSET', KEYS[1], 'created_at', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))"
+            ))
+            .arg(1)
+            .arg(&task_key)
+            .ignore();
+        if let Some(zip) = t.zip {
+            pipe.set(self.keys.task_zip(t.id), zip).ignore();
+        }
+        pipe.xadd(self.keys.jobs(), "*", &[(JOB_TASK_ID, t.id)]).ignore();
+        let () = pipe.query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    /// The task hash, or `None` if there is no such task (or it expired).
+    pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let (fields, (secs, micros)): (HashMap<String, Vec<u8>>, (i64, i64)) = redis::pipe()
+            .hgetall(self.keys.task(id))
+            .cmd("TIME")
+            .query_async(&mut conn)
+            .await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(TaskRecord { fields, now_ms: secs * 1000 + micros / 1000 }))
+    }
+
+    /// Kills a queued or running task. `None` if there is no such task; otherwise
+    /// its state after the call and whether this call killed it.
+    pub async fn kill(&self, id: &str, retention_seconds: u64) -> Result<Option<(TaskState, bool)>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let (state, killed): (String, i64) = Script::new(scripts::KILL)
+            .key(self.keys.task(id))
+            .key(self.keys.task_zip(id))
+            .arg(KILLED_BY_USER_REASON)
+            .arg(ReasonKind::KilledByUser.as_str())
+            .arg(retention_seconds)
+            .invoke_async(&mut conn)
+            .await?;
+        if state == "missing" {
+            return Ok(None);
+        }
+        let state = state.parse().map_err(|e: shared::task::UnknownState| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some((state, killed == 1)))
+    }
+}

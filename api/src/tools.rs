@@ -1,0 +1,397 @@
+//! The MCP tools. Inputs are validated here, at the edge: a bad input becomes a
+//! tool result with `isError: true` and a message that says what to fix, and no
+//! task is created.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::{DecodePaddingMode, general_purpose};
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{ContentBlock, Implementation, IntoContents, ServerCapabilities, ServerConfig};
+use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP, render_tail};
+use shared::time::rfc3339_ms;
+use shared::{Field, TaskState};
+
+use crate::config::Config;
+use crate::store::{NewTask, Store, StoreError, TaskRecord};
+
+/// Standard alphabet; padding optional, since models often drop it.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// A tool call that ran but could not do what was asked. The message is shown to
+/// the model as is, so it says what was wrong and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown runtime {given:?}: use one of {allowed}")]
+    UnknownRuntime { given: String, allowed: String },
+    #[error(
+        "{field} is not valid base64 ({detail}); encode with the standard alphabet, e.g. `printf '%s' 'echo hi' | base64 -w0`"
+    )]
+    BadBase64 { field: &'static str, detail: String },
+    #[error("command_base64 decodes to bytes that are not UTF-8 text; encode a UTF-8 shell one-liner")]
+    CommandNotUtf8,
+    #[error("command_base64 decodes to an empty command; give a shell one-liner such as `python3 main.py`")]
+    EmptyCommand,
+    #[error("command_base64 decodes to a command containing a NUL byte, which a shell cannot run")]
+    CommandHasNul,
+    #[error("the command is {size} bytes; at most {max} are allowed (put long code in zip_base64)")]
+    CommandTooLong { size: usize, max: usize },
+    #[error("the zip is {size} bytes; at most {max} are allowed")]
+    ZipTooLarge { size: usize, max: usize },
+    #[error("{0}")]
+    Zip(#[from] shared::zipcheck::ZipError),
+    #[error(
+        "timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s"
+    )]
+    TimeoutTooSmall(i64, u64),
+    #[error("tail_bytes must be between 0 and {TAIL_CAP} (got {0})")]
+    BadTailBytes(i64),
+    #[error(
+        "task_id {0:?} is not a task id: pass the task_id exactly as run_script returned it (a UUID)"
+    )]
+    MalformedTaskId(String),
+    #[error(
+        "no task with id {0}: it was never created here, or its record expired after the retention period"
+    )]
+    UnknownTask(String),
+    #[error("the queue is full ({0} tasks waiting); wait for some to finish and try again")]
+    QueueFull(u64),
+    #[error("{0}; try again shortly")]
+    Store(#[from] StoreError),
+}
+
+impl IntoContents for ToolError {
+    fn into_contents(self) -> Vec<ContentBlock> {
+        vec![ContentBlock::text(self.to_string())]
+    }
+}
+
+/// Input of `run_script`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct RunScriptInput {
+    /// The runtime (container image) to run in, e.g. "python3.13", "python3.8" or
+    /// "node24". The server's instructions list the configured runtimes.
+    pub runtime: String,
+    /// The shell one-liner to run, base64-encoded (standard alphabet). It runs as
+    /// `sh -c <command>` with /workspace as the working directory.
+    pub command_base64: String,
+    /// Optional source files: a zip archive, base64-encoded. It is extracted into
+    /// /workspace (folders kept) before the command runs. No symlinks, absolute
+    /// paths or "..".
+    #[serde(default)]
+    pub zip_base64: Option<String>,
+    /// Optional wall-clock limit in seconds (default 300). Larger values are
+    /// lowered to the server's cap; the effective value is returned.
+    #[serde(default)]
+    pub timeout_seconds: Option<i64>,
+}
+
+/// Output of `run_script`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct RunScriptOutput {
+    /// The id to pass to get_task_status and kill_task.
+    pub task_id: String,
+    /// Always "queued": the task waits for a free worker slot.
+    pub state: TaskState,
+    /// The effective timeout, after the server's cap.
+    pub timeout_seconds: u64,
+}
+
+/// Input of `get_task_status` and `kill_task`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct TaskIdInput {
+    /// The task_id returned by run_script.
+    pub task_id: String,
+}
+
+/// Input of `get_task_status`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct StatusInput {
+    /// The task_id returned by run_script.
+    pub task_id: String,
+    /// How many bytes of the end of stdout and of stderr to return (default 4096,
+    /// capped at 65536). 0 returns no output, only the state.
+    #[serde(default)]
+    pub tail_bytes: Option<i64>,
+}
+
+/// Output of `get_task_status`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskStatus {
+    pub task_id: String,
+    /// queued | running | succeeded | failed | killed | timed-out. The last four are final.
+    pub state: TaskState,
+    /// The container's exit code once it exited, else null.
+    pub exit_code: Option<i64>,
+    /// A short sentence for every final state (e.g. "exited with code 3",
+    /// "timed out after 300 s"); null while queued or running.
+    pub reason: Option<String>,
+    /// The runtime the task runs in.
+    pub runtime: String,
+    /// Wall time since the container started (so far, while running); null if it never started.
+    pub runtime_seconds: Option<f64>,
+    /// Seconds since the last byte on stdout or stderr (since start if none yet);
+    /// null if it never started. Large while running means the script may be stuck.
+    pub seconds_since_last_output: Option<f64>,
+    /// The last tail_bytes bytes of stdout, cut on a character boundary.
+    pub stdout_tail: String,
+    /// The last tail_bytes bytes of stderr, cut on a character boundary.
+    pub stderr_tail: String,
+    /// True when stdout holds more than stdout_tail shows.
+    pub stdout_truncated: bool,
+    /// True when stderr holds more than stderr_tail shows.
+    pub stderr_truncated: bool,
+    /// Total bytes the script wrote to stdout.
+    pub stdout_bytes: u64,
+    /// Total bytes the script wrote to stderr.
+    pub stderr_bytes: u64,
+    /// The effective timeout.
+    pub timeout_seconds: u64,
+    /// When run_script accepted it (RFC 3339, UTC).
+    pub created_at: Option<String>,
+    /// When its container started; null if it has not.
+    pub started_at: Option<String>,
+    /// When it reached its final state; null until then.
+    pub finished_at: Option<String>,
+}
+
+/// Output of `kill_task`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct KillOutput {
+    pub task_id: String,
+    /// The task's state after the call: "killed", or the final state it already had.
+    pub state: TaskState,
+    /// True if this call stopped it; false if it had already finished.
+    pub killed: bool,
+}
+
+/// One MCP server per request (the transport is stateless); cheap to build since
+/// it only clones handles.
+#[derive(Clone)]
+pub struct ScriptRunner {
+    store: Store,
+    config: Arc<Config>,
+}
+
+#[tool_router]
+impl ScriptRunner {
+    pub fn new(store: Store, config: Arc<Config>) -> ScriptRunner {
+        ScriptRunner { store, config }
+    }
+
+    #[tool(
+        name = "run_script",
+        description = "Start a shell one-liner in a fresh, isolated container and return its task_id at once \
+(state \"queued\"); it never waits for the script. The command (base64) runs as `sh -c <command>` in /workspace, \
+where the optional base64 zip of source files is extracted first. Then poll get_task_status with the task_id \
+until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it. The container has \
+no access to this service, memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server).",
+        annotations(title = "Run a script", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true)
+    )]
+    async fn run_script(
+        &self,
+        Parameters(input): Parameters<RunScriptInput>,
+    ) -> Result<Json<RunScriptOutput>, ToolError> {
+        let cfg = &self.config;
+        let image = cfg.runtimes.image(&input.runtime).ok_or_else(|| ToolError::UnknownRuntime {
+            given: input.runtime.clone(),
+            allowed: cfg.runtimes.names_list(),
+        })?;
+        let command = decode_command(&input.command_base64, cfg.max_command_bytes)?;
+        let timeout_seconds = match input.timeout_seconds {
+            None => cfg.default_timeout_seconds,
+            Some(t) if t < 1 => return Err(ToolError::TimeoutTooSmall(t, cfg.default_timeout_seconds)),
+            Some(t) => (t as u64).min(cfg.max_timeout_seconds),
+        };
+        let zip = match input.zip_base64.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("zip_base64", b64)?;
+                if bytes.len() > cfg.max_zip_bytes {
+                    return Err(ToolError::ZipTooLarge { size: bytes.len(), max: cfg.max_zip_bytes });
+                }
+                shared::zipcheck::check_zip(&bytes, &cfg.zip_limits)?;
+                Some(bytes)
+            }
+        };
+        let backlog = self.store.backlog().await?;
+        if backlog >= cfg.max_queued_tasks {
+            return Err(ToolError::QueueFull(backlog));
+        }
+        let task_id = uuid::Uuid::new_v4().to_string();
+        self.store
+            .submit(&NewTask {
+                id: &task_id,
+                runtime: &input.runtime,
+                image,
+                command: &command,
+                timeout_seconds,
+                zip: zip.as_deref(),
+            })
+            .await?;
+        tracing::info!(%task_id, runtime = %input.runtime, timeout_seconds, "task queued");
+        Ok(Json(RunScriptOutput { task_id, state: TaskState::Queued, timeout_seconds }))
+    }
+
+    #[tool(
+        name = "get_task_status",
+        description = "Get a task's state, exit code, reason and the last bytes of its stdout and stderr \
+(tail_bytes each, default 4096, at most 65536; *_truncated is true when there is more than the tail shows, \
+*_bytes are the totals). States: queued, running, then one final state: succeeded, failed, killed or timed-out. \
+While running, seconds_since_last_output tells a stuck script (growing) from a busy one (staying low). \
+Poll every few seconds until the state is final.",
+        annotations(title = "Get task status", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn get_task_status(
+        &self,
+        Parameters(input): Parameters<StatusInput>,
+    ) -> Result<Json<TaskStatus>, ToolError> {
+        let task_id = parse_task_id(&input.task_id)?;
+        let tail_bytes = match input.tail_bytes {
+            None => DEFAULT_TAIL_BYTES,
+            Some(n) if n < 0 => return Err(ToolError::BadTailBytes(n)),
+            Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
+        };
+        let record = self.store.get(&task_id).await?.ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        status_from_record(task_id, &record, tail_bytes).map(Json)
+    }
+
+    #[tool(
+        name = "kill_task",
+        description = "Stop a task: a queued one never starts, a running one has its container killed. \
+Its state becomes \"killed\" at once. Killing a task that already finished is not an error: killed is false \
+and state is its final state.",
+        annotations(title = "Kill a task", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn kill_task(&self, Parameters(input): Parameters<TaskIdInput>) -> Result<Json<KillOutput>, ToolError> {
+        let task_id = parse_task_id(&input.task_id)?;
+        let (state, killed) = self
+            .store
+            .kill(&task_id, self.config.retention_seconds)
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        if killed {
+            tracing::info!(%task_id, "task killed by kill_task");
+        }
+        Ok(Json(KillOutput { task_id, state, killed }))
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for ScriptRunner {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("script-runner", env!("CARGO_PKG_VERSION"))
+                    .with_title("script-runner: run scripts in disposable containers"),
+            )
+            .with_instructions(format!(
+                "Runs shell one-liners in disposable, isolated containers. Call run_script (runtime, \
+                 base64 command, optional base64 zip), then poll get_task_status until the state is final; \
+                 kill_task stops a task. Runtimes: {}. Default timeout {} s, at most {} s.",
+                self.config.runtimes.names_list(),
+                self.config.default_timeout_seconds,
+                self.config.max_timeout_seconds
+            ))
+    }
+}
+
+fn decode_base64(field: &'static str, value: &str) -> Result<Vec<u8>, ToolError> {
+    // Models wrap long base64 at 76 columns; whitespace is never data.
+    let compact: String = value.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    BASE64
+        .decode(compact.as_bytes())
+        .or_else(|_| general_purpose::URL_SAFE_NO_PAD.decode(compact.trim_end_matches('=')))
+        .map_err(|e| ToolError::BadBase64 { field, detail: e.to_string() })
+}
+
+fn decode_command(b64: &str, max: usize) -> Result<String, ToolError> {
+    let bytes = decode_base64("command_base64", b64)?;
+    if bytes.len() > max {
+        return Err(ToolError::CommandTooLong { size: bytes.len(), max });
+    }
+    let command = String::from_utf8(bytes).map_err(|_| ToolError::CommandNotUtf8)?;
+    if command.trim().is_empty() {
+        return Err(ToolError::EmptyCommand);
+    }
+    if command.contains('\0') {
+        return Err(ToolError::CommandHasNul);
+    }
+    Ok(command)
+}
+
+fn parse_task_id(raw: &str) -> Result<String, ToolError> {
+    uuid::Uuid::parse_str(raw.trim())
+        .map(|u| u.to_string())
+        .map_err(|_| ToolError::MalformedTaskId(raw.chars().take(80).collect()))
+}
+
+fn status_from_record(task_id: String, r: &TaskRecord, tail_bytes: usize) -> Result<TaskStatus, ToolError> {
+    let corrupt = |what: &str| ToolError::Store(StoreError::Corrupt(format!("task {task_id}: {what}")));
+    let state: TaskState = r
+        .text(Field::State)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| corrupt("missing or unknown state"))?;
+    let started = r.int(Field::StartedAt);
+    let finished = r.int(Field::FinishedAt);
+    let seconds = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    let stdout_bytes = r.int(Field::StdoutBytes).unwrap_or(0).max(0) as u64;
+    let stderr_bytes = r.int(Field::StderrBytes).unwrap_or(0).max(0) as u64;
+    let stdout = render_tail(r.bytes(Field::StdoutTail).unwrap_or_default(), tail_bytes, stdout_bytes);
+    let stderr = render_tail(r.bytes(Field::StderrTail).unwrap_or_default(), tail_bytes, stderr_bytes);
+    Ok(TaskStatus {
+        task_id,
+        state,
+        exit_code: r.int(Field::ExitCode),
+        reason: if state.is_terminal() { r.text(Field::Reason) } else { None },
+        runtime: r.text(Field::Runtime).unwrap_or_default(),
+        runtime_seconds: started.map(|s| seconds(finished.unwrap_or(r.now_ms) - s)),
+        seconds_since_last_output: started
+            .map(|s| seconds(r.now_ms - r.int(Field::LastOutputAt).unwrap_or(s))),
+        stdout_tail: stdout.text,
+        stderr_tail: stderr.text,
+        stdout_truncated: stdout.truncated,
+        stderr_truncated: stderr.truncated,
+        stdout_bytes,
+        stderr_bytes,
+        timeout_seconds: r.int(Field::TimeoutSeconds).unwrap_or(0).max(0) as u64,
+        created_at: r.int(Field::CreatedAt).map(rfc3339_ms),
+        started_at: started.map(rfc3339_ms),
+        finished_at: finished.map(rfc3339_ms),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_decode_with_or_without_padding_and_wrapping() {
+        assert_eq!(decode_command("ZWNobyBoaQ==", 100).ok().as_deref(), Some("echo hi"));
+        assert_eq!(decode_command("ZWNobyBoaQ", 100).ok().as_deref(), Some("echo hi"));
+        assert_eq!(decode_command("ZWNo\nbyBoaQ==", 100).ok().as_deref(), Some("echo hi"));
+    }
+
+    #[test]
+    fn bad_commands_say_what_is_wrong() {
+        let msg = |r: Result<String, ToolError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg(decode_command("!!!", 100)).contains("command_base64 is not valid base64"));
+        assert!(msg(decode_command("ICAg", 100)).contains("empty command"));
+        assert!(msg(decode_command("ZWNobyBoaQ==", 3)).contains("at most 3"));
+        assert!(msg(decode_command("/w==", 100)).contains("not UTF-8"));
+    }
+
+    #[test]
+    fn task_ids_must_be_uuids() {
+        assert!(parse_task_id("nope").is_err());
+        let id = uuid::Uuid::new_v4().to_string();
+        assert_eq!(parse_task_id(&format!(" {id} ")).ok(), Some(id));
+    }
+}

@@ -1,0 +1,193 @@
+//! The script-runner worker: a consumer in the jobs stream's consumer group that
+//! runs each task in its own container on this host's Docker engine and publishes
+//! state and output tails back to the task's Redis hash.
+//!
+//! `run(config, shutdown)` is the whole worker; the binary only loads the config.
+
+pub mod config;
+pub mod queue;
+pub mod runner;
+pub mod sandbox;
+pub mod workspace;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use shared::task::Outcome;
+use shared::{ReasonKind, TaskState};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+use queue::{Job, Queue, QueueError, TaskStateReply};
+use runner::{Ctx, retry};
+use sandbox::{Sandbox, SandboxError};
+
+/// How long a heartbeat lives; it is renewed three times as often.
+const HEARTBEAT_TTL: Duration = Duration::from_secs(15);
+/// How long one blocking read of the stream waits for a job.
+const READ_BLOCK: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    #[error("TASKS_DIR {path}: {error}")]
+    TasksDir { path: String, error: std::io::Error },
+}
+
+/// Runs until `shutdown` resolves. Then it takes no new job, gives running tasks
+/// `config.shutdown_grace` to finish, and kills (and records) the rest.
+pub async fn run(
+    mut config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), WorkerError> {
+    let grace = config.shutdown_grace;
+    config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
+    let queue = Queue::new(&config.redis_url, config.keys.clone(), config.worker_name.clone())?;
+    let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
+    sandbox.ensure_network().await?;
+    retry("create consumer group", || queue.ensure_group()).await?;
+
+    let ctx = Ctx { queue: queue.clone(), sandbox, config: Arc::new(config), abort: CancellationToken::new() };
+    let slots = Arc::new(Semaphore::new(ctx.config.concurrency));
+    let mut tasks = JoinSet::new();
+    recover(&ctx, &slots, &mut tasks).await?;
+
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
+    let heartbeat = tokio::spawn(heartbeat(queue.clone(), slots.clone(), ctx.config.concurrency, stop.clone()));
+    tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
+
+    let mut conn = None;
+    while !stop.is_cancelled() {
+        // Take a job only with a free slot: jobs wait in the stream, where any other
+        // worker with room can take them (backpressure).
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stop.cancelled() => break,
+        };
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match queue.blocking_connection().await {
+                Ok(c) => conn.insert(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot connect to Redis; retrying");
+                    pause(&stop).await;
+                    continue;
+                }
+            },
+        };
+        let jobs = tokio::select! {
+            r = queue.read_jobs(c, 1, READ_BLOCK, false) => r,
+            _ = stop.cancelled() => break,
+        };
+        match jobs {
+            Ok(jobs) => {
+                if let Some(job) = jobs.into_iter().next() {
+                    let ctx = ctx.clone();
+                    tasks.spawn(async move {
+                        runner::run_job(ctx, job).await;
+                        drop(permit);
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the jobs stream failed; reconnecting");
+                conn = None;
+                pause(&stop).await;
+            }
+        }
+        // Reap finished runners so the set does not grow.
+        while tasks.try_join_next().is_some() {}
+    }
+
+    tracing::info!(running = tasks.len(), grace_seconds = grace.as_secs(), "worker stopping");
+    if tokio::time::timeout(grace, drain(&mut tasks)).await.is_err() {
+        ctx.abort.cancel();
+        drain(&mut tasks).await;
+    }
+    heartbeat.abort();
+    Ok(())
+}
+
+async fn drain(tasks: &mut JoinSet<()>) {
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn pause(stop: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        _ = stop.cancelled() => {}
+    }
+}
+
+/// After a crash or restart: remove this worker's leftover containers, and settle
+/// the jobs it had read but not acknowledged. A job whose task was still queued
+/// is simply run; one whose task was running here is recorded as killed, since
+/// its container is gone.
+async fn recover(ctx: &Ctx, slots: &Arc<Semaphore>, tasks: &mut JoinSet<()>) -> Result<(), WorkerError> {
+    let orphans = ctx.sandbox.remove_orphans().await?;
+    if orphans > 0 {
+        tracing::warn!(orphans, "removed task containers left by a previous run");
+    }
+    let mut conn = ctx.queue.blocking_connection().await?;
+    let pending: Vec<Job> = ctx.queue.read_jobs(&mut conn, 10_000, READ_BLOCK, true).await?;
+    for job in pending {
+        match ctx.queue.state(&job.task_id).await? {
+            TaskStateReply::State(TaskState::Queued) => {
+                let permit = slots.clone().acquire_owned().await.map_err(|_| QueueError::Corrupt(job.task_id.clone(), "closed".into()))?;
+                let ctx = ctx.clone();
+                tasks.spawn(async move {
+                    runner::run_job(ctx, job).await;
+                    drop(permit);
+                });
+            }
+            TaskStateReply::State(TaskState::Running) => {
+                let outcome = Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted");
+                let state = ctx.queue.finish(&job.task_id, &outcome, ctx.config.retention_seconds).await?;
+                tracing::warn!(task_id = %job.task_id, ?state, "task lost in a worker restart");
+                ctx.queue.ack(&job.entry_id).await?;
+            }
+            _ => ctx.queue.ack(&job.entry_id).await?,
+        }
+    }
+    Ok(())
+}
+
+async fn heartbeat(queue: Queue, slots: Arc<Semaphore>, concurrency: usize, stop: CancellationToken) {
+    let mut every = tokio::time::interval(HEARTBEAT_TTL / 3);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let running = concurrency.saturating_sub(slots.available_permits());
+        if let Err(e) = queue.heartbeat(HEARTBEAT_TTL, running).await {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+    }
+}
+
+async fn prepare_tasks_dir(dir: &std::path::Path) -> Result<std::path::PathBuf, WorkerError> {
+    let d = dir.to_path_buf();
+    let r = tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&d)?;
+        // Absolute, because Docker bind mounts need a host path.
+        std::fs::canonicalize(&d)
+    })
+    .await
+    .map_err(std::io::Error::other)
+    .and_then(|r| r);
+    r.map_err(|error| WorkerError::TasksDir { path: dir.display().to_string(), error })
+}

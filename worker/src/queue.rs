@@ -1,0 +1,273 @@
+//! The worker's view of Redis: the jobs stream (consumer group), the task hash
+//! transitions (Lua scripts from `shared`), zips and the heartbeat.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::{AsyncCommands, AsyncConnectionConfig, Script};
+use shared::keys::{JOB_TASK_ID, WORKER_GROUP};
+use shared::task::Outcome;
+use shared::{Field, Keys, TaskState, scripts};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("Redis is unreachable: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+    #[error("Redis failed: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("could not create the Redis pool: {0}")]
+    CreatePool(#[from] deadpool_redis::CreatePoolError),
+    #[error("task {0} has a malformed record: {1}")]
+    Corrupt(String, String),
+}
+
+/// One entry read from the jobs stream.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub entry_id: String,
+    pub task_id: String,
+}
+
+/// What a worker needs of a task to run it.
+#[derive(Debug, Clone)]
+pub struct TaskSpec {
+    pub runtime: String,
+    pub image: String,
+    pub command: String,
+    pub timeout_seconds: u64,
+    pub has_zip: bool,
+}
+
+/// Output tails as published while a task runs.
+pub struct Progress<'a> {
+    pub stdout_tail: &'a [u8],
+    pub stderr_tail: &'a [u8],
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Milliseconds since the last output byte; `None` if there was none yet.
+    pub output_age_ms: Option<u64>,
+}
+
+#[derive(Clone)]
+pub struct Queue {
+    pool: Pool,
+    client: redis::Client,
+    keys: Keys,
+    worker: String,
+}
+
+impl Queue {
+    pub fn new(redis_url: &str, keys: Keys, worker: String) -> Result<Queue, QueueError> {
+        let mut cfg = deadpool_redis::Config::from_url(redis_url);
+        cfg.pool = Some(PoolConfig {
+            max_size: 64,
+            timeouts: Timeouts {
+                wait: Some(Duration::from_secs(5)),
+                create: Some(Duration::from_secs(2)),
+                recycle: Some(Duration::from_secs(2)),
+            },
+            ..PoolConfig::default()
+        });
+        let pool = cfg.create_pool(Some(Runtime::Tokio1))?;
+        Ok(Queue { pool, client: redis::Client::open(redis_url)?, keys, worker })
+    }
+
+    pub fn worker(&self) -> &str {
+        &self.worker
+    }
+
+    /// A connection for blocking reads: the default response timeout (500 ms)
+    /// would cut an `XREADGROUP ... BLOCK` short, so it is switched off here.
+    pub async fn blocking_connection(&self) -> Result<MultiplexedConnection, QueueError> {
+        let cfg = AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(Duration::from_secs(2)));
+        Ok(self.client.get_multiplexed_async_connection_with_config(&cfg).await?)
+    }
+
+    /// Creates the consumer group (and stream) if missing. It starts at id 0 so
+    /// jobs submitted before any worker existed are still run.
+    pub async fn ensure_group(&self) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let created: Result<(), redis::RedisError> =
+            conn.xgroup_create_mkstream(self.keys.jobs(), WORKER_GROUP, "0").await;
+        match created {
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    /// Reads up to `count` jobs. `pending = true` re-reads this consumer's own
+    /// unacknowledged entries (what it held when it last stopped); otherwise new
+    /// ones, blocking up to `block`.
+    pub async fn read_jobs(
+        &self,
+        conn: &mut MultiplexedConnection,
+        count: usize,
+        block: Duration,
+        pending: bool,
+    ) -> Result<Vec<Job>, QueueError> {
+        let mut opts = StreamReadOptions::default().group(WORKER_GROUP, &self.worker).count(count);
+        if !pending {
+            opts = opts.block(block.as_millis() as usize);
+        }
+        let id = if pending { "0" } else { ">" };
+        let reply: Option<StreamReadReply> =
+            conn.xread_options(&[self.keys.jobs()], &[id], &opts).await?;
+        let mut jobs = Vec::new();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                let task_id: Option<String> = entry.get(JOB_TASK_ID);
+                match task_id {
+                    Some(task_id) => jobs.push(Job { entry_id: entry.id, task_id }),
+                    // An entry without a task id can never be run: drop it.
+                    None => {
+                        tracing::warn!(entry = %entry.id, "jobs entry without task_id dropped");
+                        self.ack(&entry.id).await?;
+                    }
+                }
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// Acknowledges and deletes a stream entry: the task hash is the record, the
+    /// stream only carries work, so it does not grow without bound.
+    pub async fn ack(&self, entry_id: &str) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let jobs = self.keys.jobs();
+        let () = redis::pipe()
+            .atomic()
+            .xack(&jobs, WORKER_GROUP, &[entry_id])
+            .ignore()
+            .xdel(&jobs, &[entry_id])
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn state_script(&self, script: &Script, task_id: &str, args: &[&[u8]]) -> Result<TaskStateReply, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let mut inv = script.key(self.keys.task(task_id));
+        inv.key(self.keys.task_zip(task_id));
+        inv.arg(&self.worker);
+        for a in args {
+            inv.arg(*a);
+        }
+        let s: String = inv.invoke_async(&mut conn).await?;
+        Ok(TaskStateReply::parse(task_id, &s)?)
+    }
+
+    /// queued -> running, owned by this worker.
+    pub async fn claim(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
+        self.state_script(&Script::new(scripts::CLAIM), task_id, &[]).await
+    }
+
+    /// Records the container start; the reply says whether the task is still ours.
+    pub async fn started(&self, task_id: &str, container: &str) -> Result<TaskStateReply, QueueError> {
+        self.state_script(&Script::new(scripts::STARTED), task_id, &[container.as_bytes()]).await
+    }
+
+    /// Publishes tails; the reply carries the current state (a kill shows here).
+    pub async fn progress(&self, task_id: &str, p: &Progress<'_>) -> Result<TaskStateReply, QueueError> {
+        let (out_b, err_b) = (p.stdout_bytes.to_string(), p.stderr_bytes.to_string());
+        let age = p.output_age_ms.map(|a| a.to_string()).unwrap_or_default();
+        self.state_script(
+            &Script::new(scripts::PROGRESS),
+            task_id,
+            &[p.stdout_tail, p.stderr_tail, out_b.as_bytes(), err_b.as_bytes(), age.as_bytes()],
+        )
+        .await
+    }
+
+    /// Records how the task ended (unless it already ended: a kill is final).
+    pub async fn finish(&self, task_id: &str, outcome: &Outcome, retention_seconds: u64) -> Result<TaskStateReply, QueueError> {
+        let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
+        let retention = retention_seconds.to_string();
+        self.state_script(
+            &Script::new(scripts::FINISH),
+            task_id,
+            &[
+                outcome.state.as_str().as_bytes(),
+                outcome.kind.as_str().as_bytes(),
+                outcome.reason.as_bytes(),
+                code.as_bytes(),
+                retention.as_bytes(),
+            ],
+        )
+        .await
+    }
+
+    /// The task's current state, read without changing anything.
+    pub async fn state(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let s: Option<String> = conn.hget(self.keys.task(task_id), Field::State.as_str()).await?;
+        TaskStateReply::parse(task_id, s.as_deref().unwrap_or("missing"))
+    }
+
+    pub async fn task_spec(&self, task_id: &str) -> Result<Option<TaskSpec>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let f: HashMap<String, String> = conn.hgetall(self.keys.task(task_id)).await?;
+        if f.is_empty() {
+            return Ok(None);
+        }
+        let get = |field: Field| {
+            f.get(field.as_str())
+                .cloned()
+                .ok_or_else(|| QueueError::Corrupt(task_id.to_owned(), format!("no {}", field.as_str())))
+        };
+        Ok(Some(TaskSpec {
+            runtime: get(Field::Runtime)?,
+            image: get(Field::Image)?,
+            command: get(Field::Command)?,
+            timeout_seconds: get(Field::TimeoutSeconds)?
+                .parse()
+                .map_err(|_| QueueError::Corrupt(task_id.to_owned(), "bad timeout_seconds".into()))?,
+            has_zip: f.get(Field::HasZip.as_str()).is_some_and(|v| v == "1"),
+        }))
+    }
+
+    pub async fn zip(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.get(self.keys.task_zip(task_id)).await?)
+    }
+
+    /// Says this worker is alive, for ops and the reaper.
+    pub async fn heartbeat(&self, ttl: Duration, running: usize) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let () = redis::pipe()
+            .set_ex(self.keys.worker(&self.worker), format!("running={running}"), ttl.as_secs())
+            .ignore()
+            .sadd(self.keys.workers(), &self.worker)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A state script's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStateReply {
+    Missing,
+    State(TaskState),
+}
+
+impl TaskStateReply {
+    fn parse(task_id: &str, s: &str) -> Result<TaskStateReply, QueueError> {
+        if s == "missing" {
+            return Ok(TaskStateReply::Missing);
+        }
+        s.parse()
+            .map(TaskStateReply::State)
+            .map_err(|e: shared::task::UnknownState| QueueError::Corrupt(task_id.to_owned(), e.to_string()))
+    }
+
+    pub fn is_running(self) -> bool {
+        self == TaskStateReply::State(TaskState::Running)
+    }
+}

@@ -1,0 +1,271 @@
+//! One task from claim to acknowledgement:
+//! claim -> workspace -> container (attach, start) -> supervise (tails, kill,
+//! timeout) -> finish -> remove container and workspace -> ack.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use futures_util::StreamExt;
+use shared::tail::{TAIL_CAP, TailBuffer};
+use shared::task::{KILLED_BY_USER_REASON, Outcome};
+use shared::{ReasonKind, TaskState};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::queue::{Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
+use crate::sandbox::{OutputStream, Sandbox};
+use crate::workspace;
+
+/// How often a running task's tails are published and its state re-read (which
+/// is how a `kill_task` reaches the worker holding it).
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// What every task runner shares.
+#[derive(Clone)]
+pub struct Ctx {
+    pub queue: Queue,
+    pub sandbox: Sandbox,
+    pub config: Arc<Config>,
+    /// Cancelled when the worker's shutdown grace period is over.
+    pub abort: CancellationToken,
+}
+
+/// Runs a job to its end and acknowledges it. Never panics, never returns an error:
+/// failures are recorded on the task or logged.
+pub async fn run_job(ctx: Ctx, job: Job) {
+    let task_id = job.task_id.clone();
+    match run_task(&ctx, &job).await {
+        Ok(Some(state)) => tracing::info!(%task_id, %state, "task finished"),
+        Ok(None) => {}
+        Err(e) => {
+            // The entry stays pending: the next start of this worker recovers it.
+            tracing::error!(%task_id, error = %e, "task could not be recorded; left pending");
+            return;
+        }
+    }
+    if let Err(e) = retry("ack", || ctx.queue.ack(&job.entry_id)).await {
+        tracing::error!(%task_id, error = %e, "could not acknowledge job");
+    }
+}
+
+async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError> {
+    let task_id = job.task_id.as_str();
+    match retry("claim", || ctx.queue.claim(task_id)).await? {
+        TaskStateReply::State(TaskState::Running) => {}
+        other => {
+            tracing::info!(task_id, ?other, "job skipped: task is not queued");
+            return Ok(None);
+        }
+    }
+    let Some(spec) = retry("read task", || ctx.queue.task_spec(task_id)).await? else {
+        return Ok(None);
+    };
+    tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
+    let outcome = execute(ctx, task_id, &spec).await;
+    let reply = retry("finish", || ctx.queue.finish(task_id, &outcome, ctx.config.retention_seconds)).await?;
+    Ok(match reply {
+        TaskStateReply::State(s) => Some(s),
+        TaskStateReply::Missing => None,
+    })
+}
+
+/// Prepares, runs and cleans up; returns how the task ended.
+async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
+    let zip = if spec.has_zip {
+        match retry("read zip", || ctx.queue.zip(task_id)).await {
+            Ok(Some(z)) => Some(z),
+            Ok(None) => {
+                return Outcome::failed(ReasonKind::WorkspaceFailed, "the task's zip is no longer in the store");
+            }
+            Err(e) => return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not read the zip: {e}")),
+        }
+    } else {
+        None
+    };
+    let (dir, id, limits) = (ctx.config.tasks_dir.clone(), task_id.to_owned(), ctx.config.zip_limits);
+    let owner = workspace::parse_owner(&ctx.sandbox.limits().user);
+    let prepared =
+        tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, zip.as_deref(), &limits, owner)).await;
+    let ws = match prepared {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
+            return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not prepare /workspace: {e}"));
+        }
+        Err(e) => return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not prepare /workspace: {e}")),
+    };
+    let image = ctx.config.runtimes.image(&spec.runtime).unwrap_or(&spec.image);
+    let outcome = match ctx.sandbox.create(task_id, image, &spec.command, &ws).await {
+        Ok(container) => {
+            let outcome = supervise(ctx, task_id, spec, &container).await;
+            ctx.sandbox.remove(&container).await;
+            outcome
+        }
+        Err(e) => Outcome::failed(ReasonKind::StartFailed, format!("could not start the container: {e}")),
+    };
+    let _ = tokio::task::spawn_blocking(move || workspace::remove(&ws)).await;
+    outcome
+}
+
+/// Both streams' tails and when the last byte arrived.
+struct Tails {
+    stdout: TailBuffer,
+    stderr: TailBuffer,
+    last_output: Option<Instant>,
+    dirty: bool,
+}
+
+impl Tails {
+    fn new() -> Tails {
+        Tails { stdout: TailBuffer::new(TAIL_CAP), stderr: TailBuffer::new(TAIL_CAP), last_output: None, dirty: false }
+    }
+
+    fn push(&mut self, frame: LogOutput) {
+        let (buf, bytes) = match frame {
+            LogOutput::StdOut { message } | LogOutput::Console { message } => (&mut self.stdout, message),
+            LogOutput::StdErr { message } => (&mut self.stderr, message),
+            LogOutput::StdIn { .. } => return,
+        };
+        if !bytes.is_empty() {
+            buf.push(&bytes);
+            self.last_output = Some(Instant::now());
+            self.dirty = true;
+        }
+    }
+
+    /// Publishes if anything changed, else only reads the state.
+    async fn tick(&mut self, queue: &Queue, task_id: &str) -> Result<TaskStateReply, QueueError> {
+        if !self.dirty {
+            return queue.state(task_id).await;
+        }
+        let reply = self.send(queue, task_id).await?;
+        self.dirty = false;
+        Ok(reply)
+    }
+
+    /// Publishes the tails as they are; the reply carries the task's state.
+    async fn send(&self, queue: &Queue, task_id: &str) -> Result<TaskStateReply, QueueError> {
+        let (out, err) = (self.stdout.to_vec(), self.stderr.to_vec());
+        queue
+            .progress(
+                task_id,
+                &Progress {
+                    stdout_tail: &out,
+                    stderr_tail: &err,
+                    stdout_bytes: self.stdout.total(),
+                    stderr_bytes: self.stderr.total(),
+                    output_age_ms: self.last_output.map(|t| t.elapsed().as_millis() as u64),
+                },
+            )
+            .await
+    }
+}
+
+/// Runs a created container to its end: streams output into the tails, publishes
+/// them every tick, and stops the container on kill, timeout or worker shutdown.
+async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -> Outcome {
+    let sandbox = &ctx.sandbox;
+    let start_failed = |e: crate::sandbox::SandboxError| {
+        Outcome::failed(ReasonKind::StartFailed, format!("could not start the container: {e}"))
+    };
+    let mut output: OutputStream = match sandbox.attach(container).await {
+        Ok(o) => o,
+        Err(e) => return start_failed(e),
+    };
+    if let Err(e) = sandbox.start(container).await {
+        return start_failed(e);
+    }
+    match retry("record start", || ctx.queue.started(task_id, container)).await {
+        Ok(r) if r.is_running() => {}
+        // Killed while we were preparing: the state is already final.
+        _ => {
+            sandbox.kill(container).await;
+            return Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON);
+        }
+    }
+    let mut tails = Tails::new();
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = tokio::time::sleep(Duration::from_secs(spec.timeout_seconds));
+    tokio::pin!(deadline);
+    let wait = sandbox.wait(container);
+    tokio::pin!(wait);
+    let mut output_open = true;
+
+    let outcome = loop {
+        tokio::select! {
+            exit = &mut wait => {
+                break match exit {
+                    Ok(code) => {
+                        // 137 is SIGKILL; at the memory cap it is the OOM killer.
+                        let oom = code == 137 && sandbox.oom_killed(container).await;
+                        Outcome::exited(code, oom, sandbox.limits().memory_mib)
+                    }
+                    Err(e) => Outcome::failed(ReasonKind::StartFailed, format!("lost track of the container: {e}")),
+                };
+            }
+            frame = output.next(), if output_open => match frame {
+                Some(Ok(frame)) => tails.push(frame),
+                Some(Err(e)) => {
+                    tracing::warn!(task_id, error = %e, "output stream failed");
+                    output_open = false;
+                }
+                None => output_open = false,
+            },
+            _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
+                Ok(TaskStateReply::State(TaskState::Running)) => {}
+                Ok(_) => {
+                    sandbox.kill(container).await;
+                    break Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON);
+                }
+                // Redis is down: keep running the task; publish when it is back.
+                Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
+            },
+            _ = &mut deadline => {
+                sandbox.kill(container).await;
+                break Outcome::timed_out(spec.timeout_seconds);
+            }
+            _ = ctx.abort.cancelled() => {
+                sandbox.kill(container).await;
+                break Outcome::killed(ReasonKind::WorkerShutdown, "worker shut down before the task finished");
+            }
+        }
+    };
+    // The container has exited or been killed: what is left in the stream is the
+    // last output. Drain it, but do not wait forever on a wedged engine.
+    if output_open {
+        let drain = async {
+            while let Some(Ok(frame)) = output.next().await {
+                tails.push(frame);
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+    }
+    if let Err(e) = retry("publish output", || tails.send(&ctx.queue, task_id)).await {
+        tracing::warn!(task_id, error = %e, "could not publish final output");
+    }
+    outcome
+}
+
+/// Retries a Redis operation through a short outage (about a minute), so a blip
+/// does not lose a task's result.
+pub async fn retry<T, F, Fut>(what: &str, mut op: F) -> Result<T, QueueError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, QueueError>>,
+{
+    let mut delay = Duration::from_millis(100);
+    let give_up = Instant::now() + Duration::from_secs(60);
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e @ QueueError::Corrupt(..)) => return Err(e),
+            Err(e) if Instant::now() >= give_up => return Err(e),
+            Err(e) => {
+                tracing::warn!(what, error = %e, "Redis operation failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Task containers on this host's Docker engine: the network they join, the
+//! container spec (caps, limits, mounts), start/attach/wait/kill/remove, and the
+//! clean-up of containers a previous run of this worker left behind.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, ResourcesUlimits};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use futures_util::{Stream, StreamExt};
+
+use crate::config::SandboxLimits;
+
+/// Labels on every task container, so a worker can find its own after a crash.
+pub const LABEL_TASK: &str = "script-runner.task";
+pub const LABEL_WORKER: &str = "script-runner.worker";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot reach the Docker engine: {0}")]
+    Connect(DockerError),
+    #[error("runtime image {image} is not available on this worker host ({detail})")]
+    ImageMissing { image: String, detail: String },
+    #[error("Docker refused the task container: {0}")]
+    Docker(#[from] DockerError),
+}
+
+pub type OutputStream = std::pin::Pin<Box<dyn Stream<Item = Result<LogOutput, DockerError>> + Send>>;
+
+#[derive(Clone)]
+pub struct Sandbox {
+    docker: Docker,
+    limits: SandboxLimits,
+    worker: String,
+}
+
+impl Sandbox {
+    /// Connects to the local engine and agrees on an API version with it (the
+    /// engine may be older than the API bollard speaks by default).
+    pub async fn connect(limits: SandboxLimits, worker: String) -> Result<Sandbox, SandboxError> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(SandboxError::Connect)?
+            .negotiate_version()
+            .await
+            .map_err(SandboxError::Connect)?;
+        Ok(Sandbox { docker, limits, worker })
+    }
+
+    pub fn limits(&self) -> &SandboxLimits {
+        &self.limits
+    }
+
+    /// Creates the tasks' bridge network if it does not exist. Inter-container
+    /// traffic is off, so tasks cannot reach each other.
+    pub async fn ensure_network(&self) -> Result<(), SandboxError> {
+        if self.docker.inspect_network(&self.limits.network, None).await.is_ok() {
+            return Ok(());
+        }
+        let options = HashMap::from([
+            ("com.docker.network.bridge.enable_icc".to_owned(), "false".to_owned()),
+            ("com.docker.network.bridge.enable_ip_masquerade".to_owned(), "true".to_owned()),
+        ]);
+        let req = NetworkCreateRequest {
+            name: self.limits.network.clone(),
+            driver: Some("bridge".into()),
+            options: Some(options),
+            labels: Some(HashMap::from([("script-runner".to_owned(), "tasks".to_owned())])),
+            ..Default::default()
+        };
+        match self.docker.create_network(req).await {
+            Ok(_) => Ok(()),
+            // Another worker on this host created it first.
+            Err(e) if self.docker.inspect_network(&self.limits.network, None).await.is_ok() => {
+                tracing::debug!(error = %e, "network appeared concurrently");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates (but does not start) a task's container; pulls the image once if it
+    /// is missing. Returns the container id.
+    pub async fn create(&self, task_id: &str, image: &str, command: &str, workspace: &Path) -> Result<String, SandboxError> {
+        let l = &self.limits;
+        let memory = (l.memory_mib * 1024 * 1024) as i64;
+        let host_config = HostConfig {
+            binds: Some(vec![format!("{}:/workspace:rw", workspace.display())]),
+            memory: Some(memory),
+            // Equal to memory: no swap on top of the cap.
+            memory_swap: Some(memory),
+            nano_cpus: Some((l.cpus * 1e9) as i64),
+            pids_limit: Some(l.pids),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_owned(),
+                format!("rw,nosuid,nodev,size={}m", l.tmpfs_mib),
+            )])),
+            ulimits: Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(l.nofile),
+                hard: Some(l.nofile),
+            }]),
+            network_mode: Some(l.network.clone()),
+            // Output is streamed through attach; Docker keeps no log of its own,
+            // so a flood cannot fill the host's disk.
+            log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(image.to_owned()),
+            cmd: Some(vec!["sh".into(), "-c".into(), command.to_owned()]),
+            working_dir: Some("/workspace".into()),
+            user: Some(l.user.clone()),
+            env: Some(vec!["HOME=/tmp".into(), "LANG=C.UTF-8".into(), "PYTHONUNBUFFERED=1".into()]),
+            labels: Some(HashMap::from([
+                (LABEL_TASK.to_owned(), task_id.to_owned()),
+                (LABEL_WORKER.to_owned(), self.worker.clone()),
+            ])),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            open_stdin: Some(false),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptionsBuilder::default().name(&format!("sr-{task_id}")).build();
+        match self.docker.create_container(Some(opts.clone()), body.clone()).await {
+            Ok(r) => Ok(r.id),
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {
+                self.pull(image).await?;
+                Ok(self.docker.create_container(Some(opts), body).await?.id)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), SandboxError> {
+        tracing::info!(image, "pulling missing runtime image");
+        let opts = CreateImageOptionsBuilder::default().from_image(image).build();
+        let mut progress = self.docker.create_image(Some(opts), None, None);
+        while let Some(step) = progress.next().await {
+            step.map_err(|e| SandboxError::ImageMissing { image: image.to_owned(), detail: e.to_string() })?;
+        }
+        Ok(())
+    }
+
+    /// Attaches to stdout and stderr. Call before `start` so no byte is missed.
+    pub async fn attach(&self, id: &str) -> Result<OutputStream, SandboxError> {
+        let opts = AttachContainerOptionsBuilder::default().stdout(true).stderr(true).stream(true).logs(false).build();
+        Ok(self.docker.attach_container(id, Some(opts)).await?.output)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self.docker.start_container(id, None).await?)
+    }
+
+    /// Waits for the container to exit; returns its exit code.
+    pub async fn wait(&self, id: &str) -> Result<i64, SandboxError> {
+        let mut s = self.docker.wait_container(id, None);
+        match s.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            // bollard reports a non-zero exit as an error: it is a normal exit.
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(e.into()),
+            None => Err(SandboxError::Docker(DockerError::DockerStreamError { error: "wait stream ended".into() })),
+        }
+    }
+
+    /// Whether the kernel OOM-killed the container (unreliable on cgroup v2).
+    pub async fn oom_killed(&self, id: &str) -> bool {
+        self.docker
+            .inspect_container(id, None)
+            .await
+            .ok()
+            .and_then(|c| c.state)
+            .and_then(|s| s.oom_killed)
+            .unwrap_or(false)
+    }
+
+    pub async fn kill(&self, id: &str) {
+        let opts = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
+        if let Err(e) = self.docker.kill_container(id, Some(opts)).await {
+            tracing::debug!(container = id, error = %e, "kill (container may have exited already)");
+        }
+    }
+
+    /// Removes a container whatever its state. Errors are logged, not returned:
+    /// the orphan sweep at the next start catches what is left.
+    pub async fn remove(&self, id: &str) {
+        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
+            tracing::warn!(container = id, error = %e, "could not remove task container");
+        }
+    }
+
+    /// Removes every task container this worker name owns: at start-up, whatever
+    /// is there was left by a previous run that died.
+    pub async fn remove_orphans(&self) -> Result<usize, SandboxError> {
+        let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_WORKER}={}", self.worker)])]);
+        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        let containers = self.docker.list_containers(Some(opts)).await?;
+        let n = containers.len();
+        for c in containers {
+            if let Some(id) = c.id {
+                self.remove(&id).await;
+            }
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,177 @@
+//! Task workspaces: `TASKS_DIR/<task_id>`, bind-mounted as /workspace.
+//!
+//! The zip is extracted here by the worker (never by the script), checked again
+//! with `shared::zipcheck` and with the bytes actually written counted against the
+//! cap, since declared sizes can lie. The worker only ever creates plain files and
+//! directories, and removal never follows a link (`remove_dir_all` does not).
+//! Everything here is blocking file I/O, so callers run it on the blocking pool.
+
+use std::fs;
+use std::io::{self, Cursor, Read, Write};
+use std::os::unix::fs::{PermissionsExt, lchown};
+use std::path::{Path, PathBuf};
+
+use shared::zipcheck::{ZipError, ZipLimits, check_zip};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("{0}")]
+    Zip(#[from] ZipError),
+    #[error("the zip expands to more than {0} bytes")]
+    ExpandedTooLarge(u64),
+    #[error("cannot read zip entry {0}: {1}")]
+    Entry(String, String),
+    #[error("file system error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Creates the workspace and extracts `zip` into it. `owner` (uid, gid) is who
+/// the script runs as; the workspace is handed to it so the script can write.
+pub fn prepare(
+    tasks_dir: &Path,
+    task_id: &str,
+    zip: Option<&[u8]>,
+    limits: &ZipLimits,
+    owner: Option<(u32, u32)>,
+) -> Result<PathBuf, WorkspaceError> {
+    let dir = tasks_dir.join(task_id);
+    // A leftover from a crashed run of the same task is discarded, not reused.
+    if dir.symlink_metadata().is_ok() {
+        fs::remove_dir_all(&dir)?;
+    }
+    fs::create_dir(&dir)?;
+    if let Some(zip) = zip {
+        extract(&dir, zip, limits)?;
+    }
+    hand_over(&dir, owner)?;
+    Ok(dir)
+}
+
+fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), WorkspaceError> {
+    let entries = check_zip(bytes, limits)?;
+    let mut archive = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| ZipError::NotAZip(e.to_string()))?;
+    let mut budget = limits.max_expanded_bytes;
+    for entry in entries {
+        let target = dir.join(&entry.path);
+        if entry.is_dir {
+            fs::create_dir_all(&target)?;
+            continue;
+        }
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        let name = entry.path.display().to_string();
+        let mut file = archive.by_index(entry.index).map_err(|e| WorkspaceError::Entry(name.clone(), e.to_string()))?;
+        let mut out = fs::File::create(&target)?;
+        // Read one byte past the budget: if it arrives, the archive lied.
+        let written = io::copy(&mut (&mut file).take(budget + 1), &mut out)
+            .map_err(|e| WorkspaceError::Entry(name.clone(), e.to_string()))?;
+        if written > budget {
+            return Err(WorkspaceError::ExpandedTooLarge(limits.max_expanded_bytes));
+        }
+        budget -= written;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// Gives the tree to the task's user. Without the right to chown (a worker not
+/// running as root, in development), make it writable for everyone instead.
+fn hand_over(dir: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = path.symlink_metadata()?;
+        if meta.is_dir() {
+            for child in fs::read_dir(&path)? {
+                stack.push(child?.path());
+            }
+        }
+        let chowned = match owner {
+            Some((uid, gid)) => match lchown(&path, Some(uid), Some(gid)) {
+                Ok(()) => true,
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => false,
+                Err(e) => return Err(e),
+            },
+            None => false,
+        };
+        let mode = match (meta.is_dir(), chowned) {
+            (true, true) => 0o755,
+            (true, false) => 0o777,
+            (false, true) => 0o644,
+            (false, false) => 0o666,
+        };
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// Removes a workspace. `remove_dir_all` unlinks symlinks a script planted
+/// instead of following them.
+pub fn remove(dir: &Path) {
+    if let Err(e) = fs::remove_dir_all(dir)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
+    }
+}
+
+/// `"uid:gid"` as numbers; `None` for a user name (then no chown is attempted).
+pub fn parse_owner(user: &str) -> Option<(u32, u32)> {
+    let (u, g) = user.split_once(':').unwrap_or((user, user));
+    Some((u.parse().ok()?, g.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zip::write::SimpleFileOptions;
+
+    fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (name, data) in entries {
+            w.start_file(*name, SimpleFileOptions::default()).expect("start");
+            w.write_all(data).expect("write");
+        }
+        w.finish().expect("finish").into_inner()
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sr-ws-test-{}", uuid::Uuid::new_v4()));
+        fs::create_dir_all(&d).expect("tempdir");
+        d
+    }
+
+    #[test]
+    fn extracts_nested_files_and_removes_them() {
+        let root = tempdir();
+        let z = zip_of(&[("main.py", b"print(1)"), ("pkg/sub/data.txt", b"hello")]);
+        let ws = prepare(&root, "t1", Some(&z), &ZipLimits::default(), None).expect("prepare");
+        assert_eq!(fs::read(ws.join("pkg/sub/data.txt")).ok().as_deref(), Some(&b"hello"[..]));
+        remove(&ws);
+        assert!(!ws.exists());
+        remove(&root);
+    }
+
+    #[test]
+    fn removal_does_not_follow_a_planted_symlink() {
+        let root = tempdir();
+        let outside = root.join("outside");
+        fs::create_dir(&outside).expect("outside");
+        fs::write(outside.join("precious"), b"keep").expect("precious");
+        let ws = prepare(&root, "t2", None, &ZipLimits::default(), None).expect("prepare");
+        std::os::unix::fs::symlink(&outside, ws.join("link")).expect("symlink");
+        remove(&ws);
+        assert!(!ws.exists());
+        assert!(outside.join("precious").exists());
+        remove(&root);
+    }
+
+    #[test]
+    fn the_expanded_cap_holds_while_writing() {
+        let root = tempdir();
+        let z = zip_of(&[("a", &[b'x'; 600]), ("b", &[b'y'; 600])]);
+        let limits = ZipLimits { max_expanded_bytes: 1000, ..ZipLimits::default() };
+        assert!(prepare(&root, "t3", Some(&z), &limits, None).is_err());
+        remove(&root);
+    }
+}
