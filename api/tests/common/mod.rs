@@ -1,0 +1,305 @@
+//! Test harness: a real Redis (a `redis-server` per test on a free port), the real
+//! worker and api started in-process on port 0, the real Docker engine, and the
+//! rmcp client over Streamable HTTP. Nothing is mocked.
+//!
+//! Waiting is always on a condition with a deadline, never a bare sleep.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::TcpListener as StdListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use redis::AsyncCommands;
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub type Client = RunningService<rmcp::RoleClient, ()>;
+
+pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
+
+/// The image every runtime maps to in tests (no registry here: it is built by
+/// scripts/build-test-image.sh).
+pub fn runtime_image() -> String {
+    std::env::var("TEST_RUNTIME_IMAGE").unwrap_or_else(|_| "script-runner-test/runtime:trixie".into())
+}
+
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// Polls `check` until it returns `Some`, or panics after `deadline` with `what`.
+pub async fn wait_until<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A throwaway `redis-server` on a free loopback port.
+pub struct Redis {
+    child: Option<Child>,
+    pub port: u16,
+}
+
+impl Redis {
+    pub async fn start() -> Redis {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/test.sh installs it)");
+        let r = Redis { child: Some(child), port };
+        let client = r.client();
+        wait_until("redis-server to answer PING", Duration::from_secs(10), || {
+            let client = client.clone();
+            async move {
+                let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                redis::cmd("PING").query_async::<String>(&mut c).await.ok()
+            }
+        })
+        .await;
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("redis url")
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[derive(Clone)]
+pub struct Options {
+    pub concurrency: usize,
+    pub max_timeout_seconds: u64,
+    pub extra_env: Vec<(&'static str, String)>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { concurrency: 2, max_timeout_seconds: 120, extra_env: Vec::new() }
+    }
+}
+
+/// Redis + worker + api, all real.
+pub struct Stack {
+    pub redis: Redis,
+    pub url: String,
+    pub prefix: String,
+    pub worker_name: String,
+    tasks_dir: std::path::PathBuf,
+    stop: CancellationToken,
+    worker: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Stack {
+    pub async fn start(opts: Options) -> Stack {
+        let redis = Redis::start().await;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let prefix = format!("t{}", &id[..8]);
+        let worker_name = format!("test-{}", &id[..12]);
+        let tasks_dir = std::env::temp_dir().join(format!("sr-tasks-{id}"));
+        let img = runtime_image();
+        let mut env: HashMap<&str, String> = HashMap::from([
+            ("SCRIPT_RUNNER_TOKEN", TOKEN.to_owned()),
+            ("REDIS_URL", redis.url()),
+            ("REDIS_KEY_PREFIX", prefix.clone()),
+            ("LISTEN_ADDR", "127.0.0.1:0".to_owned()),
+            ("RUNTIME_IMAGES", format!("node24={img},python3.13={img},python3.8={img}")),
+            ("MAX_TIMEOUT_SECONDS", opts.max_timeout_seconds.to_string()),
+            ("DEFAULT_TIMEOUT_SECONDS", "60".to_owned()),
+            ("WORKER_NAME", worker_name.clone()),
+            ("WORKER_CONCURRENCY", opts.concurrency.to_string()),
+            ("TASKS_DIR", tasks_dir.display().to_string()),
+            ("SHUTDOWN_GRACE_SECONDS", "0".to_owned()),
+        ]);
+        env.extend(opts.extra_env.iter().cloned());
+        let lookup = |k: &str| env.get(k).cloned();
+
+        let stop = CancellationToken::new();
+        let worker_cfg = script_runner_worker::Config::from_lookup(lookup).expect("worker config");
+        let worker = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                if let Err(e) = script_runner_worker::run(worker_cfg, async move { stop.cancelled().await }).await {
+                    panic!("worker failed: {e}");
+                }
+            }
+        });
+        let api_cfg = script_runner_api::Config::from_lookup(lookup).expect("api config");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let _ = script_runner_api::run(listener, api_cfg, async move { stop.cancelled().await }).await;
+            }
+        });
+        let stack = Stack { redis, url, prefix, worker_name, tasks_dir, stop, worker: Some(worker) };
+        // The worker is ready once it has registered its consumer group.
+        let client = stack.redis.client();
+        let jobs = format!("{}:jobs", stack.prefix);
+        wait_until("the worker to create its consumer group", Duration::from_secs(30), || {
+            let (client, jobs) = (client.clone(), jobs.clone());
+            async move {
+                let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                let groups: redis::streams::StreamInfoGroupsReply = c.xinfo_groups(&jobs).await.ok()?;
+                (!groups.groups.is_empty()).then_some(())
+            }
+        })
+        .await;
+        stack
+    }
+
+    pub async fn client(&self) -> Client {
+        mcp_client(&self.url, TOKEN).await.expect("MCP client connects")
+    }
+
+    pub async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+        self.redis.client().get_multiplexed_async_connection().await.expect("redis")
+    }
+
+    /// Stops the worker (killing its containers) and the api.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(w) = self.worker.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), w).await;
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        // A failed test may drop the stack with containers still running; remove
+        // them by the worker's label so they do not outlive the test.
+        let ids = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=script-runner.worker={}", self.worker_name)])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .unwrap_or_default();
+        if !ids.is_empty() {
+            let _ = Command::new("docker").args(["rm", "-f"]).args(&ids).stdout(Stdio::null()).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.tasks_dir);
+    }
+}
+
+pub async fn mcp_client(url: &str, token: &str) -> Result<Client, rmcp::service::ClientInitializeError> {
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(format!("{url}/mcp")).auth_header(token),
+    );
+    ().serve(transport).await
+}
+
+/// A tool call's result as JSON: `structuredContent`, `isError`, `content`.
+pub async fn call(client: &Client, tool: &'static str, args: Value) -> Value {
+    let Value::Object(args) = args else { panic!("tool arguments must be an object") };
+    let result = client
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} failed at the protocol level: {e}"));
+    serde_json::to_value(result).expect("result serializes")
+}
+
+/// The structured result of a successful call (panics on `isError`).
+pub async fn call_ok(client: &Client, tool: &'static str, args: Value) -> Value {
+    let r = call(client, tool, args).await;
+    assert_ne!(r["isError"], json!(true), "{tool} returned an error: {r}");
+    r["structuredContent"].clone()
+}
+
+/// The message of a call that must fail with `isError: true`.
+pub async fn call_err(client: &Client, tool: &'static str, args: Value) -> String {
+    let r = call(client, tool, args).await;
+    assert_eq!(r["isError"], json!(true), "{tool} should have failed: {r}");
+    r["content"][0]["text"].as_str().expect("error text").to_owned()
+}
+
+pub fn b64(s: impl AsRef<[u8]>) -> String {
+    STANDARD.encode(s)
+}
+
+/// Starts a script and returns its task id.
+pub async fn run(client: &Client, runtime: &str, command: &str, extra: Value) -> String {
+    let mut args = json!({ "runtime": runtime, "command_base64": b64(command) });
+    if let (Value::Object(a), Value::Object(e)) = (&mut args, extra) {
+        a.extend(e);
+    }
+    let out = call_ok(client, "run_script", args).await;
+    assert_eq!(out["state"], "queued");
+    out["task_id"].as_str().expect("task_id").to_owned()
+}
+
+pub async fn status(client: &Client, task_id: &str) -> Value {
+    call_ok(client, "get_task_status", json!({ "task_id": task_id })).await
+}
+
+/// Polls until the task's status satisfies `done`.
+pub async fn wait_status(client: &Client, task_id: &str, what: &str, deadline: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    wait_until(what, deadline, || async {
+        let s = status(client, task_id).await;
+        done(&s).then_some(s)
+    })
+    .await
+}
+
+pub fn is_final(s: &Value) -> bool {
+    matches!(s["state"].as_str(), Some("succeeded" | "failed" | "killed" | "timed-out"))
+}
+
+/// Runs a script to its final state and returns that status.
+pub async fn run_to_end(client: &Client, runtime: &str, command: &str, extra: Value) -> Value {
+    let id = run(client, runtime, command, extra).await;
+    wait_status(client, &id, "the task to finish", Duration::from_secs(120), is_final).await
+}
+
+/// A zip of `(path, contents)` pairs; paths ending in '/' are directories.
+pub fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
+    use std::io::Write;
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let opts = zip::write::SimpleFileOptions::default();
+    for (name, data) in entries {
+        if name.ends_with('/') {
+            w.add_directory(*name, opts).expect("dir");
+        } else {
+            w.start_file(*name, opts).expect("file");
+            w.write_all(data.as_bytes()).expect("write");
+        }
+    }
+    w.finish().expect("zip").into_inner()
+}

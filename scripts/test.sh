@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite, on a machine with a Docker engine (no registry needed).
+#
+# Sets up what it needs, idempotently: redis-server and debootstrap (apt), the MCP
+# Python SDK and pytest (pip, into .venv), and the runtime image the tasks run in
+# (built locally by scripts/build-test-image.sh). Then runs:
+#   1. cargo fmt --check and cargo clippy -D warnings
+#   2. cargo test: unit tests and the integration suite (real Redis started per
+#      test on a free port, real Docker engine, the rmcp client)
+#   3. pytest tests/python: end to end through the official Python MCP SDK
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+if ((${#need_apt[@]})); then
+    echo "test.sh: installing ${need_apt[*]}"
+    SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+./scripts/build-test-image.sh
+
+if [[ ! -x .venv/bin/pytest ]]; then
+    echo "test.sh: creating .venv with the MCP Python SDK and pytest"
+    python3 -m venv .venv
+    .venv/bin/pip install -q -r tests/python/requirements.txt
+fi
+
+export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trixie}"
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+# Two cores here: two test threads keep container counts sane.
+cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+cargo build --bins
+.venv/bin/pytest -q tests/python
