@@ -23,9 +23,7 @@ pub enum ConfigError {
     Var(#[from] VarError),
     #[error("RUNTIME_IMAGES: {0}")]
     Runtime(#[from] RuntimeError),
-    #[error(
-        "DEFAULT_TIMEOUT_SECONDS ({default}) must not exceed MAX_TIMEOUT_SECONDS ({max})"
-    )]
+    #[error("DEFAULT_TIMEOUT_SECONDS ({default}) must not exceed MAX_TIMEOUT_SECONDS ({max})")]
     DefaultAboveMax { default: u64, max: u64 },
 }
 
@@ -82,14 +80,26 @@ impl Config {
     /// process environment.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let var = |name: &str| get(name);
-        let token = var("SCRIPT_RUNNER_TOKEN").filter(|t| !t.is_empty()).ok_or(ConfigError::MissingToken)?;
+        let token = var("SCRIPT_RUNNER_TOKEN")
+            .filter(|t| !t.is_empty())
+            .ok_or(ConfigError::MissingToken)?;
         if token.chars().count() < MIN_TOKEN_LEN {
             return Err(ConfigError::ShortToken(token.chars().count()));
         }
-        let default_timeout_seconds =
-            parse_range("DEFAULT_TIMEOUT_SECONDS", var("DEFAULT_TIMEOUT_SECONDS").as_deref(), 300, 1, 86_400)?;
-        let max_timeout_seconds =
-            parse_range("MAX_TIMEOUT_SECONDS", var("MAX_TIMEOUT_SECONDS").as_deref(), 3600, 1, 86_400)?;
+        let default_timeout_seconds = parse_range(
+            "DEFAULT_TIMEOUT_SECONDS",
+            var("DEFAULT_TIMEOUT_SECONDS").as_deref(),
+            300,
+            1,
+            86_400,
+        )?;
+        let max_timeout_seconds = parse_range(
+            "MAX_TIMEOUT_SECONDS",
+            var("MAX_TIMEOUT_SECONDS").as_deref(),
+            3600,
+            1,
+            86_400,
+        )?;
         if default_timeout_seconds > max_timeout_seconds {
             return Err(ConfigError::DefaultAboveMax {
                 default: default_timeout_seconds,
@@ -111,10 +121,28 @@ impl Config {
             runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
             default_timeout_seconds,
             max_timeout_seconds,
-            max_command_bytes: parse_range("MAX_COMMAND_BYTES", var("MAX_COMMAND_BYTES").as_deref(), 65_536, 1, 1 << 20)? as usize,
-            max_zip_bytes: parse_range("MAX_ZIP_BYTES", var("MAX_ZIP_BYTES").as_deref(), 16 << 20, 1, 256 << 20)? as usize,
+            max_command_bytes: parse_range(
+                "MAX_COMMAND_BYTES",
+                var("MAX_COMMAND_BYTES").as_deref(),
+                65_536,
+                1,
+                1 << 20,
+            )? as usize,
+            max_zip_bytes: parse_range(
+                "MAX_ZIP_BYTES",
+                var("MAX_ZIP_BYTES").as_deref(),
+                16 << 20,
+                1,
+                256 << 20,
+            )? as usize,
             zip_limits: ZipLimits {
-                max_entries: parse_range("ZIP_MAX_ENTRIES", var("ZIP_MAX_ENTRIES").as_deref(), defaults.max_entries as u64, 1, 1_000_000)? as usize,
+                max_entries: parse_range(
+                    "ZIP_MAX_ENTRIES",
+                    var("ZIP_MAX_ENTRIES").as_deref(),
+                    defaults.max_entries as u64,
+                    1,
+                    1_000_000,
+                )? as usize,
                 max_expanded_bytes: parse_range(
                     "ZIP_MAX_EXPANDED_BYTES",
                     var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
@@ -124,8 +152,20 @@ impl Config {
                 )?,
                 max_ratio: defaults.max_ratio,
             },
-            max_queued_tasks: parse_range("MAX_QUEUED_TASKS", var("MAX_QUEUED_TASKS").as_deref(), 10_000, 1, 10_000_000)?,
-            retention_seconds: parse_range("TASK_RETENTION_SECONDS", var("TASK_RETENTION_SECONDS").as_deref(), 86_400, 60, 365 * 86_400)?,
+            max_queued_tasks: parse_range(
+                "MAX_QUEUED_TASKS",
+                var("MAX_QUEUED_TASKS").as_deref(),
+                10_000,
+                1,
+                10_000_000,
+            )?,
+            retention_seconds: parse_range(
+                "TASK_RETENTION_SECONDS",
+                var("TASK_RETENTION_SECONDS").as_deref(),
+                86_400,
+                60,
+                365 * 86_400,
+            )?,
         })
     }
 }
@@ -136,8 +176,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> =
-            vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         Config::from_lookup(|k| map.get(k).cloned())
     }
 
@@ -148,7 +190,12 @@ mod tests {
         assert!(matches!(load(&[]), Err(ConfigError::MissingToken)));
         let short = load(&[("SCRIPT_RUNNER_TOKEN", "short")]);
         assert!(matches!(short, Err(ConfigError::ShortToken(5))));
-        assert!(short.err().map(|e| e.to_string()).is_some_and(|m| m.contains("at least 32")));
+        assert!(
+            short
+                .err()
+                .map(|e| e.to_string())
+                .is_some_and(|m| m.contains("at least 32"))
+        );
     }
 
     #[test]
@@ -157,15 +204,24 @@ mod tests {
         assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
         assert_eq!(c.listen_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(c.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
-        assert_eq!((c.default_timeout_seconds, c.max_timeout_seconds), (300, 3600));
+        assert_eq!(
+            (c.default_timeout_seconds, c.max_timeout_seconds),
+            (300, 3600)
+        );
         assert_eq!(c.runtimes.image("python3.8"), Some("python:3.8-slim"));
     }
 
     #[test]
     fn bad_values_name_the_variable() {
-        let e = load(&[TOKEN, ("MAX_TIMEOUT_SECONDS", "soon")]).err().map(|e| e.to_string());
+        let e = load(&[TOKEN, ("MAX_TIMEOUT_SECONDS", "soon")])
+            .err()
+            .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("MAX_TIMEOUT_SECONDS=\"soon\"")));
-        let e = load(&[TOKEN, ("DEFAULT_TIMEOUT_SECONDS", "600"), ("MAX_TIMEOUT_SECONDS", "60")]);
+        let e = load(&[
+            TOKEN,
+            ("DEFAULT_TIMEOUT_SECONDS", "600"),
+            ("MAX_TIMEOUT_SECONDS", "60"),
+        ]);
         assert!(matches!(e, Err(ConfigError::DefaultAboveMax { .. })));
     }
 }

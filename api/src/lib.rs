@@ -69,12 +69,19 @@ pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, Store
         let (store, config) = (store.clone(), config.clone());
         move || Ok(ScriptRunner::new(store.clone(), config.clone()))
     };
-    let mcp = StreamableHttpService::new(factory, Arc::new(NeverSessionManager::default()), mcp_config);
+    let mcp = StreamableHttpService::new(
+        factory,
+        Arc::new(NeverSessionManager::default()),
+        mcp_config,
+    );
     let token = Arc::new(config.token.clone().into_bytes());
     let authed = Router::new()
         .route_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(token, require_bearer));
-    Ok(Router::new().route("/healthz", get(healthz)).with_state(store).merge(authed))
+    Ok(Router::new()
+        .route("/healthz", get(healthz))
+        .with_state(store)
+        .merge(authed))
 }
 
 /// 401 with `WWW-Authenticate: Bearer` unless the request carries the token.
@@ -88,9 +95,15 @@ async fn require_bearer(State(token): State<Arc<Vec<u8>>>, req: Request, next: N
     match presented {
         Some(p) if constant_time_eq(p, &token) => next.run(req).await,
         _ => {
-            let mut resp = (StatusCode::UNAUTHORIZED, "missing or invalid bearer token\n").into_response();
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"script-runner\""));
+            let mut resp = (
+                StatusCode::UNAUTHORIZED,
+                "missing or invalid bearer token\n",
+            )
+                .into_response();
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"script-runner\""),
+            );
             resp
         }
     }
@@ -109,8 +122,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn healthz(State(store): State<Store>) -> Response {
     match tokio::time::timeout(Duration::from_secs(1), store.ping()).await {
         Ok(Ok(())) => (StatusCode::OK, "ok\n").into_response(),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {e}\n")).into_response(),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy: Redis did not answer within 1 s\n")
+        Ok(Err(e)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {e}\n")).into_response()
+        }
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unhealthy: Redis did not answer within 1 s\n",
+        )
             .into_response(),
     }
 }

@@ -45,11 +45,14 @@ impl TaskRecord {
     }
 
     pub fn text(&self, f: Field) -> Option<String> {
-        self.bytes(f).map(|b| String::from_utf8_lossy(b).into_owned())
+        self.bytes(f)
+            .map(|b| String::from_utf8_lossy(b).into_owned())
     }
 
     pub fn int(&self, f: Field) -> Option<i64> {
-        self.bytes(f).and_then(|b| std::str::from_utf8(b).ok()).and_then(|s| s.parse().ok())
+        self.bytes(f)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| s.parse().ok())
     }
 }
 
@@ -73,7 +76,10 @@ impl Store {
             },
             ..PoolConfig::default()
         });
-        Ok(Store { pool: cfg.create_pool(Some(Runtime::Tokio1))?, keys })
+        Ok(Store {
+            pool: cfg.create_pool(Some(Runtime::Tokio1))?,
+            keys,
+        })
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
@@ -97,8 +103,14 @@ impl Store {
             (Field::Runtime.as_str(), t.runtime.to_owned()),
             (Field::Image.as_str(), t.image.to_owned()),
             (Field::Command.as_str(), t.command.to_owned()),
-            (Field::TimeoutSeconds.as_str(), t.timeout_seconds.to_string()),
-            (Field::HasZip.as_str(), u8::from(t.zip.is_some()).to_string()),
+            (
+                Field::TimeoutSeconds.as_str(),
+                t.timeout_seconds.to_string(),
+            ),
+            (
+                Field::HasZip.as_str(),
+                u8::from(t.zip.is_some()).to_string(),
+            ),
             (Field::StdoutBytes.as_str(), "0".into()),
             (Field::StderrBytes.as_str(), "0".into()),
         ];
@@ -117,7 +129,8 @@ impl Store {
         if let Some(zip) = t.zip {
             pipe.set(self.keys.task_zip(t.id), zip).ignore();
         }
-        pipe.xadd(self.keys.jobs(), "*", &[(JOB_TASK_ID, t.id)]).ignore();
+        pipe.xadd(self.keys.jobs(), "*", &[(JOB_TASK_ID, t.id)])
+            .ignore();
         let () = pipe.query_async(&mut conn).await?;
         Ok(())
     }
@@ -133,12 +146,19 @@ impl Store {
         if fields.is_empty() {
             return Ok(None);
         }
-        Ok(Some(TaskRecord { fields, now_ms: secs * 1000 + micros / 1000 }))
+        Ok(Some(TaskRecord {
+            fields,
+            now_ms: secs * 1000 + micros / 1000,
+        }))
     }
 
     /// Kills a queued or running task. `None` if there is no such task; otherwise
     /// its state after the call and whether this call killed it.
-    pub async fn kill(&self, id: &str, retention_seconds: u64) -> Result<Option<(TaskState, bool)>, StoreError> {
+    pub async fn kill(
+        &self,
+        id: &str,
+        retention_seconds: u64,
+    ) -> Result<Option<(TaskState, bool)>, StoreError> {
         let mut conn = self.pool.get().await?;
         let (state, killed): (String, i64) = Script::new(scripts::KILL)
             .key(self.keys.task(id))
@@ -151,7 +171,9 @@ impl Store {
         if state == "missing" {
             return Ok(None);
         }
-        let state = state.parse().map_err(|e: shared::task::UnknownState| StoreError::Corrupt(e.to_string()))?;
+        let state = state
+            .parse()
+            .map_err(|e: shared::task::UnknownState| StoreError::Corrupt(e.to_string()))?;
         Ok(Some((state, killed == 1)))
     }
 }

@@ -35,9 +35,13 @@ pub enum ToolError {
         "{field} is not valid base64 ({detail}); encode with the standard alphabet, e.g. `printf '%s' 'echo hi' | base64 -w0`"
     )]
     BadBase64 { field: &'static str, detail: String },
-    #[error("command_base64 decodes to bytes that are not UTF-8 text; encode a UTF-8 shell one-liner")]
+    #[error(
+        "command_base64 decodes to bytes that are not UTF-8 text; encode a UTF-8 shell one-liner"
+    )]
     CommandNotUtf8,
-    #[error("command_base64 decodes to an empty command; give a shell one-liner such as `python3 main.py`")]
+    #[error(
+        "command_base64 decodes to an empty command; give a shell one-liner such as `python3 main.py`"
+    )]
     EmptyCommand,
     #[error("command_base64 decodes to a command containing a NUL byte, which a shell cannot run")]
     CommandHasNul,
@@ -47,9 +51,7 @@ pub enum ToolError {
     ZipTooLarge { size: usize, max: usize },
     #[error("{0}")]
     Zip(#[from] shared::zipcheck::ZipError),
-    #[error(
-        "timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s"
-    )]
+    #[error("timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s")]
     TimeoutTooSmall(i64, u64),
     #[error("tail_bytes must be between 0 and {TAIL_CAP} (got {0})")]
     BadTailBytes(i64),
@@ -193,21 +195,32 @@ impl ScriptRunner {
 where the optional base64 zip of source files is extracted first. Then poll get_task_status with the task_id \
 until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it. The container has \
 no access to this service, memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server).",
-        annotations(title = "Run a script", read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true)
+        annotations(
+            title = "Run a script",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
     )]
     async fn run_script(
         &self,
         Parameters(input): Parameters<RunScriptInput>,
     ) -> Result<Json<RunScriptOutput>, ToolError> {
         let cfg = &self.config;
-        let image = cfg.runtimes.image(&input.runtime).ok_or_else(|| ToolError::UnknownRuntime {
-            given: input.runtime.clone(),
-            allowed: cfg.runtimes.names_list(),
-        })?;
+        let image =
+            cfg.runtimes
+                .image(&input.runtime)
+                .ok_or_else(|| ToolError::UnknownRuntime {
+                    given: input.runtime.clone(),
+                    allowed: cfg.runtimes.names_list(),
+                })?;
         let command = decode_command(&input.command_base64, cfg.max_command_bytes)?;
         let timeout_seconds = match input.timeout_seconds {
             None => cfg.default_timeout_seconds,
-            Some(t) if t < 1 => return Err(ToolError::TimeoutTooSmall(t, cfg.default_timeout_seconds)),
+            Some(t) if t < 1 => {
+                return Err(ToolError::TimeoutTooSmall(t, cfg.default_timeout_seconds));
+            }
             Some(t) => (t as u64).min(cfg.max_timeout_seconds),
         };
         let zip = match input.zip_base64.as_deref() {
@@ -215,7 +228,10 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
             Some(b64) => {
                 let bytes = decode_base64("zip_base64", b64)?;
                 if bytes.len() > cfg.max_zip_bytes {
-                    return Err(ToolError::ZipTooLarge { size: bytes.len(), max: cfg.max_zip_bytes });
+                    return Err(ToolError::ZipTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_zip_bytes,
+                    });
                 }
                 shared::zipcheck::check_zip(&bytes, &cfg.zip_limits)?;
                 Some(bytes)
@@ -237,7 +253,11 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
             })
             .await?;
         tracing::info!(%task_id, runtime = %input.runtime, timeout_seconds, "task queued");
-        Ok(Json(RunScriptOutput { task_id, state: TaskState::Queued, timeout_seconds }))
+        Ok(Json(RunScriptOutput {
+            task_id,
+            state: TaskState::Queued,
+            timeout_seconds,
+        }))
     }
 
     #[tool(
@@ -247,7 +267,13 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
 *_bytes are the totals). States: queued, running, then one final state: succeeded, failed, killed or timed-out. \
 While running, seconds_since_last_output tells a stuck script (growing) from a busy one (staying low). \
 Poll every few seconds until the state is final.",
-        annotations(title = "Get task status", read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Get task status",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn get_task_status(
         &self,
@@ -259,7 +285,11 @@ Poll every few seconds until the state is final.",
             Some(n) if n < 0 => return Err(ToolError::BadTailBytes(n)),
             Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
         };
-        let record = self.store.get(&task_id).await?.ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        let record = self
+            .store
+            .get(&task_id)
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
         status_from_record(task_id, &record, tail_bytes).map(Json)
     }
 
@@ -268,9 +298,18 @@ Poll every few seconds until the state is final.",
         description = "Stop a task: a queued one never starts, a running one has its container killed. \
 Its state becomes \"killed\" at once. Killing a task that already finished is not an error: killed is false \
 and state is its final state.",
-        annotations(title = "Kill a task", read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            title = "Kill a task",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
-    async fn kill_task(&self, Parameters(input): Parameters<TaskIdInput>) -> Result<Json<KillOutput>, ToolError> {
+    async fn kill_task(
+        &self,
+        Parameters(input): Parameters<TaskIdInput>,
+    ) -> Result<Json<KillOutput>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let (state, killed) = self
             .store
@@ -280,7 +319,11 @@ and state is its final state.",
         if killed {
             tracing::info!(%task_id, "task killed by kill_task");
         }
-        Ok(Json(KillOutput { task_id, state, killed }))
+        Ok(Json(KillOutput {
+            task_id,
+            state,
+            killed,
+        }))
     }
 }
 
@@ -309,13 +352,19 @@ fn decode_base64(field: &'static str, value: &str) -> Result<Vec<u8>, ToolError>
     BASE64
         .decode(compact.as_bytes())
         .or_else(|_| general_purpose::URL_SAFE_NO_PAD.decode(compact.trim_end_matches('=')))
-        .map_err(|e| ToolError::BadBase64 { field, detail: e.to_string() })
+        .map_err(|e| ToolError::BadBase64 {
+            field,
+            detail: e.to_string(),
+        })
 }
 
 fn decode_command(b64: &str, max: usize) -> Result<String, ToolError> {
     let bytes = decode_base64("command_base64", b64)?;
     if bytes.len() > max {
-        return Err(ToolError::CommandTooLong { size: bytes.len(), max });
+        return Err(ToolError::CommandTooLong {
+            size: bytes.len(),
+            max,
+        });
     }
     let command = String::from_utf8(bytes).map_err(|_| ToolError::CommandNotUtf8)?;
     if command.trim().is_empty() {
@@ -333,8 +382,13 @@ fn parse_task_id(raw: &str) -> Result<String, ToolError> {
         .map_err(|_| ToolError::MalformedTaskId(raw.chars().take(80).collect()))
 }
 
-fn status_from_record(task_id: String, r: &TaskRecord, tail_bytes: usize) -> Result<TaskStatus, ToolError> {
-    let corrupt = |what: &str| ToolError::Store(StoreError::Corrupt(format!("task {task_id}: {what}")));
+fn status_from_record(
+    task_id: String,
+    r: &TaskRecord,
+    tail_bytes: usize,
+) -> Result<TaskStatus, ToolError> {
+    let corrupt =
+        |what: &str| ToolError::Store(StoreError::Corrupt(format!("task {task_id}: {what}")));
     let state: TaskState = r
         .text(Field::State)
         .and_then(|s| s.parse().ok())
@@ -344,13 +398,25 @@ fn status_from_record(task_id: String, r: &TaskRecord, tail_bytes: usize) -> Res
     let seconds = |ms: i64| (ms.max(0) as f64) / 1000.0;
     let stdout_bytes = r.int(Field::StdoutBytes).unwrap_or(0).max(0) as u64;
     let stderr_bytes = r.int(Field::StderrBytes).unwrap_or(0).max(0) as u64;
-    let stdout = render_tail(r.bytes(Field::StdoutTail).unwrap_or_default(), tail_bytes, stdout_bytes);
-    let stderr = render_tail(r.bytes(Field::StderrTail).unwrap_or_default(), tail_bytes, stderr_bytes);
+    let stdout = render_tail(
+        r.bytes(Field::StdoutTail).unwrap_or_default(),
+        tail_bytes,
+        stdout_bytes,
+    );
+    let stderr = render_tail(
+        r.bytes(Field::StderrTail).unwrap_or_default(),
+        tail_bytes,
+        stderr_bytes,
+    );
     Ok(TaskStatus {
         task_id,
         state,
         exit_code: r.int(Field::ExitCode),
-        reason: if state.is_terminal() { r.text(Field::Reason) } else { None },
+        reason: if state.is_terminal() {
+            r.text(Field::Reason)
+        } else {
+            None
+        },
         runtime: r.text(Field::Runtime).unwrap_or_default(),
         runtime_seconds: started.map(|s| seconds(finished.unwrap_or(r.now_ms) - s)),
         seconds_since_last_output: started
@@ -374,9 +440,18 @@ mod tests {
 
     #[test]
     fn commands_decode_with_or_without_padding_and_wrapping() {
-        assert_eq!(decode_command("ZWNobyBoaQ==", 100).ok().as_deref(), Some("echo hi"));
-        assert_eq!(decode_command("ZWNobyBoaQ", 100).ok().as_deref(), Some("echo hi"));
-        assert_eq!(decode_command("ZWNo\nbyBoaQ==", 100).ok().as_deref(), Some("echo hi"));
+        assert_eq!(
+            decode_command("ZWNobyBoaQ==", 100).ok().as_deref(),
+            Some("echo hi")
+        );
+        assert_eq!(
+            decode_command("ZWNobyBoaQ", 100).ok().as_deref(),
+            Some("echo hi")
+        );
+        assert_eq!(
+            decode_command("ZWNo\nbyBoaQ==", 100).ok().as_deref(),
+            Some("echo hi")
+        );
     }
 
     #[test]

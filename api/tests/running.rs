@@ -12,16 +12,32 @@ async fn python_and_node_one_liners_succeed_with_their_output() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
 
-    let py = run_to_end(&client, "python3.13", "python3 -c 'print(6 * 7)'", json!({})).await;
+    let py = run_to_end(
+        &client,
+        "python3.13",
+        "python3 -c 'print(6 * 7)'",
+        json!({}),
+    )
+    .await;
     assert_eq!(py["state"], "succeeded", "{py}");
     assert_eq!(py["exit_code"], 0);
     assert_eq!(py["stdout_tail"], "42\n");
     assert_eq!(py["reason"], "exited with code 0");
     assert_eq!(py["runtime"], "python3.13");
     assert!(py["runtime_seconds"].as_f64().is_some_and(|s| s >= 0.0));
-    assert!(py["started_at"].is_string() && py["finished_at"].is_string() && py["created_at"].is_string());
+    assert!(
+        py["started_at"].is_string()
+            && py["finished_at"].is_string()
+            && py["created_at"].is_string()
+    );
 
-    let node = run_to_end(&client, "node24", "node -e 'console.log([1,2,3].map(x => x * 2).join(\",\"))'", json!({})).await;
+    let node = run_to_end(
+        &client,
+        "node24",
+        "node -e 'console.log([1,2,3].map(x => x * 2).join(\",\"))'",
+        json!({}),
+    )
+    .await;
     assert_eq!(node["state"], "succeeded", "{node}");
     assert_eq!(node["stdout_tail"], "2,4,6\n");
     stack.shutdown().await;
@@ -31,13 +47,22 @@ async fn python_and_node_one_liners_succeed_with_their_output() {
 async fn a_non_zero_exit_fails_with_its_code_and_stderr_kept_apart() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
-    let s = run_to_end(&client, "python3.8", "echo to-out; echo to-err >&2; exit 3", json!({})).await;
+    let s = run_to_end(
+        &client,
+        "python3.8",
+        "echo to-out; echo to-err >&2; exit 3",
+        json!({}),
+    )
+    .await;
     assert_eq!(s["state"], "failed", "{s}");
     assert_eq!(s["exit_code"], 3);
     assert_eq!(s["reason"], "exited with code 3");
     assert_eq!(s["stdout_tail"], "to-out\n");
     assert_eq!(s["stderr_tail"], "to-err\n");
-    assert_eq!((s["stdout_bytes"].as_u64(), s["stderr_bytes"].as_u64()), (Some(7), Some(7)));
+    assert_eq!(
+        (s["stdout_bytes"].as_u64(), s["stderr_bytes"].as_u64()),
+        (Some(7), Some(7))
+    );
     stack.shutdown().await;
 }
 
@@ -49,7 +74,10 @@ async fn zip_files_are_in_the_workspace_with_nested_folders() {
         ("main.py", "from lib.util import greet\nprint(greet())\n"),
         ("lib/", ""),
         ("lib/__init__.py", ""),
-        ("lib/util.py", "def greet():\n    return open('data/deep/er/msg.txt').read().strip()\n"),
+        (
+            "lib/util.py",
+            "def greet():\n    return open('data/deep/er/msg.txt').read().strip()\n",
+        ),
         ("data/deep/er/msg.txt", "hello from a nested file\n"),
     ]);
     let s = run_to_end(
@@ -60,7 +88,10 @@ async fn zip_files_are_in_the_workspace_with_nested_folders() {
     )
     .await;
     assert_eq!(s["state"], "succeeded", "{s}");
-    assert_eq!(s["stdout_tail"], "/workspace\nhello from a nested file\nmsg.txt\n");
+    assert_eq!(
+        s["stdout_tail"],
+        "/workspace\nhello from a nested file\nmsg.txt\n"
+    );
     stack.shutdown().await;
 }
 
@@ -69,27 +100,56 @@ async fn a_sleeping_task_is_running_and_its_clocks_grow() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
     let id = run(&client, "python3.13", "echo started; sleep 30", json!({})).await;
-    let first = wait_status(&client, &id, "the first output", Duration::from_secs(60), |s| {
-        s["state"] == "running" && s["stdout_tail"] == "started\n"
-    })
+    let first = wait_status(
+        &client,
+        &id,
+        "the first output",
+        Duration::from_secs(60),
+        |s| s["state"] == "running" && s["stdout_tail"] == "started\n",
+    )
     .await;
-    assert!(first["reason"].is_null() && first["exit_code"].is_null() && first["finished_at"].is_null());
-    let (rt0, quiet0) = (first["runtime_seconds"].as_f64().unwrap_or(-1.0), first["seconds_since_last_output"].as_f64().unwrap_or(-1.0));
+    assert!(
+        first["reason"].is_null() && first["exit_code"].is_null() && first["finished_at"].is_null()
+    );
+    let (rt0, quiet0) = (
+        first["runtime_seconds"].as_f64().unwrap_or(-1.0),
+        first["seconds_since_last_output"].as_f64().unwrap_or(-1.0),
+    );
     assert!(rt0 >= 0.0 && quiet0 >= 0.0, "{first}");
-    let later = wait_status(&client, &id, "the clocks to advance by a second", Duration::from_secs(20), |s| {
-        s["runtime_seconds"].as_f64().is_some_and(|r| r >= rt0 + 1.0)
-    })
+    let later = wait_status(
+        &client,
+        &id,
+        "the clocks to advance by a second",
+        Duration::from_secs(20),
+        |s| {
+            s["runtime_seconds"]
+                .as_f64()
+                .is_some_and(|r| r >= rt0 + 1.0)
+        },
+    )
     .await;
     assert_eq!(later["state"], "running");
-    assert!(later["seconds_since_last_output"].as_f64().is_some_and(|q| q >= quiet0 + 1.0), "{later}");
+    assert!(
+        later["seconds_since_last_output"]
+            .as_f64()
+            .is_some_and(|q| q >= quiet0 + 1.0),
+        "{later}"
+    );
     let killed = call_ok(&client, "kill_task", json!({ "task_id": id })).await;
-    assert_eq!(killed, json!({ "task_id": id, "state": "killed", "killed": true }));
+    assert_eq!(
+        killed,
+        json!({ "task_id": id, "state": "killed", "killed": true })
+    );
     stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_task_past_its_timeout_ends_timed_out_and_large_timeouts_are_capped() {
-    let stack = Stack::start(Options { max_timeout_seconds: 90, ..Options::default() }).await;
+    let stack = Stack::start(Options {
+        max_timeout_seconds: 90,
+        ..Options::default()
+    })
+    .await;
     let client = stack.client().await;
 
     let capped = call_ok(
@@ -102,11 +162,22 @@ async fn a_task_past_its_timeout_ends_timed_out_and_large_timeouts_are_capped() 
     let capped_status = status(&client, capped["task_id"].as_str().unwrap_or_default()).await;
     assert_eq!(capped_status["timeout_seconds"], 90);
 
-    let s = run_to_end(&client, "python3.13", "echo before; sleep 60; echo after", json!({ "timeout_seconds": 2 })).await;
+    let s = run_to_end(
+        &client,
+        "python3.13",
+        "echo before; sleep 60; echo after",
+        json!({ "timeout_seconds": 2 }),
+    )
+    .await;
     assert_eq!(s["state"], "timed-out", "{s}");
     assert_eq!(s["reason"], "timed out after 2 s");
     assert_eq!(s["stdout_tail"], "before\n");
-    assert!(s["runtime_seconds"].as_f64().is_some_and(|r| (2.0..30.0).contains(&r)), "{s}");
+    assert!(
+        s["runtime_seconds"]
+            .as_f64()
+            .is_some_and(|r| (2.0..30.0).contains(&r)),
+        "{s}"
+    );
     stack.shutdown().await;
 }
 
@@ -115,42 +186,79 @@ async fn kill_task_stops_a_running_task() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
     let id = run(&client, "python3.13", "echo up; sleep 300", json!({})).await;
-    wait_status(&client, &id, "the task to run", Duration::from_secs(60), |s| s["stdout_tail"] == "up\n").await;
+    wait_status(
+        &client,
+        &id,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "up\n",
+    )
+    .await;
 
     let k = call_ok(&client, "kill_task", json!({ "task_id": id })).await;
-    assert_eq!((k["state"].as_str(), k["killed"].as_bool()), (Some("killed"), Some(true)));
+    assert_eq!(
+        (k["state"].as_str(), k["killed"].as_bool()),
+        (Some("killed"), Some(true))
+    );
     let s = status(&client, &id).await;
     assert_eq!(s["state"], "killed");
     assert_eq!(s["reason"], "killed by kill_task");
     // The container really goes away, not just the record.
     let label = format!("label=script-runner.task={id}");
-    wait_until("the container to be removed", Duration::from_secs(30), || async {
-        let out = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &label]).output().ok()?;
-        out.stdout.iter().all(u8::is_ascii_whitespace).then_some(())
-    })
+    wait_until(
+        "the container to be removed",
+        Duration::from_secs(30),
+        || async {
+            let out = std::process::Command::new("docker")
+                .args(["ps", "-aq", "--filter", &label])
+                .output()
+                .ok()?;
+            out.stdout.iter().all(u8::is_ascii_whitespace).then_some(())
+        },
+    )
     .await;
     // Killing again is not an error, and changes nothing.
     let again = call_ok(&client, "kill_task", json!({ "task_id": id })).await;
-    assert_eq!((again["state"].as_str(), again["killed"].as_bool()), (Some("killed"), Some(false)));
+    assert_eq!(
+        (again["state"].as_str(), again["killed"].as_bool()),
+        (Some("killed"), Some(false))
+    );
     // Nor is killing a task that finished: it keeps its final state.
     let done = run_to_end(&client, "python3.13", "true", json!({})).await;
     let late = call_ok(&client, "kill_task", json!({ "task_id": done["task_id"] })).await;
-    assert_eq!((late["state"].as_str(), late["killed"].as_bool()), (Some("succeeded"), Some(false)));
+    assert_eq!(
+        (late["state"].as_str(), late["killed"].as_bool()),
+        (Some("succeeded"), Some(false))
+    );
     stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn kill_task_on_a_queued_task_means_it_never_starts() {
     // One slot: the second task waits in the stream behind the first.
-    let stack = Stack::start(Options { concurrency: 1, ..Options::default() }).await;
+    let stack = Stack::start(Options {
+        concurrency: 1,
+        ..Options::default()
+    })
+    .await;
     let client = stack.client().await;
     let blocker = run(&client, "python3.13", "echo busy; sleep 300", json!({})).await;
-    wait_status(&client, &blocker, "the blocker to run", Duration::from_secs(60), |s| s["stdout_tail"] == "busy\n").await;
+    wait_status(
+        &client,
+        &blocker,
+        "the blocker to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "busy\n",
+    )
+    .await;
     let queued = run(&client, "python3.13", "echo should-never-run", json!({})).await;
     assert_eq!(status(&client, &queued).await["state"], "queued");
 
     let k = call_ok(&client, "kill_task", json!({ "task_id": queued })).await;
-    assert_eq!((k["state"].as_str(), k["killed"].as_bool()), (Some("killed"), Some(true)));
+    assert_eq!(
+        (k["state"].as_str(), k["killed"].as_bool()),
+        (Some("killed"), Some(true))
+    );
     // Free the slot, then run one more task: the stream is read in order, so once
     // it has finished the killed task's job has been read and skipped.
     call_ok(&client, "kill_task", json!({ "task_id": blocker })).await;
@@ -159,11 +267,16 @@ async fn kill_task_on_a_queued_task_means_it_never_starts() {
 
     let s = status(&client, &queued).await;
     assert_eq!(s["state"], "killed");
-    assert!(s["started_at"].is_null() && s["runtime_seconds"].is_null(), "it started: {s}");
+    assert!(
+        s["started_at"].is_null() && s["runtime_seconds"].is_null(),
+        "it started: {s}"
+    );
     assert_eq!(s["stdout_bytes"], 0);
     // Its job left the stream.
     let mut redis = stack.redis_conn().await;
-    let len: u64 = redis::AsyncCommands::xlen(&mut redis, format!("{}:jobs", stack.prefix)).await.unwrap_or(99);
+    let len: u64 = redis::AsyncCommands::xlen(&mut redis, format!("{}:jobs", stack.prefix))
+        .await
+        .unwrap_or(99);
     assert_eq!(len, 0);
     stack.shutdown().await;
 }
@@ -189,10 +302,20 @@ async fn a_megabyte_of_output_keeps_only_a_tail_cut_on_character_boundaries() {
 
     // An explicit odd tail size never splits a character either.
     let id = s["task_id"].as_str().unwrap_or_default();
-    let t = call_ok(&client, "get_task_status", json!({ "task_id": id, "tail_bytes": 1001 })).await;
+    let t = call_ok(
+        &client,
+        "get_task_status",
+        json!({ "task_id": id, "tail_bytes": 1001 }),
+    )
+    .await;
     assert_eq!(t["stdout_tail"], format!("{}END", "é".repeat(499)));
     // Asking for more than the cap gets the cap (64 KiB).
-    let big = call_ok(&client, "get_task_status", json!({ "task_id": id, "tail_bytes": 10_000_000 })).await;
+    let big = call_ok(
+        &client,
+        "get_task_status",
+        json!({ "task_id": id, "tail_bytes": 10_000_000 }),
+    )
+    .await;
     assert_eq!(big["stdout_tail"].as_str().map(str::len), Some(65_535));
     assert_eq!(big["stdout_truncated"], true);
     stack.shutdown().await;

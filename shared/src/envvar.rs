@@ -15,7 +15,11 @@ pub struct VarError {
 
 impl VarError {
     pub fn new(name: &str, value: &str, expected: impl Display) -> VarError {
-        VarError { name: name.to_owned(), value: value.to_owned(), expected: expected.to_string() }
+        VarError {
+            name: name.to_owned(),
+            value: value.to_owned(),
+            expected: expected.to_string(),
+        }
     }
 }
 
@@ -42,7 +46,11 @@ pub fn parse_range(
 ) -> Result<u64, VarError> {
     let expected = format!("a whole number from {min} to {max}");
     let v: u64 = parse_or(name, raw, default, &expected)?;
-    if (min..=max).contains(&v) { Ok(v) } else { Err(VarError::new(name, &v.to_string(), expected)) }
+    if (min..=max).contains(&v) {
+        Ok(v)
+    } else {
+        Err(VarError::new(name, &v.to_string(), expected))
+    }
 }
 
 /// A comma-separated list with blanks dropped.
@@ -64,8 +72,13 @@ mod tests {
     fn range_names_the_variable_and_the_bounds() {
         assert_eq!(parse_range("X", None, 5, 1, 10), Ok(5));
         assert_eq!(parse_range("X", Some(" 7 "), 5, 1, 10), Ok(7));
-        let e = parse_range("X", Some("0"), 5, 1, 10).err().map(|e| e.to_string());
-        assert_eq!(e.as_deref(), Some("X=\"0\" is not valid: a whole number from 1 to 10"));
+        let e = parse_range("X", Some("0"), 5, 1, 10)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("X=\"0\" is not valid: a whole number from 1 to 10")
+        );
         assert!(parse_range("X", Some("ten"), 5, 1, 10).is_err());
     }
 

@@ -24,7 +24,9 @@ impl Keys {
     pub const DEFAULT_PREFIX: &'static str = "sr";
 
     pub fn new(prefix: impl Into<String>) -> Keys {
-        Keys { prefix: prefix.into() }
+        Keys {
+            prefix: prefix.into(),
+        }
     }
 
     pub fn prefix(&self) -> &str {

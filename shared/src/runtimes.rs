@@ -35,14 +35,21 @@ impl RuntimeCatalog {
             .iter()
             .map(|(n, i)| ((*n).to_owned(), (*i).to_owned()))
             .collect();
-        for entry in value.unwrap_or("").split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        for entry in value
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
             let (name, image) = entry
                 .split_once('=')
                 .map(|(n, i)| (n.trim(), i.trim()))
                 .filter(|(n, i)| !n.is_empty() && !i.is_empty())
                 .ok_or_else(|| RuntimeError::BadEntry(entry.to_owned()))?;
             let name_ok = name.len() <= 64
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
             if !name_ok {
                 return Err(RuntimeError::BadName(name.to_owned()));
             }
@@ -78,15 +85,24 @@ mod tests {
         let c = RuntimeCatalog::from_env_value(None).ok();
         let c = c.as_ref();
         assert_eq!(c.and_then(|c| c.image("node24")), Some("node:24-slim"));
-        assert_eq!(c.map(|c| c.names_list()), Some("node24, python3.13, python3.8".to_owned()));
+        assert_eq!(
+            c.map(|c| c.names_list()),
+            Some("node24, python3.13, python3.8".to_owned())
+        );
     }
 
     #[test]
     fn env_value_replaces_and_adds() {
         let c = RuntimeCatalog::from_env_value(Some("node24=local/node, ruby3=ruby:3")).ok();
-        assert_eq!(c.as_ref().and_then(|c| c.image("node24")), Some("local/node"));
+        assert_eq!(
+            c.as_ref().and_then(|c| c.image("node24")),
+            Some("local/node")
+        );
         assert_eq!(c.as_ref().and_then(|c| c.image("ruby3")), Some("ruby:3"));
-        assert_eq!(c.as_ref().and_then(|c| c.image("python3.8")), Some("python:3.8-slim"));
+        assert_eq!(
+            c.as_ref().and_then(|c| c.image("python3.8")),
+            Some("python:3.8-slim")
+        );
     }
 
     #[test]

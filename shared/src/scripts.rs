@@ -152,12 +152,17 @@ mod tests {
             .iter()
             .map(|f| f.as_str())
             .chain(crate::TaskState::ALL.iter().map(|s| s.as_str()))
-            .chain(["", "missing", "TIME", "HGET", "HSET", "HDEL", "DEL", "EXPIRE", "%d"])
+            .chain([
+                "", "missing", "TIME", "HGET", "HSET", "HDEL", "DEL", "EXPIRE", "%d",
+            ])
             .collect();
         for script in [CLAIM, STARTED, PROGRESS, FINISH, KILL] {
             for (i, part) in script.split('\'').enumerate() {
                 if i % 2 == 1 {
-                    assert!(known.contains(&part), "unknown quoted name {part:?} in a script");
+                    assert!(
+                        known.contains(&part),
+                        "unknown quoted name {part:?} in a script"
+                    );
                 }
             }
         }

@@ -22,7 +22,11 @@ pub struct TailBuffer {
 
 impl TailBuffer {
     pub fn new(cap: usize) -> TailBuffer {
-        TailBuffer { buf: VecDeque::with_capacity(cap.min(8192)), cap, total: 0 }
+        TailBuffer {
+            buf: VecDeque::with_capacity(cap.min(8192)),
+            cap,
+            total: 0,
+        }
     }
 
     pub fn push(&mut self, bytes: &[u8]) {

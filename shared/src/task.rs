@@ -147,7 +147,12 @@ impl Outcome {
         } else {
             (TaskState::Failed, format!("exited with code {exit_code}"))
         };
-        Outcome { state, kind: ReasonKind::Exited, reason, exit_code: Some(exit_code) }
+        Outcome {
+            state,
+            kind: ReasonKind::Exited,
+            reason,
+            exit_code: Some(exit_code),
+        }
     }
 
     pub fn timed_out(timeout_seconds: u64) -> Outcome {
@@ -160,11 +165,21 @@ impl Outcome {
     }
 
     pub fn failed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
-        Outcome { state: TaskState::Failed, kind, reason: reason.into(), exit_code: None }
+        Outcome {
+            state: TaskState::Failed,
+            kind,
+            reason: reason.into(),
+            exit_code: None,
+        }
     }
 
     pub fn killed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
-        Outcome { state: TaskState::Killed, kind, reason: reason.into(), exit_code: None }
+        Outcome {
+            state: TaskState::Killed,
+            kind,
+            reason: reason.into(),
+            exit_code: None,
+        }
     }
 }
 
@@ -177,14 +192,20 @@ mod tests {
         for st in TaskState::ALL {
             assert_eq!(st.as_str().parse::<TaskState>(), Ok(st));
             // The serde form is what clients see; it must equal the stored form.
-            assert_eq!(serde_json::to_value(st).ok(), Some(serde_json::json!(st.as_str())));
+            assert_eq!(
+                serde_json::to_value(st).ok(),
+                Some(serde_json::json!(st.as_str()))
+            );
         }
         assert!("done".parse::<TaskState>().is_err());
     }
 
     #[test]
     fn only_queued_and_running_are_not_terminal() {
-        let open: Vec<_> = TaskState::ALL.into_iter().filter(|s| !s.is_terminal()).collect();
+        let open: Vec<_> = TaskState::ALL
+            .into_iter()
+            .filter(|s| !s.is_terminal())
+            .collect();
         assert_eq!(open, vec![TaskState::Queued, TaskState::Running]);
     }
 

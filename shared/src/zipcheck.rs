@@ -23,7 +23,11 @@ pub struct ZipLimits {
 
 impl Default for ZipLimits {
     fn default() -> Self {
-        ZipLimits { max_entries: 10_000, max_expanded_bytes: 256 * 1024 * 1024, max_ratio: 200 }
+        ZipLimits {
+            max_entries: 10_000,
+            max_expanded_bytes: 256 * 1024 * 1024,
+            max_ratio: 200,
+        }
     }
 }
 
@@ -38,7 +42,9 @@ pub enum ZipError {
     UnsafePath(String),
     #[error("zip entry {0:?} is a symbolic link; only regular files and directories are allowed")]
     Symlink(String),
-    #[error("zip entry {0:?} is a device, fifo or socket; only regular files and directories are allowed")]
+    #[error(
+        "zip entry {0:?} is a device, fifo or socket; only regular files and directories are allowed"
+    )]
     SpecialFile(String),
     #[error("zip entry {0:?} is encrypted; encrypted archives are not supported")]
     Encrypted(String),
@@ -70,13 +76,21 @@ pub fn check_zip(bytes: &[u8], limits: &ZipLimits) -> Result<Vec<SafeEntry>, Zip
     let mut archive =
         zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| ZipError::NotAZip(e.to_string()))?;
     if archive.len() > limits.max_entries {
-        return Err(ZipError::TooManyEntries { count: archive.len(), max: limits.max_entries });
+        return Err(ZipError::TooManyEntries {
+            count: archive.len(),
+            max: limits.max_entries,
+        });
     }
     let mut entries = Vec::with_capacity(archive.len());
     let mut expanded: u64 = 0;
     for index in 0..archive.len() {
-        let file = archive.by_index_raw(index).map_err(|e| ZipError::NotAZip(e.to_string()))?;
-        let name = file.name().map_err(|e| ZipError::NotAZip(e.to_string()))?.into_owned();
+        let file = archive
+            .by_index_raw(index)
+            .map_err(|e| ZipError::NotAZip(e.to_string()))?;
+        let name = file
+            .name()
+            .map_err(|e| ZipError::NotAZip(e.to_string()))?
+            .into_owned();
         let path = safe_relative_path(&name).ok_or_else(|| ZipError::UnsafePath(name.clone()))?;
         let file_type = file.unix_mode().map(|m| m & S_IFMT).unwrap_or(0);
         if file.is_symlink() || file_type == S_IFLNK {
@@ -91,13 +105,23 @@ pub fn check_zip(bytes: &[u8], limits: &ZipLimits) -> Result<Vec<SafeEntry>, Zip
         let size = file.size();
         expanded = expanded.saturating_add(size);
         if expanded > limits.max_expanded_bytes {
-            return Err(ZipError::TooLarge { max: limits.max_expanded_bytes });
+            return Err(ZipError::TooLarge {
+                max: limits.max_expanded_bytes,
+            });
         }
         if size > 1024 * 1024 && size / file.compressed_size().max(1) > limits.max_ratio {
-            return Err(ZipError::RatioTooHigh { name, max: limits.max_ratio });
+            return Err(ZipError::RatioTooHigh {
+                name,
+                max: limits.max_ratio,
+            });
         }
         let is_dir = file.is_dir() || file_type == S_IFDIR;
-        entries.push(SafeEntry { index, path, is_dir, size });
+        entries.push(SafeEntry {
+            index,
+            path,
+            is_dir,
+            size,
+        });
     }
     Ok(entries)
 }
@@ -114,7 +138,10 @@ fn safe_relative_path(name: &str) -> Option<PathBuf> {
     for comp in Path::new(&normalized).components() {
         match comp {
             Component::Normal(part) => {
-                if part.to_str().is_some_and(|p| p.len() >= 2 && p.as_bytes()[1] == b':') {
+                if part
+                    .to_str()
+                    .is_some_and(|p| p.len() >= 2 && p.as_bytes()[1] == b':')
+                {
                     return None; // "C:" drive prefix
                 }
                 out.push(part);
@@ -136,9 +163,11 @@ mod tests {
         let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
         for (name, data) in entries {
             if name.ends_with('/') {
-                w.add_directory(*name, SimpleFileOptions::default()).expect("dir");
+                w.add_directory(*name, SimpleFileOptions::default())
+                    .expect("dir");
             } else {
-                w.start_file(*name, SimpleFileOptions::default()).expect("start");
+                w.start_file(*name, SimpleFileOptions::default())
+                    .expect("start");
                 w.write_all(data).expect("write");
             }
         }
@@ -149,17 +178,30 @@ mod tests {
     fn nested_files_pass_with_their_paths() {
         let z = build(&[("a/", b""), ("a/b/c.txt", b"hi"), ("./top.py", b"print(1)")]);
         let e = check_zip(&z, &ZipLimits::default()).expect("safe");
-        let paths: Vec<_> = e.iter().map(|e| e.path.to_string_lossy().into_owned()).collect();
+        let paths: Vec<_> = e
+            .iter()
+            .map(|e| e.path.to_string_lossy().into_owned())
+            .collect();
         assert_eq!(paths, ["a", "a/b/c.txt", "top.py"]);
         assert!(e[0].is_dir && !e[1].is_dir);
     }
 
     #[test]
     fn traversal_and_absolute_paths_are_refused() {
-        for bad in ["../evil", "a/../../evil", "/etc/passwd", "\\evil", "C:/x", "a\\..\\..\\x"] {
+        for bad in [
+            "../evil",
+            "a/../../evil",
+            "/etc/passwd",
+            "\\evil",
+            "C:/x",
+            "a\\..\\..\\x",
+        ] {
             let z = build(&[(bad, b"x")]);
             assert!(
-                matches!(check_zip(&z, &ZipLimits::default()), Err(ZipError::UnsafePath(_))),
+                matches!(
+                    check_zip(&z, &ZipLimits::default()),
+                    Err(ZipError::UnsafePath(_))
+                ),
                 "{bad} was accepted"
             );
         }
@@ -168,7 +210,8 @@ mod tests {
     #[test]
     fn symlinks_are_refused() {
         let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        w.add_symlink("link", "/etc/passwd", SimpleFileOptions::default()).expect("symlink");
+        w.add_symlink("link", "/etc/passwd", SimpleFileOptions::default())
+            .expect("symlink");
         let z = w.finish().expect("finish").into_inner();
         assert_eq!(
             check_zip(&z, &ZipLimits::default()),
@@ -178,19 +221,35 @@ mod tests {
 
     #[test]
     fn caps_on_entries_size_and_ratio_hold() {
-        let limits = ZipLimits { max_entries: 2, max_expanded_bytes: 10, max_ratio: 100 };
+        let limits = ZipLimits {
+            max_entries: 2,
+            max_expanded_bytes: 10,
+            max_ratio: 100,
+        };
         let z = build(&[("a", b""), ("b", b""), ("c", b"")]);
-        assert_eq!(check_zip(&z, &limits), Err(ZipError::TooManyEntries { count: 3, max: 2 }));
+        assert_eq!(
+            check_zip(&z, &limits),
+            Err(ZipError::TooManyEntries { count: 3, max: 2 })
+        );
         let z = build(&[("a", b"0123456789x")]);
         assert_eq!(check_zip(&z, &limits), Err(ZipError::TooLarge { max: 10 }));
         let zeros = vec![0u8; 4 * 1024 * 1024];
         let z = build(&[("bomb", &zeros)]);
-        let roomy = ZipLimits { max_expanded_bytes: u64::MAX, ..limits };
-        assert!(matches!(check_zip(&z, &roomy), Err(ZipError::RatioTooHigh { .. })));
+        let roomy = ZipLimits {
+            max_expanded_bytes: u64::MAX,
+            ..limits
+        };
+        assert!(matches!(
+            check_zip(&z, &roomy),
+            Err(ZipError::RatioTooHigh { .. })
+        ));
     }
 
     #[test]
     fn garbage_is_not_a_zip() {
-        assert!(matches!(check_zip(b"hello", &ZipLimits::default()), Err(ZipError::NotAZip(_))));
+        assert!(matches!(
+            check_zip(b"hello", &ZipLimits::default()),
+            Err(ZipError::NotAZip(_))
+        ));
     }
 }

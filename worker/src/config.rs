@@ -69,40 +69,107 @@ impl Config {
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let var = |name: &str| get(name);
-        let cpus_default = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cpus_default = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         let worker_name = var("WORKER_NAME")
             .filter(|n| !n.trim().is_empty())
             .unwrap_or_else(default_worker_name);
-        if !worker_name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')) {
+        if !worker_name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        {
             return Err(ConfigError::BadWorkerName(worker_name));
         }
-        let cpus: f64 = parse_or("TASK_CPUS", var("TASK_CPUS").as_deref(), 1.0, "a number of cores such as 1 or 0.5")?;
+        let cpus: f64 = parse_or(
+            "TASK_CPUS",
+            var("TASK_CPUS").as_deref(),
+            1.0,
+            "a number of cores such as 1 or 0.5",
+        )?;
         if !(0.01..=256.0).contains(&cpus) {
-            return Err(VarError::new("TASK_CPUS", &cpus.to_string(), "a number of cores from 0.01 to 256").into());
+            return Err(VarError::new(
+                "TASK_CPUS",
+                &cpus.to_string(),
+                "a number of cores from 0.01 to 256",
+            )
+            .into());
         }
         let defaults = ZipLimits::default();
         Ok(Config {
             redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             keys: Keys::new(var("REDIS_KEY_PREFIX").unwrap_or_else(|| Keys::DEFAULT_PREFIX.into())),
             worker_name,
-            concurrency: parse_range("WORKER_CONCURRENCY", var("WORKER_CONCURRENCY").as_deref(), cpus_default as u64, 1, 1024)? as usize,
+            concurrency: parse_range(
+                "WORKER_CONCURRENCY",
+                var("WORKER_CONCURRENCY").as_deref(),
+                cpus_default as u64,
+                1,
+                1024,
+            )? as usize,
             tasks_dir: PathBuf::from(var("TASKS_DIR").unwrap_or_else(|| "./tasks-data".into())),
             runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
             limits: SandboxLimits {
-                memory_mib: parse_range("TASK_MEMORY_MB", var("TASK_MEMORY_MB").as_deref(), 512, 16, 1 << 20)?,
+                memory_mib: parse_range(
+                    "TASK_MEMORY_MB",
+                    var("TASK_MEMORY_MB").as_deref(),
+                    512,
+                    16,
+                    1 << 20,
+                )?,
                 cpus,
-                pids: parse_range("TASK_PIDS_LIMIT", var("TASK_PIDS_LIMIT").as_deref(), 256, 8, 1 << 22)? as i64,
-                nofile: parse_range("TASK_NOFILE", var("TASK_NOFILE").as_deref(), 1024, 64, 1 << 20)? as i64,
-                tmpfs_mib: parse_range("TASK_TMPFS_MB", var("TASK_TMPFS_MB").as_deref(), 64, 1, 1 << 16)?,
-                user: var("TASK_USER").filter(|u| !u.is_empty()).unwrap_or_else(|| "65534:65534".into()),
-                network: var("TASK_NETWORK").filter(|n| !n.is_empty()).unwrap_or_else(|| "script-runner-tasks".into()),
+                pids: parse_range(
+                    "TASK_PIDS_LIMIT",
+                    var("TASK_PIDS_LIMIT").as_deref(),
+                    256,
+                    8,
+                    1 << 22,
+                )? as i64,
+                nofile: parse_range(
+                    "TASK_NOFILE",
+                    var("TASK_NOFILE").as_deref(),
+                    1024,
+                    64,
+                    1 << 20,
+                )? as i64,
+                tmpfs_mib: parse_range(
+                    "TASK_TMPFS_MB",
+                    var("TASK_TMPFS_MB").as_deref(),
+                    64,
+                    1,
+                    1 << 16,
+                )?,
+                user: var("TASK_USER")
+                    .filter(|u| !u.is_empty())
+                    .unwrap_or_else(|| "65534:65534".into()),
+                network: var("TASK_NETWORK")
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| "script-runner-tasks".into()),
             },
             zip_limits: ZipLimits {
-                max_entries: parse_range("ZIP_MAX_ENTRIES", var("ZIP_MAX_ENTRIES").as_deref(), defaults.max_entries as u64, 1, 1_000_000)? as usize,
-                max_expanded_bytes: parse_range("ZIP_MAX_EXPANDED_BYTES", var("ZIP_MAX_EXPANDED_BYTES").as_deref(), defaults.max_expanded_bytes, 1, 1 << 40)?,
+                max_entries: parse_range(
+                    "ZIP_MAX_ENTRIES",
+                    var("ZIP_MAX_ENTRIES").as_deref(),
+                    defaults.max_entries as u64,
+                    1,
+                    1_000_000,
+                )? as usize,
+                max_expanded_bytes: parse_range(
+                    "ZIP_MAX_EXPANDED_BYTES",
+                    var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
+                    defaults.max_expanded_bytes,
+                    1,
+                    1 << 40,
+                )?,
                 max_ratio: defaults.max_ratio,
             },
-            retention_seconds: parse_range("TASK_RETENTION_SECONDS", var("TASK_RETENTION_SECONDS").as_deref(), 86_400, 60, 365 * 86_400)?,
+            retention_seconds: parse_range(
+                "TASK_RETENTION_SECONDS",
+                var("TASK_RETENTION_SECONDS").as_deref(),
+                86_400,
+                60,
+                365 * 86_400,
+            )?,
             shutdown_grace: std::time::Duration::from_secs(parse_range(
                 "SHUTDOWN_GRACE_SECONDS",
                 var("SHUTDOWN_GRACE_SECONDS").as_deref(),

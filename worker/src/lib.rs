@@ -48,12 +48,21 @@ pub async fn run(
 ) -> Result<(), WorkerError> {
     let grace = config.shutdown_grace;
     config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
-    let queue = Queue::new(&config.redis_url, config.keys.clone(), config.worker_name.clone())?;
+    let queue = Queue::new(
+        &config.redis_url,
+        config.keys.clone(),
+        config.worker_name.clone(),
+    )?;
     let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
     sandbox.ensure_network().await?;
     retry("create consumer group", || queue.ensure_group()).await?;
 
-    let ctx = Ctx { queue: queue.clone(), sandbox, config: Arc::new(config), abort: CancellationToken::new() };
+    let ctx = Ctx {
+        queue: queue.clone(),
+        sandbox,
+        config: Arc::new(config),
+        abort: CancellationToken::new(),
+    };
     let slots = Arc::new(Semaphore::new(ctx.config.concurrency));
     let mut tasks = JoinSet::new();
     recover(&ctx, &slots, &mut tasks).await?;
@@ -66,7 +75,12 @@ pub async fn run(
             stop.cancel();
         }
     });
-    let heartbeat = tokio::spawn(heartbeat(queue.clone(), slots.clone(), ctx.config.concurrency, stop.clone()));
+    let heartbeat = tokio::spawn(heartbeat(
+        queue.clone(),
+        slots.clone(),
+        ctx.config.concurrency,
+        stop.clone(),
+    ));
     tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
 
     let mut conn = None;
@@ -112,8 +126,15 @@ pub async fn run(
         while tasks.try_join_next().is_some() {}
     }
 
-    tracing::info!(running = tasks.len(), grace_seconds = grace.as_secs(), "worker stopping");
-    if tokio::time::timeout(grace, drain(&mut tasks)).await.is_err() {
+    tracing::info!(
+        running = tasks.len(),
+        grace_seconds = grace.as_secs(),
+        "worker stopping"
+    );
+    if tokio::time::timeout(grace, drain(&mut tasks))
+        .await
+        .is_err()
+    {
         ctx.abort.cancel();
         drain(&mut tasks).await;
     }
@@ -136,17 +157,28 @@ async fn pause(stop: &CancellationToken) {
 /// the jobs it had read but not acknowledged. A job whose task was still queued
 /// is simply run; one whose task was running here is recorded as killed, since
 /// its container is gone.
-async fn recover(ctx: &Ctx, slots: &Arc<Semaphore>, tasks: &mut JoinSet<()>) -> Result<(), WorkerError> {
+async fn recover(
+    ctx: &Ctx,
+    slots: &Arc<Semaphore>,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), WorkerError> {
     let orphans = ctx.sandbox.remove_orphans().await?;
     if orphans > 0 {
         tracing::warn!(orphans, "removed task containers left by a previous run");
     }
     let mut conn = ctx.queue.blocking_connection().await?;
-    let pending: Vec<Job> = ctx.queue.read_jobs(&mut conn, 10_000, READ_BLOCK, true).await?;
+    let pending: Vec<Job> = ctx
+        .queue
+        .read_jobs(&mut conn, 10_000, READ_BLOCK, true)
+        .await?;
     for job in pending {
         match ctx.queue.state(&job.task_id).await? {
             TaskStateReply::State(TaskState::Queued) => {
-                let permit = slots.clone().acquire_owned().await.map_err(|_| QueueError::Corrupt(job.task_id.clone(), "closed".into()))?;
+                let permit = slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| QueueError::Corrupt(job.task_id.clone(), "closed".into()))?;
                 let ctx = ctx.clone();
                 tasks.spawn(async move {
                     runner::run_job(ctx, job).await;
@@ -155,7 +187,10 @@ async fn recover(ctx: &Ctx, slots: &Arc<Semaphore>, tasks: &mut JoinSet<()>) -> 
             }
             TaskStateReply::State(TaskState::Running) => {
                 let outcome = Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted");
-                let state = ctx.queue.finish(&job.task_id, &outcome, ctx.config.retention_seconds).await?;
+                let state = ctx
+                    .queue
+                    .finish(&job.task_id, &outcome, ctx.config.retention_seconds)
+                    .await?;
                 tracing::warn!(task_id = %job.task_id, ?state, "task lost in a worker restart");
                 ctx.queue.ack(&job.entry_id).await?;
             }
@@ -165,7 +200,12 @@ async fn recover(ctx: &Ctx, slots: &Arc<Semaphore>, tasks: &mut JoinSet<()>) -> 
     Ok(())
 }
 
-async fn heartbeat(queue: Queue, slots: Arc<Semaphore>, concurrency: usize, stop: CancellationToken) {
+async fn heartbeat(
+    queue: Queue,
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+    stop: CancellationToken,
+) {
     let mut every = tokio::time::interval(HEARTBEAT_TTL / 3);
     loop {
         tokio::select! {
@@ -189,5 +229,8 @@ async fn prepare_tasks_dir(dir: &std::path::Path) -> Result<std::path::PathBuf, 
     .await
     .map_err(std::io::Error::other)
     .and_then(|r| r);
-    r.map_err(|error| WorkerError::TasksDir { path: dir.display().to_string(), error })
+    r.map_err(|error| WorkerError::TasksDir {
+        path: dir.display().to_string(),
+        error,
+    })
 }

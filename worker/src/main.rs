@@ -13,7 +13,9 @@ fn main() -> anyhow::Result<()> {
     // Loaded before the runtime starts: it reads /etc/hostname, a blocking call.
     let config = Config::from_env().context("invalid configuration")?;
     tokio::runtime::Runtime::new()?.block_on(async {
-        run(config, shutdown_signal()).await.context("worker failed")
+        run(config, shutdown_signal())
+            .await
+            .context("worker failed")
     })
 }
 

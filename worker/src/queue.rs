@@ -72,7 +72,12 @@ impl Queue {
             ..PoolConfig::default()
         });
         let pool = cfg.create_pool(Some(Runtime::Tokio1))?;
-        Ok(Queue { pool, client: redis::Client::open(redis_url)?, keys, worker })
+        Ok(Queue {
+            pool,
+            client: redis::Client::open(redis_url)?,
+            keys,
+            worker,
+        })
     }
 
     pub fn worker(&self) -> &str {
@@ -85,15 +90,19 @@ impl Queue {
         let cfg = AsyncConnectionConfig::new()
             .set_response_timeout(None)
             .set_connection_timeout(Some(Duration::from_secs(2)));
-        Ok(self.client.get_multiplexed_async_connection_with_config(&cfg).await?)
+        Ok(self
+            .client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await?)
     }
 
     /// Creates the consumer group (and stream) if missing. It starts at id 0 so
     /// jobs submitted before any worker existed are still run.
     pub async fn ensure_group(&self) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
-        let created: Result<(), redis::RedisError> =
-            conn.xgroup_create_mkstream(self.keys.jobs(), WORKER_GROUP, "0").await;
+        let created: Result<(), redis::RedisError> = conn
+            .xgroup_create_mkstream(self.keys.jobs(), WORKER_GROUP, "0")
+            .await;
         match created {
             Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
             other => Ok(other?),
@@ -110,19 +119,25 @@ impl Queue {
         block: Duration,
         pending: bool,
     ) -> Result<Vec<Job>, QueueError> {
-        let mut opts = StreamReadOptions::default().group(WORKER_GROUP, &self.worker).count(count);
+        let mut opts = StreamReadOptions::default()
+            .group(WORKER_GROUP, &self.worker)
+            .count(count);
         if !pending {
             opts = opts.block(block.as_millis() as usize);
         }
         let id = if pending { "0" } else { ">" };
-        let reply: Option<StreamReadReply> =
-            conn.xread_options(&[self.keys.jobs()], &[id], &opts).await?;
+        let reply: Option<StreamReadReply> = conn
+            .xread_options(&[self.keys.jobs()], &[id], &opts)
+            .await?;
         let mut jobs = Vec::new();
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
                 let task_id: Option<String> = entry.get(JOB_TASK_ID);
                 match task_id {
-                    Some(task_id) => jobs.push(Job { entry_id: entry.id, task_id }),
+                    Some(task_id) => jobs.push(Job {
+                        entry_id: entry.id,
+                        task_id,
+                    }),
                     // An entry without a task id can never be run: drop it.
                     None => {
                         tracing::warn!(entry = %entry.id, "jobs entry without task_id dropped");
@@ -150,7 +165,12 @@ impl Queue {
         Ok(())
     }
 
-    async fn state_script(&self, script: &Script, task_id: &str, args: &[&[u8]]) -> Result<TaskStateReply, QueueError> {
+    async fn state_script(
+        &self,
+        script: &Script,
+        task_id: &str,
+        args: &[&[u8]],
+    ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
         let mut inv = script.key(self.keys.task(task_id));
         inv.key(self.keys.task_zip(task_id));
@@ -159,33 +179,58 @@ impl Queue {
             inv.arg(*a);
         }
         let s: String = inv.invoke_async(&mut conn).await?;
-        Ok(TaskStateReply::parse(task_id, &s)?)
+        TaskStateReply::parse(task_id, &s)
     }
 
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
-        self.state_script(&Script::new(scripts::CLAIM), task_id, &[]).await
+        self.state_script(&Script::new(scripts::CLAIM), task_id, &[])
+            .await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
-    pub async fn started(&self, task_id: &str, container: &str) -> Result<TaskStateReply, QueueError> {
-        self.state_script(&Script::new(scripts::STARTED), task_id, &[container.as_bytes()]).await
+    pub async fn started(
+        &self,
+        task_id: &str,
+        container: &str,
+    ) -> Result<TaskStateReply, QueueError> {
+        self.state_script(
+            &Script::new(scripts::STARTED),
+            task_id,
+            &[container.as_bytes()],
+        )
+        .await
     }
 
     /// Publishes tails; the reply carries the current state (a kill shows here).
-    pub async fn progress(&self, task_id: &str, p: &Progress<'_>) -> Result<TaskStateReply, QueueError> {
+    pub async fn progress(
+        &self,
+        task_id: &str,
+        p: &Progress<'_>,
+    ) -> Result<TaskStateReply, QueueError> {
         let (out_b, err_b) = (p.stdout_bytes.to_string(), p.stderr_bytes.to_string());
         let age = p.output_age_ms.map(|a| a.to_string()).unwrap_or_default();
         self.state_script(
             &Script::new(scripts::PROGRESS),
             task_id,
-            &[p.stdout_tail, p.stderr_tail, out_b.as_bytes(), err_b.as_bytes(), age.as_bytes()],
+            &[
+                p.stdout_tail,
+                p.stderr_tail,
+                out_b.as_bytes(),
+                err_b.as_bytes(),
+                age.as_bytes(),
+            ],
         )
         .await
     }
 
     /// Records how the task ended (unless it already ended: a kill is final).
-    pub async fn finish(&self, task_id: &str, outcome: &Outcome, retention_seconds: u64) -> Result<TaskStateReply, QueueError> {
+    pub async fn finish(
+        &self,
+        task_id: &str,
+        outcome: &Outcome,
+        retention_seconds: u64,
+    ) -> Result<TaskStateReply, QueueError> {
         let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
         let retention = retention_seconds.to_string();
         self.state_script(
@@ -205,7 +250,9 @@ impl Queue {
     /// The task's current state, read without changing anything.
     pub async fn state(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
-        let s: Option<String> = conn.hget(self.keys.task(task_id), Field::State.as_str()).await?;
+        let s: Option<String> = conn
+            .hget(self.keys.task(task_id), Field::State.as_str())
+            .await?;
         TaskStateReply::parse(task_id, s.as_deref().unwrap_or("missing"))
     }
 
@@ -216,17 +263,17 @@ impl Queue {
             return Ok(None);
         }
         let get = |field: Field| {
-            f.get(field.as_str())
-                .cloned()
-                .ok_or_else(|| QueueError::Corrupt(task_id.to_owned(), format!("no {}", field.as_str())))
+            f.get(field.as_str()).cloned().ok_or_else(|| {
+                QueueError::Corrupt(task_id.to_owned(), format!("no {}", field.as_str()))
+            })
         };
         Ok(Some(TaskSpec {
             runtime: get(Field::Runtime)?,
             image: get(Field::Image)?,
             command: get(Field::Command)?,
-            timeout_seconds: get(Field::TimeoutSeconds)?
-                .parse()
-                .map_err(|_| QueueError::Corrupt(task_id.to_owned(), "bad timeout_seconds".into()))?,
+            timeout_seconds: get(Field::TimeoutSeconds)?.parse().map_err(|_| {
+                QueueError::Corrupt(task_id.to_owned(), "bad timeout_seconds".into())
+            })?,
             has_zip: f.get(Field::HasZip.as_str()).is_some_and(|v| v == "1"),
         }))
     }
@@ -240,7 +287,11 @@ impl Queue {
     pub async fn heartbeat(&self, ttl: Duration, running: usize) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
         let () = redis::pipe()
-            .set_ex(self.keys.worker(&self.worker), format!("running={running}"), ttl.as_secs())
+            .set_ex(
+                self.keys.worker(&self.worker),
+                format!("running={running}"),
+                ttl.as_secs(),
+            )
             .ignore()
             .sadd(self.keys.workers(), &self.worker)
             .ignore()
@@ -264,7 +315,9 @@ impl TaskStateReply {
         }
         s.parse()
             .map(TaskStateReply::State)
-            .map_err(|e: shared::task::UnknownState| QueueError::Corrupt(task_id.to_owned(), e.to_string()))
+            .map_err(|e: shared::task::UnknownState| {
+                QueueError::Corrupt(task_id.to_owned(), e.to_string())
+            })
     }
 
     pub fn is_running(self) -> bool {

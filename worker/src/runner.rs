@@ -63,7 +63,11 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     };
     tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
     let outcome = execute(ctx, task_id, &spec).await;
-    let reply = retry("finish", || ctx.queue.finish(task_id, &outcome, ctx.config.retention_seconds)).await?;
+    let reply = retry("finish", || {
+        ctx.queue
+            .finish(task_id, &outcome, ctx.config.retention_seconds)
+    })
+    .await?;
     Ok(match reply {
         TaskStateReply::State(s) => Some(s),
         TaskStateReply::Missing => None,
@@ -76,32 +80,61 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
         match retry("read zip", || ctx.queue.zip(task_id)).await {
             Ok(Some(z)) => Some(z),
             Ok(None) => {
-                return Outcome::failed(ReasonKind::WorkspaceFailed, "the task's zip is no longer in the store");
+                return Outcome::failed(
+                    ReasonKind::WorkspaceFailed,
+                    "the task's zip is no longer in the store",
+                );
             }
-            Err(e) => return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not read the zip: {e}")),
+            Err(e) => {
+                return Outcome::failed(
+                    ReasonKind::WorkspaceFailed,
+                    format!("could not read the zip: {e}"),
+                );
+            }
         }
     } else {
         None
     };
-    let (dir, id, limits) = (ctx.config.tasks_dir.clone(), task_id.to_owned(), ctx.config.zip_limits);
+    let (dir, id, limits) = (
+        ctx.config.tasks_dir.clone(),
+        task_id.to_owned(),
+        ctx.config.zip_limits,
+    );
     let owner = workspace::parse_owner(&ctx.sandbox.limits().user);
-    let prepared =
-        tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, zip.as_deref(), &limits, owner)).await;
+    let prepared = tokio::task::spawn_blocking(move || {
+        workspace::prepare(&dir, &id, zip.as_deref(), &limits, owner)
+    })
+    .await;
     let ws = match prepared {
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
-            return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not prepare /workspace: {e}"));
+            return Outcome::failed(
+                ReasonKind::WorkspaceFailed,
+                format!("could not prepare /workspace: {e}"),
+            );
         }
-        Err(e) => return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not prepare /workspace: {e}")),
+        Err(e) => {
+            return Outcome::failed(
+                ReasonKind::WorkspaceFailed,
+                format!("could not prepare /workspace: {e}"),
+            );
+        }
     };
-    let image = ctx.config.runtimes.image(&spec.runtime).unwrap_or(&spec.image);
+    let image = ctx
+        .config
+        .runtimes
+        .image(&spec.runtime)
+        .unwrap_or(&spec.image);
     let outcome = match ctx.sandbox.create(task_id, image, &spec.command, &ws).await {
         Ok(container) => {
             let outcome = supervise(ctx, task_id, spec, &container).await;
             ctx.sandbox.remove(&container).await;
             outcome
         }
-        Err(e) => Outcome::failed(ReasonKind::StartFailed, format!("could not start the container: {e}")),
+        Err(e) => Outcome::failed(
+            ReasonKind::StartFailed,
+            format!("could not start the container: {e}"),
+        ),
     };
     let _ = tokio::task::spawn_blocking(move || workspace::remove(&ws)).await;
     outcome
@@ -117,12 +150,19 @@ struct Tails {
 
 impl Tails {
     fn new() -> Tails {
-        Tails { stdout: TailBuffer::new(TAIL_CAP), stderr: TailBuffer::new(TAIL_CAP), last_output: None, dirty: false }
+        Tails {
+            stdout: TailBuffer::new(TAIL_CAP),
+            stderr: TailBuffer::new(TAIL_CAP),
+            last_output: None,
+            dirty: false,
+        }
     }
 
     fn push(&mut self, frame: LogOutput) {
         let (buf, bytes) = match frame {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => (&mut self.stdout, message),
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                (&mut self.stdout, message)
+            }
             LogOutput::StdErr { message } => (&mut self.stderr, message),
             LogOutput::StdIn { .. } => return,
         };
@@ -166,7 +206,10 @@ impl Tails {
 async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -> Outcome {
     let sandbox = &ctx.sandbox;
     let start_failed = |e: crate::sandbox::SandboxError| {
-        Outcome::failed(ReasonKind::StartFailed, format!("could not start the container: {e}"))
+        Outcome::failed(
+            ReasonKind::StartFailed,
+            format!("could not start the container: {e}"),
+        )
     };
     let mut output: OutputStream = match sandbox.attach(container).await {
         Ok(o) => o,

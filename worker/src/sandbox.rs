@@ -8,7 +8,9 @@ use std::path::Path;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, ResourcesUlimits};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, ResourcesUlimits,
+};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
@@ -31,7 +33,8 @@ pub enum SandboxError {
     Docker(#[from] DockerError),
 }
 
-pub type OutputStream = std::pin::Pin<Box<dyn Stream<Item = Result<LogOutput, DockerError>> + Send>>;
+pub type OutputStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<LogOutput, DockerError>> + Send>>;
 
 #[derive(Clone)]
 pub struct Sandbox {
@@ -49,7 +52,11 @@ impl Sandbox {
             .negotiate_version()
             .await
             .map_err(SandboxError::Connect)?;
-        Ok(Sandbox { docker, limits, worker })
+        Ok(Sandbox {
+            docker,
+            limits,
+            worker,
+        })
     }
 
     pub fn limits(&self) -> &SandboxLimits {
@@ -59,24 +66,44 @@ impl Sandbox {
     /// Creates the tasks' bridge network if it does not exist. Inter-container
     /// traffic is off, so tasks cannot reach each other.
     pub async fn ensure_network(&self) -> Result<(), SandboxError> {
-        if self.docker.inspect_network(&self.limits.network, None).await.is_ok() {
+        if self
+            .docker
+            .inspect_network(&self.limits.network, None)
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
         let options = HashMap::from([
-            ("com.docker.network.bridge.enable_icc".to_owned(), "false".to_owned()),
-            ("com.docker.network.bridge.enable_ip_masquerade".to_owned(), "true".to_owned()),
+            (
+                "com.docker.network.bridge.enable_icc".to_owned(),
+                "false".to_owned(),
+            ),
+            (
+                "com.docker.network.bridge.enable_ip_masquerade".to_owned(),
+                "true".to_owned(),
+            ),
         ]);
         let req = NetworkCreateRequest {
             name: self.limits.network.clone(),
             driver: Some("bridge".into()),
             options: Some(options),
-            labels: Some(HashMap::from([("script-runner".to_owned(), "tasks".to_owned())])),
+            labels: Some(HashMap::from([(
+                "script-runner".to_owned(),
+                "tasks".to_owned(),
+            )])),
             ..Default::default()
         };
         match self.docker.create_network(req).await {
             Ok(_) => Ok(()),
             // Another worker on this host created it first.
-            Err(e) if self.docker.inspect_network(&self.limits.network, None).await.is_ok() => {
+            Err(e)
+                if self
+                    .docker
+                    .inspect_network(&self.limits.network, None)
+                    .await
+                    .is_ok() =>
+            {
                 tracing::debug!(error = %e, "network appeared concurrently");
                 Ok(())
             }
@@ -86,7 +113,13 @@ impl Sandbox {
 
     /// Creates (but does not start) a task's container; pulls the image once if it
     /// is missing. Returns the container id.
-    pub async fn create(&self, task_id: &str, image: &str, command: &str, workspace: &Path) -> Result<String, SandboxError> {
+    pub async fn create(
+        &self,
+        task_id: &str,
+        image: &str,
+        command: &str,
+        workspace: &Path,
+    ) -> Result<String, SandboxError> {
         let l = &self.limits;
         let memory = (l.memory_mib * 1024 * 1024) as i64;
         let host_config = HostConfig {
@@ -111,7 +144,10 @@ impl Sandbox {
             network_mode: Some(l.network.clone()),
             // Output is streamed through attach; Docker keeps no log of its own,
             // so a flood cannot fill the host's disk.
-            log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -119,7 +155,11 @@ impl Sandbox {
             cmd: Some(vec!["sh".into(), "-c".into(), command.to_owned()]),
             working_dir: Some("/workspace".into()),
             user: Some(l.user.clone()),
-            env: Some(vec!["HOME=/tmp".into(), "LANG=C.UTF-8".into(), "PYTHONUNBUFFERED=1".into()]),
+            env: Some(vec![
+                "HOME=/tmp".into(),
+                "LANG=C.UTF-8".into(),
+                "PYTHONUNBUFFERED=1".into(),
+            ]),
             labels: Some(HashMap::from([
                 (LABEL_TASK.to_owned(), task_id.to_owned()),
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
@@ -131,10 +171,18 @@ impl Sandbox {
             host_config: Some(host_config),
             ..Default::default()
         };
-        let opts = CreateContainerOptionsBuilder::default().name(&format!("sr-{task_id}")).build();
-        match self.docker.create_container(Some(opts.clone()), body.clone()).await {
+        let opts = CreateContainerOptionsBuilder::default()
+            .name(&format!("sr-{task_id}"))
+            .build();
+        match self
+            .docker
+            .create_container(Some(opts.clone()), body.clone())
+            .await
+        {
             Ok(r) => Ok(r.id),
-            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
                 self.pull(image).await?;
                 Ok(self.docker.create_container(Some(opts), body).await?.id)
             }
@@ -144,17 +192,27 @@ impl Sandbox {
 
     async fn pull(&self, image: &str) -> Result<(), SandboxError> {
         tracing::info!(image, "pulling missing runtime image");
-        let opts = CreateImageOptionsBuilder::default().from_image(image).build();
+        let opts = CreateImageOptionsBuilder::default()
+            .from_image(image)
+            .build();
         let mut progress = self.docker.create_image(Some(opts), None, None);
         while let Some(step) = progress.next().await {
-            step.map_err(|e| SandboxError::ImageMissing { image: image.to_owned(), detail: e.to_string() })?;
+            step.map_err(|e| SandboxError::ImageMissing {
+                image: image.to_owned(),
+                detail: e.to_string(),
+            })?;
         }
         Ok(())
     }
 
     /// Attaches to stdout and stderr. Call before `start` so no byte is missed.
     pub async fn attach(&self, id: &str) -> Result<OutputStream, SandboxError> {
-        let opts = AttachContainerOptionsBuilder::default().stdout(true).stderr(true).stream(true).logs(false).build();
+        let opts = AttachContainerOptionsBuilder::default()
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
         Ok(self.docker.attach_container(id, Some(opts)).await?.output)
     }
 
@@ -170,7 +228,9 @@ impl Sandbox {
             // bollard reports a non-zero exit as an error: it is a normal exit.
             Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok(code),
             Some(Err(e)) => Err(e.into()),
-            None => Err(SandboxError::Docker(DockerError::DockerStreamError { error: "wait stream ended".into() })),
+            None => Err(SandboxError::Docker(DockerError::DockerStreamError {
+                error: "wait stream ended".into(),
+            })),
         }
     }
 
@@ -186,7 +246,9 @@ impl Sandbox {
     }
 
     pub async fn kill(&self, id: &str) {
-        let opts = KillContainerOptionsBuilder::default().signal("SIGKILL").build();
+        let opts = KillContainerOptionsBuilder::default()
+            .signal("SIGKILL")
+            .build();
         if let Err(e) = self.docker.kill_container(id, Some(opts)).await {
             tracing::debug!(container = id, error = %e, "kill (container may have exited already)");
         }
@@ -195,7 +257,10 @@ impl Sandbox {
     /// Removes a container whatever its state. Errors are logged, not returned:
     /// the orphan sweep at the next start catches what is left.
     pub async fn remove(&self, id: &str) {
-        let opts = RemoveContainerOptionsBuilder::default().force(true).v(true).build();
+        let opts = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
         if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
             tracing::warn!(container = id, error = %e, "could not remove task container");
         }
@@ -204,8 +269,14 @@ impl Sandbox {
     /// Removes every task container this worker name owns: at start-up, whatever
     /// is there was left by a previous run that died.
     pub async fn remove_orphans(&self) -> Result<usize, SandboxError> {
-        let filters = HashMap::from([("label".to_owned(), vec![format!("{LABEL_WORKER}={}", self.worker)])]);
-        let opts = ListContainersOptionsBuilder::default().all(true).filters(&filters).build();
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![format!("{LABEL_WORKER}={}", self.worker)],
+        )]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
         let containers = self.docker.list_containers(Some(opts)).await?;
         let n = containers.len();
         for c in containers {

@@ -49,7 +49,8 @@ pub fn prepare(
 
 fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), WorkspaceError> {
     let entries = check_zip(bytes, limits)?;
-    let mut archive = zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| ZipError::NotAZip(e.to_string()))?;
+    let mut archive =
+        zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| ZipError::NotAZip(e.to_string()))?;
     let mut budget = limits.max_expanded_bytes;
     for entry in entries {
         let target = dir.join(&entry.path);
@@ -61,7 +62,9 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
             fs::create_dir_all(parent)?;
         }
         let name = entry.path.display().to_string();
-        let mut file = archive.by_index(entry.index).map_err(|e| WorkspaceError::Entry(name.clone(), e.to_string()))?;
+        let mut file = archive
+            .by_index(entry.index)
+            .map_err(|e| WorkspaceError::Entry(name.clone(), e.to_string()))?;
         let mut out = fs::File::create(&target)?;
         // Read one byte past the budget: if it arrives, the archive lied.
         let written = io::copy(&mut (&mut file).take(budget + 1), &mut out)
@@ -129,7 +132,8 @@ mod tests {
     fn zip_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
         let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
         for (name, data) in entries {
-            w.start_file(*name, SimpleFileOptions::default()).expect("start");
+            w.start_file(*name, SimpleFileOptions::default())
+                .expect("start");
             w.write_all(data).expect("write");
         }
         w.finish().expect("finish").into_inner()
@@ -146,7 +150,10 @@ mod tests {
         let root = tempdir();
         let z = zip_of(&[("main.py", b"print(1)"), ("pkg/sub/data.txt", b"hello")]);
         let ws = prepare(&root, "t1", Some(&z), &ZipLimits::default(), None).expect("prepare");
-        assert_eq!(fs::read(ws.join("pkg/sub/data.txt")).ok().as_deref(), Some(&b"hello"[..]));
+        assert_eq!(
+            fs::read(ws.join("pkg/sub/data.txt")).ok().as_deref(),
+            Some(&b"hello"[..])
+        );
         remove(&ws);
         assert!(!ws.exists());
         remove(&root);
@@ -170,7 +177,10 @@ mod tests {
     fn the_expanded_cap_holds_while_writing() {
         let root = tempdir();
         let z = zip_of(&[("a", &[b'x'; 600]), ("b", &[b'y'; 600])]);
-        let limits = ZipLimits { max_expanded_bytes: 1000, ..ZipLimits::default() };
+        let limits = ZipLimits {
+            max_expanded_bytes: 1000,
+            ..ZipLimits::default()
+        };
         assert!(prepare(&root, "t3", Some(&z), &limits, None).is_err());
         remove(&root);
     }

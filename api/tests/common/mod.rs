@@ -30,11 +30,15 @@ pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
 /// The image every runtime maps to in tests (no registry here: it is built by
 /// scripts/build-test-image.sh).
 pub fn runtime_image() -> String {
-    std::env::var("TEST_RUNTIME_IMAGE").unwrap_or_else(|_| "script-runner-test/runtime:trixie".into())
+    std::env::var("TEST_RUNTIME_IMAGE")
+        .unwrap_or_else(|_| "script-runner-test/runtime:trixie".into())
 }
 
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 /// Polls `check` until it returns `Some`, or panics after `deadline` with `what`.
@@ -48,7 +52,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -63,19 +70,35 @@ impl Redis {
     pub async fn start() -> Redis {
         let port = free_port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
-        let r = Redis { child: Some(child), port };
+        let r = Redis {
+            child: Some(child),
+            port,
+        };
         let client = r.client();
-        wait_until("redis-server to answer PING", Duration::from_secs(10), || {
-            let client = client.clone();
-            async move {
-                let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                redis::cmd("PING").query_async::<String>(&mut c).await.ok()
-            }
-        })
+        wait_until(
+            "redis-server to answer PING",
+            Duration::from_secs(10),
+            || {
+                let client = client.clone();
+                async move {
+                    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                    redis::cmd("PING").query_async::<String>(&mut c).await.ok()
+                }
+            },
+        )
         .await;
         r
     }
@@ -111,7 +134,11 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { concurrency: 2, max_timeout_seconds: 120, extra_env: Vec::new() }
+        Options {
+            concurrency: 2,
+            max_timeout_seconds: 120,
+            extra_env: Vec::new(),
+        }
     }
 }
 
@@ -139,7 +166,10 @@ impl Stack {
             ("REDIS_URL", redis.url()),
             ("REDIS_KEY_PREFIX", prefix.clone()),
             ("LISTEN_ADDR", "127.0.0.1:0".to_owned()),
-            ("RUNTIME_IMAGES", format!("node24={img},python3.13={img},python3.8={img}")),
+            (
+                "RUNTIME_IMAGES",
+                format!("node24={img},python3.13={img},python3.8={img}"),
+            ),
             ("MAX_TIMEOUT_SECONDS", opts.max_timeout_seconds.to_string()),
             ("DEFAULT_TIMEOUT_SECONDS", "60".to_owned()),
             ("WORKER_NAME", worker_name.clone()),
@@ -155,42 +185,71 @@ impl Stack {
         let worker = tokio::spawn({
             let stop = stop.clone();
             async move {
-                if let Err(e) = script_runner_worker::run(worker_cfg, async move { stop.cancelled().await }).await {
+                if let Err(e) =
+                    script_runner_worker::run(worker_cfg, async move { stop.cancelled().await })
+                        .await
+                {
                     panic!("worker failed: {e}");
                 }
             }
         });
         let api_cfg = script_runner_api::Config::from_lookup(lookup).expect("api config");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn({
             let stop = stop.clone();
             async move {
-                let _ = script_runner_api::run(listener, api_cfg, async move { stop.cancelled().await }).await;
+                let _ = script_runner_api::run(
+                    listener,
+                    api_cfg,
+                    async move { stop.cancelled().await },
+                )
+                .await;
             }
         });
-        let stack = Stack { redis, url, prefix, worker_name, tasks_dir, stop, worker: Some(worker) };
+        let stack = Stack {
+            redis,
+            url,
+            prefix,
+            worker_name,
+            tasks_dir,
+            stop,
+            worker: Some(worker),
+        };
         // The worker is ready once it has registered its consumer group.
         let client = stack.redis.client();
         let jobs = format!("{}:jobs", stack.prefix);
-        wait_until("the worker to create its consumer group", Duration::from_secs(30), || {
-            let (client, jobs) = (client.clone(), jobs.clone());
-            async move {
-                let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                let groups: redis::streams::StreamInfoGroupsReply = c.xinfo_groups(&jobs).await.ok()?;
-                (!groups.groups.is_empty()).then_some(())
-            }
-        })
+        wait_until(
+            "the worker to create its consumer group",
+            Duration::from_secs(30),
+            || {
+                let (client, jobs) = (client.clone(), jobs.clone());
+                async move {
+                    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                    let groups: redis::streams::StreamInfoGroupsReply =
+                        c.xinfo_groups(&jobs).await.ok()?;
+                    (!groups.groups.is_empty()).then_some(())
+                }
+            },
+        )
         .await;
         stack
     }
 
     pub async fn client(&self) -> Client {
-        mcp_client(&self.url, TOKEN).await.expect("MCP client connects")
+        mcp_client(&self.url, TOKEN)
+            .await
+            .expect("MCP client connects")
     }
 
     pub async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
-        self.redis.client().get_multiplexed_async_connection().await.expect("redis")
+        self.redis
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis")
     }
 
     /// Stops the worker (killing its containers) and the api.
@@ -208,18 +267,35 @@ impl Drop for Stack {
         // A failed test may drop the stack with containers still running; remove
         // them by the worker's label so they do not outlive the test.
         let ids = Command::new("docker")
-            .args(["ps", "-aq", "--filter", &format!("label=script-runner.worker={}", self.worker_name)])
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=script-runner.worker={}", self.worker_name),
+            ])
             .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default();
         if !ids.is_empty() {
-            let _ = Command::new("docker").args(["rm", "-f"]).args(&ids).stdout(Stdio::null()).status();
+            let _ = Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&ids)
+                .stdout(Stdio::null())
+                .status();
         }
         let _ = std::fs::remove_dir_all(&self.tasks_dir);
     }
 }
 
-pub async fn mcp_client(url: &str, token: &str) -> Result<Client, rmcp::service::ClientInitializeError> {
+pub async fn mcp_client(
+    url: &str,
+    token: &str,
+) -> Result<Client, rmcp::service::ClientInitializeError> {
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(format!("{url}/mcp")).auth_header(token),
     );
@@ -228,7 +304,9 @@ pub async fn mcp_client(url: &str, token: &str) -> Result<Client, rmcp::service:
 
 /// A tool call's result as JSON: `structuredContent`, `isError`, `content`.
 pub async fn call(client: &Client, tool: &'static str, args: Value) -> Value {
-    let Value::Object(args) = args else { panic!("tool arguments must be an object") };
+    let Value::Object(args) = args else {
+        panic!("tool arguments must be an object")
+    };
     let result = client
         .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
         .await
@@ -247,7 +325,10 @@ pub async fn call_ok(client: &Client, tool: &'static str, args: Value) -> Value 
 pub async fn call_err(client: &Client, tool: &'static str, args: Value) -> String {
     let r = call(client, tool, args).await;
     assert_eq!(r["isError"], json!(true), "{tool} should have failed: {r}");
-    r["content"][0]["text"].as_str().expect("error text").to_owned()
+    r["content"][0]["text"]
+        .as_str()
+        .expect("error text")
+        .to_owned()
 }
 
 pub fn b64(s: impl AsRef<[u8]>) -> String {
@@ -270,7 +351,13 @@ pub async fn status(client: &Client, task_id: &str) -> Value {
 }
 
 /// Polls until the task's status satisfies `done`.
-pub async fn wait_status(client: &Client, task_id: &str, what: &str, deadline: Duration, done: impl Fn(&Value) -> bool) -> Value {
+pub async fn wait_status(
+    client: &Client,
+    task_id: &str,
+    what: &str,
+    deadline: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     wait_until(what, deadline, || async {
         let s = status(client, task_id).await;
         done(&s).then_some(s)
@@ -279,13 +366,23 @@ pub async fn wait_status(client: &Client, task_id: &str, what: &str, deadline: D
 }
 
 pub fn is_final(s: &Value) -> bool {
-    matches!(s["state"].as_str(), Some("succeeded" | "failed" | "killed" | "timed-out"))
+    matches!(
+        s["state"].as_str(),
+        Some("succeeded" | "failed" | "killed" | "timed-out")
+    )
 }
 
 /// Runs a script to its final state and returns that status.
 pub async fn run_to_end(client: &Client, runtime: &str, command: &str, extra: Value) -> Value {
     let id = run(client, runtime, command, extra).await;
-    wait_status(client, &id, "the task to finish", Duration::from_secs(120), is_final).await
+    wait_status(
+        client,
+        &id,
+        "the task to finish",
+        Duration::from_secs(120),
+        is_final,
+    )
+    .await
 }
 
 /// A zip of `(path, contents)` pairs; paths ending in '/' are directories.

@@ -1,0 +1,211 @@
+//! The edge: bad input is refused with a clear message and creates nothing; the
+//! bearer token guards /mcp; /healthz tells whether Redis is reachable.
+
+mod common;
+
+use common::*;
+use redis::AsyncCommands;
+use serde_json::json;
+
+/// Nothing of a task exists in Redis: no job, no task hash, no zip.
+async fn assert_no_task_created(stack: &Stack) {
+    let mut r = stack.redis_conn().await;
+    let jobs: u64 = r.xlen(format!("{}:jobs", stack.prefix)).await.unwrap_or(99);
+    assert_eq!(jobs, 0, "a job was enqueued");
+    let keys: Vec<String> = r
+        .keys(format!("{}:task:*", stack.prefix))
+        .await
+        .unwrap_or_default();
+    assert!(keys.is_empty(), "task keys were written: {keys:?}");
+}
+
+#[tokio::test]
+async fn bad_input_is_an_error_result_that_says_what_to_fix_and_creates_no_task() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let ok_cmd = b64("echo hi");
+
+    let cases = [
+        (
+            json!({ "runtime": "python3.13", "command_base64": "not base64!!" }),
+            "command_base64 is not valid base64",
+        ),
+        (
+            json!({ "runtime": "cobol85", "command_base64": ok_cmd }),
+            "unknown runtime \"cobol85\": use one of node24, python3.13, python3.8",
+        ),
+        (
+            json!({ "runtime": "python3.13", "command_base64": ok_cmd, "zip_base64": b64("this is not a zip") }),
+            "zip_base64 is not a readable zip archive",
+        ),
+        (
+            json!({ "runtime": "python3.13", "command_base64": ok_cmd, "zip_base64": "%%%" }),
+            "zip_base64 is not valid base64",
+        ),
+        (
+            json!({ "runtime": "python3.13", "command_base64": ok_cmd, "timeout_seconds": 0 }),
+            "timeout_seconds must be at least 1 (got 0)",
+        ),
+        (
+            json!({ "runtime": "python3.13", "command_base64": ok_cmd, "timeout_seconds": -5 }),
+            "at least 1",
+        ),
+        (
+            json!({ "runtime": "python3.13", "command_base64": b64("   ") }),
+            "empty command",
+        ),
+        (
+            json!({ "runtime": "python3.13", "command_base64": ok_cmd, "zip_base64": b64(zip_of(&[("../escape.txt", "x")])) }),
+            "unsafe path",
+        ),
+    ];
+    for (args, expected) in cases {
+        let msg = call_err(&client, "run_script", args.clone()).await;
+        assert!(
+            msg.contains(expected),
+            "for {args}: {msg:?} does not contain {expected:?}"
+        );
+    }
+    assert_no_task_created(&stack).await;
+
+    let unknown = uuid::Uuid::new_v4().to_string();
+    for tool in ["get_task_status", "kill_task"] {
+        let msg = call_err(&client, tool, json!({ "task_id": unknown })).await;
+        assert!(
+            msg.contains(&format!("no task with id {unknown}")),
+            "{tool}: {msg}"
+        );
+        let msg = call_err(&client, tool, json!({ "task_id": "../../etc" })).await;
+        assert!(msg.contains("is not a task id"), "{tool}: {msg}");
+    }
+    let id = run(&client, "python3.13", "true", json!({})).await;
+    let msg = call_err(
+        &client,
+        "get_task_status",
+        json!({ "task_id": id, "tail_bytes": -1 }),
+    )
+    .await;
+    assert!(
+        msg.contains("tail_bytes must be between 0 and 65536"),
+        "{msg}"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn tools_are_listed_with_input_and_output_schemas() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let tools = client.list_all_tools().await.expect("list tools");
+    let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["get_task_status", "kill_task", "run_script"]);
+    for t in &tools {
+        assert!(
+            t.description.as_ref().is_some_and(|d| d.len() > 80),
+            "{} needs a real description",
+            t.name
+        );
+        assert!(t.output_schema.is_some(), "{} has no outputSchema", t.name);
+    }
+    let run = tools
+        .iter()
+        .find(|t| t.name == "run_script")
+        .expect("run_script");
+    let required = run
+        .input_schema
+        .get("required")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(required, json!(["runtime", "command_base64"]));
+    let info = client.peer_info().expect("server info");
+    assert_eq!(
+        info.server_info.as_ref().map(|s| s.name.as_str()),
+        Some("script-runner")
+    );
+    assert!(
+        info.instructions
+            .as_deref()
+            .is_some_and(|i| i.contains("python3.13"))
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn mcp_requires_the_bearer_token_and_healthz_does_not() {
+    let stack = Stack::start(Options::default()).await;
+    let http = reqwest::Client::new();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    let post = |auth: Option<&'static str>| {
+        let mut req = http
+            .post(format!("{}/mcp", stack.url))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        req.send()
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong-token-wrong-token-wrong-token-xx"),
+        Some("Basic dXNlcjpwYXNz"),
+        Some("Bearer "),
+    ] {
+        let resp = post(auth).await.expect("request");
+        assert_eq!(resp.status(), 401, "auth {auth:?}");
+        let challenge = resp
+            .headers()
+            .get("www-authenticate")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        assert!(
+            challenge.starts_with("Bearer"),
+            "auth {auth:?}: {challenge:?}"
+        );
+    }
+    // The real client with a wrong token cannot even initialize.
+    assert!(
+        mcp_client(&stack.url, "wrong-token-wrong-token-wrong-token-xx")
+            .await
+            .is_err()
+    );
+
+    let health = http
+        .get(format!("{}/healthz", stack.url))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_host_header_is_checked_on_mcp() {
+    let stack = Stack::start(Options::default()).await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/mcp", stack.url))
+        .header("host", "evil.example")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), 403);
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn healthz_is_503_with_a_reason_while_redis_is_down() {
+    let mut stack = Stack::start(Options::default()).await;
+    let url = format!("{}/healthz", stack.url);
+    stack.redis.stop();
+    let resp = reqwest::get(&url).await.expect("healthz");
+    assert_eq!(resp.status(), 503);
+    let text = resp.text().await.unwrap_or_default();
+    assert!(text.contains("Redis"), "{text}");
+    stack.shutdown().await;
+}
