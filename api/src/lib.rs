@@ -87,11 +87,13 @@ pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, Store
 /// 401 with `WWW-Authenticate: Bearer` unless the request carries the token.
 /// Runs before any MCP processing.
 async fn require_bearer(State(token): State<Arc<Vec<u8>>>, req: Request, next: Next) -> Response {
+    // The scheme name is case-insensitive (RFC 7235).
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .map(<[u8]>::trim_ascii);
+        .map(|v| v.as_bytes())
+        .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+        .map(|v| v[7..].trim_ascii());
     match presented {
         Some(p) if constant_time_eq(p, &token) => next.run(req).await,
         _ => {

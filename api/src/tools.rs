@@ -139,8 +139,9 @@ pub struct TaskStatus {
     pub runtime: String,
     /// Wall time since the container started (so far, while running); null if it never started.
     pub runtime_seconds: Option<f64>,
-    /// Seconds since the last byte on stdout or stderr (since start if none yet);
-    /// null if it never started. Large while running means the script may be stuck.
+    /// Seconds since the last byte on stdout or stderr (since start if none yet),
+    /// up to the end for a finished task; null if it never started. Growing while
+    /// running means the script may be stuck.
     pub seconds_since_last_output: Option<f64>,
     /// The last tail_bytes bytes of stdout, cut on a character boundary.
     pub stdout_tail: String,
@@ -419,8 +420,9 @@ fn status_from_record(
         },
         runtime: r.text(Field::Runtime).unwrap_or_default(),
         runtime_seconds: started.map(|s| seconds(finished.unwrap_or(r.now_ms) - s)),
+        // A finished task's silence ends when it does.
         seconds_since_last_output: started
-            .map(|s| seconds(r.now_ms - r.int(Field::LastOutputAt).unwrap_or(s))),
+            .map(|s| seconds(finished.unwrap_or(r.now_ms) - r.int(Field::LastOutputAt).unwrap_or(s))),
         stdout_tail: stdout.text,
         stderr_tail: stderr.text,
         stdout_truncated: stdout.truncated,

@@ -165,6 +165,18 @@ async fn mcp_requires_the_bearer_token_and_healthz_does_not() {
             "auth {auth:?}: {challenge:?}"
         );
     }
+    // The scheme is case-insensitive (RFC 7235): a lowercase "bearer" with the
+    // right token gets through.
+    let lower = http
+        .post(format!("{}/mcp", stack.url))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("bearer {TOKEN}"))
+        .body(body)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(lower.status(), 200);
     // The real client with a wrong token cannot even initialize.
     assert!(
         mcp_client(&stack.url, "wrong-token-wrong-token-wrong-token-xx")
