@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use shared::envvar::{VarError, parse_or, parse_range};
+use shared::envvar::{VarError, parse_list, parse_or, parse_range};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -32,8 +32,19 @@ pub struct SandboxLimits {
     pub tmpfs_mib: u64,
     /// `TASK_USER`: the uid:gid a script runs as.
     pub user: String,
-    /// `TASK_NETWORK`: the bridge network tasks are attached to.
+    /// `TASK_DISK_MB`: size of /workspace, a tmpfs: what a task can write there
+    /// (it also counts against the memory cap). The host's disk is never written.
+    pub disk_mib: u64,
+    /// `TASK_NETWORK`: the Docker network tasks are attached to.
     pub network: String,
+    /// `TASK_BRIDGE`: the Linux bridge interface of that network, which the host
+    /// firewall rules match on.
+    pub bridge: String,
+    /// `TASK_FIREWALL`: `iptables` (default) installs the host rules that keep
+    /// tasks off the host and private networks; `off` skips them (development only).
+    pub firewall: bool,
+    /// `TASK_BLOCKED_CIDRS`: more IPv4 ranges tasks must not reach (comma-separated).
+    pub blocked_cidrs: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -142,9 +153,21 @@ impl Config {
                 user: var("TASK_USER")
                     .filter(|u| !u.is_empty())
                     .unwrap_or_else(|| "65534:65534".into()),
+                disk_mib: parse_range("TASK_DISK_MB", var("TASK_DISK_MB").as_deref(), 256, 1, 1 << 20)?,
                 network: var("TASK_NETWORK")
                     .filter(|n| !n.is_empty())
                     .unwrap_or_else(|| "script-runner-tasks".into()),
+                bridge: var("TASK_BRIDGE")
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| "sr-tasks0".into()),
+                firewall: match var("TASK_FIREWALL").as_deref().map(str::trim) {
+                    None | Some("") | Some("iptables") => true,
+                    Some("off") => false,
+                    Some(other) => {
+                        return Err(VarError::new("TASK_FIREWALL", other, "iptables or off").into());
+                    }
+                },
+                blocked_cidrs: parse_list(var("TASK_BLOCKED_CIDRS").as_deref(), ""),
             },
             zip_limits: ZipLimits {
                 max_entries: parse_range(

@@ -5,6 +5,7 @@
 //! `run(config, shutdown)` is the whole worker; the binary only loads the config.
 
 pub mod config;
+pub mod firewall;
 pub mod queue;
 pub mod runner;
 pub mod sandbox;
@@ -36,6 +37,8 @@ pub enum WorkerError {
     Queue(#[from] QueueError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    #[error("task firewall: {0}")]
+    Firewall(#[from] firewall::FirewallError),
     #[error("TASKS_DIR {path}: {error}")]
     TasksDir { path: String, error: std::io::Error },
 }
@@ -55,6 +58,11 @@ pub async fn run(
     )?;
     let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
     sandbox.ensure_network().await?;
+    if config.limits.firewall {
+        firewall::install(&config.limits.bridge, &config.limits.blocked_cidrs).await?;
+    } else {
+        tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
+    }
     retry("create consumer group", || queue.ensure_group()).await?;
 
     let ctx = Ctx {

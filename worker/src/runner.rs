@@ -95,29 +95,17 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
     } else {
         None
     };
-    let (dir, id, limits) = (
-        ctx.config.tasks_dir.clone(),
-        task_id.to_owned(),
-        ctx.config.zip_limits,
-    );
-    let owner = workspace::parse_owner(&ctx.sandbox.limits().user);
-    let prepared = tokio::task::spawn_blocking(move || {
-        workspace::prepare(&dir, &id, zip.as_deref(), &limits, owner)
-    })
-    .await;
-    let ws = match prepared {
-        Ok(Ok(ws)) => ws,
-        Ok(Err(e)) => {
-            return Outcome::failed(
-                ReasonKind::WorkspaceFailed,
-                format!("could not prepare /workspace: {e}"),
-            );
-        }
-        Err(e) => {
-            return Outcome::failed(
-                ReasonKind::WorkspaceFailed,
-                format!("could not prepare /workspace: {e}"),
-            );
+    let source = match zip {
+        None => None,
+        Some(zip) => {
+            let (dir, id, limits) = (ctx.config.tasks_dir.clone(), task_id.to_owned(), ctx.config.zip_limits);
+            let prepared = tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, &zip, &limits)).await;
+            match prepared.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+                Ok(src) => Some(src),
+                Err(e) => {
+                    return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not prepare /workspace: {e}"));
+                }
+            }
         }
     };
     let image = ctx
@@ -125,7 +113,7 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
         .runtimes
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
-    let outcome = match ctx.sandbox.create(task_id, image, &spec.command, &ws).await {
+    let outcome = match ctx.sandbox.create(task_id, image, &spec.command, source.as_deref()).await {
         Ok(container) => {
             let outcome = supervise(ctx, task_id, spec, &container).await;
             ctx.sandbox.remove(&container).await;
@@ -136,7 +124,9 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
             format!("could not start the container: {e}"),
         ),
     };
-    let _ = tokio::task::spawn_blocking(move || workspace::remove(&ws)).await;
+    if let Some(src) = source {
+        let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
+    }
     outcome
 }
 

@@ -19,6 +19,11 @@ use futures_util::{Stream, StreamExt};
 
 use crate::config::SandboxLimits;
 
+/// Where the extracted zip is mounted (read-only) before it is copied to /workspace.
+const SOURCE_MOUNT: &str = "/.sr-source";
+const OPT_BRIDGE_NAME: &str = "com.docker.network.bridge.name";
+const OPT_ICC: &str = "com.docker.network.bridge.enable_icc";
+
 /// Labels on every task container, so a worker can find its own after a crash.
 pub const LABEL_TASK: &str = "script-runner.task";
 pub const LABEL_WORKER: &str = "script-runner.worker";
@@ -29,6 +34,8 @@ pub enum SandboxError {
     Connect(DockerError),
     #[error("runtime image {image} is not available on this worker host ({detail})")]
     ImageMissing { image: String, detail: String },
+    #[error("task network: {0}")]
+    Network(String),
     #[error("Docker refused the task container: {0}")]
     Docker(#[from] DockerError),
 }
@@ -63,47 +70,47 @@ impl Sandbox {
         &self.limits
     }
 
-    /// Creates the tasks' bridge network if it does not exist. Inter-container
-    /// traffic is off, so tasks cannot reach each other.
+    /// Creates the tasks' bridge network if it does not exist, with a fixed bridge
+    /// interface name (the firewall matches on it) and inter-container traffic
+    /// off, so tasks cannot reach each other. A network of that name made
+    /// otherwise (an older worker, by hand) is replaced when no task uses it.
     pub async fn ensure_network(&self) -> Result<(), SandboxError> {
-        if self
-            .docker
-            .inspect_network(&self.limits.network, None)
-            .await
-            .is_ok()
-        {
-            return Ok(());
+        let (name, bridge) = (&self.limits.network, &self.limits.bridge);
+        if let Ok(existing) = self.docker.inspect_network(name, None).await {
+            let opts = existing.options.unwrap_or_default();
+            let ours = opts.get(OPT_BRIDGE_NAME) == Some(bridge) && opts.get(OPT_ICC).map(String::as_str) == Some("false");
+            if ours {
+                return Ok(());
+            }
+            if existing.containers.is_some_and(|c| !c.is_empty()) {
+                return Err(SandboxError::Network(format!(
+                    "network {name} exists without bridge name {bridge} and ICC off, and containers use it; \
+                     remove it (docker network rm {name}) or set TASK_NETWORK"
+                )));
+            }
+            tracing::warn!(network = %name, "replacing task network that lacks the isolation options");
+            match self.docker.remove_network(name).await {
+                // Another worker on this host removed it first.
+                Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         let options = HashMap::from([
-            (
-                "com.docker.network.bridge.enable_icc".to_owned(),
-                "false".to_owned(),
-            ),
-            (
-                "com.docker.network.bridge.enable_ip_masquerade".to_owned(),
-                "true".to_owned(),
-            ),
+            (OPT_BRIDGE_NAME.to_owned(), bridge.clone()),
+            (OPT_ICC.to_owned(), "false".to_owned()),
+            ("com.docker.network.bridge.enable_ip_masquerade".to_owned(), "true".to_owned()),
         ]);
         let req = NetworkCreateRequest {
-            name: self.limits.network.clone(),
+            name: name.clone(),
             driver: Some("bridge".into()),
             options: Some(options),
-            labels: Some(HashMap::from([(
-                "script-runner".to_owned(),
-                "tasks".to_owned(),
-            )])),
+            labels: Some(HashMap::from([("script-runner".to_owned(), "tasks".to_owned())])),
             ..Default::default()
         };
         match self.docker.create_network(req).await {
             Ok(_) => Ok(()),
             // Another worker on this host created it first.
-            Err(e)
-                if self
-                    .docker
-                    .inspect_network(&self.limits.network, None)
-                    .await
-                    .is_ok() =>
-            {
+            Err(e) if self.docker.inspect_network(name, None).await.is_ok() => {
                 tracing::debug!(error = %e, "network appeared concurrently");
                 Ok(())
             }
@@ -113,17 +120,38 @@ impl Sandbox {
 
     /// Creates (but does not start) a task's container; pulls the image once if it
     /// is missing. Returns the container id.
-    pub async fn create(
-        &self,
-        task_id: &str,
-        image: &str,
-        command: &str,
-        workspace: &Path,
-    ) -> Result<String, SandboxError> {
+    ///
+    /// /workspace is a size-capped tmpfs owned by the task's user, so a task can
+    /// never fill the host's disk. The extracted zip (`source`, on the host) is
+    /// mounted read-only and copied in before the command runs.
+    pub async fn create(&self, task_id: &str, image: &str, command: &str, source: Option<&Path>) -> Result<String, SandboxError> {
         let l = &self.limits;
         let memory = (l.memory_mib * 1024 * 1024) as i64;
+        let owner = match crate::workspace::parse_owner(&l.user) {
+            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
+            None => "mode=1777".to_owned(),
+        };
+        let tmpfs = HashMap::from([
+            ("/tmp".to_owned(), format!("rw,nosuid,nodev,size={}m,mode=1777", l.tmpfs_mib)),
+            ("/workspace".to_owned(), format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib)),
+        ]);
+        let (binds, cmd) = match source {
+            Some(src) => (
+                Some(vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]),
+                vec![
+                    "sh".to_owned(),
+                    "-c".to_owned(),
+                    // "$1" is the user's command, passed as an argument so that no
+                    // quoting of it is ever needed.
+                    format!("cp -R {SOURCE_MOUNT}/. /workspace/ && cd /workspace && exec sh -c \"$1\""),
+                    "sh".to_owned(),
+                    command.to_owned(),
+                ],
+            ),
+            None => (None, vec!["sh".to_owned(), "-c".to_owned(), command.to_owned()]),
+        };
         let host_config = HostConfig {
-            binds: Some(vec![format!("{}:/workspace:rw", workspace.display())]),
+            binds,
             memory: Some(memory),
             // Equal to memory: no swap on top of the cap.
             memory_swap: Some(memory),
@@ -132,10 +160,7 @@ impl Sandbox {
             cap_drop: Some(vec!["ALL".into()]),
             security_opt: Some(vec!["no-new-privileges".into()]),
             readonly_rootfs: Some(true),
-            tmpfs: Some(HashMap::from([(
-                "/tmp".to_owned(),
-                format!("rw,nosuid,nodev,size={}m", l.tmpfs_mib),
-            )])),
+            tmpfs: Some(tmpfs),
             ulimits: Some(vec![ResourcesUlimits {
                 name: Some("nofile".into()),
                 soft: Some(l.nofile),
@@ -144,22 +169,15 @@ impl Sandbox {
             network_mode: Some(l.network.clone()),
             // Output is streamed through attach; Docker keeps no log of its own,
             // so a flood cannot fill the host's disk.
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
+            log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
             ..Default::default()
         };
         let body = ContainerCreateBody {
             image: Some(image.to_owned()),
-            cmd: Some(vec!["sh".into(), "-c".into(), command.to_owned()]),
+            cmd: Some(cmd),
             working_dir: Some("/workspace".into()),
             user: Some(l.user.clone()),
-            env: Some(vec![
-                "HOME=/tmp".into(),
-                "LANG=C.UTF-8".into(),
-                "PYTHONUNBUFFERED=1".into(),
-            ]),
+            env: Some(vec!["HOME=/tmp".into(), "LANG=C.UTF-8".into(), "PYTHONUNBUFFERED=1".into()]),
             labels: Some(HashMap::from([
                 (LABEL_TASK.to_owned(), task_id.to_owned()),
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
@@ -171,18 +189,10 @@ impl Sandbox {
             host_config: Some(host_config),
             ..Default::default()
         };
-        let opts = CreateContainerOptionsBuilder::default()
-            .name(&format!("sr-{task_id}"))
-            .build();
-        match self
-            .docker
-            .create_container(Some(opts.clone()), body.clone())
-            .await
-        {
+        let opts = CreateContainerOptionsBuilder::default().name(&format!("sr-{task_id}")).build();
+        match self.docker.create_container(Some(opts.clone()), body.clone()).await {
             Ok(r) => Ok(r.id),
-            Err(DockerError::DockerResponseServerError {
-                status_code: 404, ..
-            }) => {
+            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {
                 self.pull(image).await?;
                 Ok(self.docker.create_container(Some(opts), body).await?.id)
             }

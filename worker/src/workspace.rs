@@ -1,14 +1,16 @@
-//! Task workspaces: `TASKS_DIR/<task_id>`, bind-mounted as /workspace.
+//! A task's source files on the host: `TASKS_DIR/<task_id>`, only when it sent a
+//! zip. The container sees it read-only and copies it into its own /workspace (a
+//! tmpfs), so no script ever writes to, or plants a link in, a host directory.
 //!
-//! The zip is extracted here by the worker (never by the script), checked again
-//! with `shared::zipcheck` and with the bytes actually written counted against the
-//! cap, since declared sizes can lie. The worker only ever creates plain files and
-//! directories, and removal never follows a link (`remove_dir_all` does not).
-//! Everything here is blocking file I/O, so callers run it on the blocking pool.
+//! The zip is extracted here by the worker, checked again with `shared::zipcheck`
+//! and with the bytes actually written counted against the cap, since declared
+//! sizes can lie. The worker only ever creates plain files and directories, and
+//! removal never follows a link (`remove_dir_all` does not). Everything here is
+//! blocking file I/O, so callers run it on the blocking pool.
 
 use std::fs;
 use std::io::{self, Cursor, Read, Write};
-use std::os::unix::fs::{PermissionsExt, lchown};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use shared::zipcheck::{ZipError, ZipLimits, check_zip};
@@ -25,25 +27,17 @@ pub enum WorkspaceError {
     Io(#[from] io::Error),
 }
 
-/// Creates the workspace and extracts `zip` into it. `owner` (uid, gid) is who
-/// the script runs as; the workspace is handed to it so the script can write.
-pub fn prepare(
-    tasks_dir: &Path,
-    task_id: &str,
-    zip: Option<&[u8]>,
-    limits: &ZipLimits,
-    owner: Option<(u32, u32)>,
-) -> Result<PathBuf, WorkspaceError> {
+/// Extracts `zip` into a fresh `tasks_dir/task_id`, readable by anyone (the task
+/// runs as an unprivileged user) and writable by no one else.
+pub fn prepare(tasks_dir: &Path, task_id: &str, zip: &[u8], limits: &ZipLimits) -> Result<PathBuf, WorkspaceError> {
     let dir = tasks_dir.join(task_id);
     // A leftover from a crashed run of the same task is discarded, not reused.
     if dir.symlink_metadata().is_ok() {
         fs::remove_dir_all(&dir)?;
     }
     fs::create_dir(&dir)?;
-    if let Some(zip) = zip {
-        extract(&dir, zip, limits)?;
-    }
-    hand_over(&dir, owner)?;
+    extract(&dir, zip, limits)?;
+    make_readable(&dir)?;
     Ok(dir)
 }
 
@@ -78,30 +72,18 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
     Ok(())
 }
 
-/// Gives the tree to the task's user. Without the right to chown (a worker not
-/// running as root, in development), make it writable for everyone instead.
-fn hand_over(dir: &Path, owner: Option<(u32, u32)>) -> io::Result<()> {
+/// Directories 0755, files 0644, whatever the worker's umask.
+fn make_readable(dir: &Path) -> io::Result<()> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(path) = stack.pop() {
         let meta = path.symlink_metadata()?;
-        if meta.is_dir() {
+        let mode = if meta.is_dir() {
             for child in fs::read_dir(&path)? {
                 stack.push(child?.path());
             }
-        }
-        let chowned = match owner {
-            Some((uid, gid)) => match lchown(&path, Some(uid), Some(gid)) {
-                Ok(()) => true,
-                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => false,
-                Err(e) => return Err(e),
-            },
-            None => false,
-        };
-        let mode = match (meta.is_dir(), chowned) {
-            (true, true) => 0o755,
-            (true, false) => 0o777,
-            (false, true) => 0o644,
-            (false, false) => 0o666,
+            0o755
+        } else {
+            0o644
         };
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
     }
@@ -118,7 +100,7 @@ pub fn remove(dir: &Path) {
     }
 }
 
-/// `"uid:gid"` as numbers; `None` for a user name (then no chown is attempted).
+/// `"uid:gid"` (or `"uid"`) as numbers; `None` for a user name.
 pub fn parse_owner(user: &str) -> Option<(u32, u32)> {
     let (u, g) = user.split_once(':').unwrap_or((user, user));
     Some((u.parse().ok()?, g.parse().ok()?))
@@ -149,7 +131,7 @@ mod tests {
     fn extracts_nested_files_and_removes_them() {
         let root = tempdir();
         let z = zip_of(&[("main.py", b"print(1)"), ("pkg/sub/data.txt", b"hello")]);
-        let ws = prepare(&root, "t1", Some(&z), &ZipLimits::default(), None).expect("prepare");
+        let ws = prepare(&root, "t1", &z, &ZipLimits::default()).expect("prepare");
         assert_eq!(
             fs::read(ws.join("pkg/sub/data.txt")).ok().as_deref(),
             Some(&b"hello"[..])
@@ -165,7 +147,7 @@ mod tests {
         let outside = root.join("outside");
         fs::create_dir(&outside).expect("outside");
         fs::write(outside.join("precious"), b"keep").expect("precious");
-        let ws = prepare(&root, "t2", None, &ZipLimits::default(), None).expect("prepare");
+        let ws = prepare(&root, "t2", &zip_of(&[("f", b"x")]), &ZipLimits::default()).expect("prepare");
         std::os::unix::fs::symlink(&outside, ws.join("link")).expect("symlink");
         remove(&ws);
         assert!(!ws.exists());
@@ -181,7 +163,7 @@ mod tests {
             max_expanded_bytes: 1000,
             ..ZipLimits::default()
         };
-        assert!(prepare(&root, "t3", Some(&z), &limits, None).is_err());
+        assert!(prepare(&root, "t3", &z, &limits).is_err());
         remove(&root);
     }
 }
