@@ -421,8 +421,9 @@ fn status_from_record(
         runtime: r.text(Field::Runtime).unwrap_or_default(),
         runtime_seconds: started.map(|s| seconds(finished.unwrap_or(r.now_ms) - s)),
         // A finished task's silence ends when it does.
-        seconds_since_last_output: started
-            .map(|s| seconds(finished.unwrap_or(r.now_ms) - r.int(Field::LastOutputAt).unwrap_or(s))),
+        seconds_since_last_output: started.map(|s| {
+            seconds(finished.unwrap_or(r.now_ms) - r.int(Field::LastOutputAt).unwrap_or(s))
+        }),
         stdout_tail: stdout.text,
         stderr_tail: stderr.text,
         stdout_truncated: stdout.truncated,

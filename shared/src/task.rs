@@ -99,6 +99,10 @@ pub enum ReasonKind {
     WorkerRestarted,
     /// The worker shut down (after its grace period) while the task was running.
     WorkerShutdown,
+    /// The script failed after filling its workspace (or /tmp).
+    DiskFull,
+    /// The script failed after reaching the process limit.
+    ProcessLimit,
 }
 
 impl ReasonKind {
@@ -113,6 +117,8 @@ impl ReasonKind {
             ReasonKind::WorkerLost => "worker-lost",
             ReasonKind::WorkerRestarted => "worker-restarted",
             ReasonKind::WorkerShutdown => "worker-shutdown",
+            ReasonKind::DiskFull => "disk-full",
+            ReasonKind::ProcessLimit => "process-limit",
         }
     }
 }
@@ -130,26 +136,80 @@ pub struct Outcome {
     pub exit_code: Option<i64>,
 }
 
+/// The caps a task ran under, named in reasons so a client knows which one it hit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub memory_mib: u64,
+    pub pids: i64,
+    pub disk_mib: u64,
+}
+
+/// What a runtime prints when an allocation fails before the kernel's OOM killer
+/// steps in (Python, Node).
+const OOM_SIGNS: [&str; 3] = [
+    "MemoryError",
+    "JavaScript heap out of memory",
+    "std::bad_alloc",
+];
+/// What `fork`/`clone` failing with EAGAIN at the PID limit looks like.
+const PID_SIGNS: [&str; 4] = [
+    "Resource temporarily unavailable",
+    "can't fork",
+    "Cannot fork",
+    "fork: retry",
+];
+const DISK_SIGNS: [&str; 2] = ["No space left on device", "ENOSPC"];
+
 impl Outcome {
-    /// The container exited by itself. `oom_killed` comes from Docker's inspect
-    /// (unreliable on cgroup v2, hence the 137 heuristic is the caller's to apply).
-    pub fn exited(exit_code: i64, oom_killed: bool, memory_mib: u64) -> Outcome {
-        if oom_killed {
+    /// The container exited by itself. `oom_killed` comes from Docker's inspect;
+    /// `stderr_tail` is searched for the marks a cap leaves when the script dies of
+    /// it, so the reason can name the cap (a guess, said as such only by the kind:
+    /// the exit code is always kept).
+    pub fn exited(exit_code: i64, oom_killed: bool, stderr_tail: &[u8], caps: Caps) -> Outcome {
+        let stderr = String::from_utf8_lossy(stderr_tail);
+        let has = |signs: &[&str]| exit_code != 0 && signs.iter().any(|s| stderr.contains(s));
+        if oom_killed || has(&OOM_SIGNS) {
             return Outcome {
                 state: TaskState::Failed,
                 kind: ReasonKind::OutOfMemory,
-                reason: format!("out of memory (limit {memory_mib} MiB)"),
+                reason: format!("out of memory (limit {} MiB)", caps.memory_mib),
                 exit_code: Some(exit_code),
             };
         }
-        let (state, reason) = if exit_code == 0 {
-            (TaskState::Succeeded, "exited with code 0".to_owned())
+        let (state, kind, reason) = if exit_code == 0 {
+            (
+                TaskState::Succeeded,
+                ReasonKind::Exited,
+                "exited with code 0".to_owned(),
+            )
+        } else if has(&DISK_SIGNS) {
+            (
+                TaskState::Failed,
+                ReasonKind::DiskFull,
+                format!(
+                    "exited with code {exit_code}: disk full (workspace limit {} MiB)",
+                    caps.disk_mib
+                ),
+            )
+        } else if has(&PID_SIGNS) {
+            (
+                TaskState::Failed,
+                ReasonKind::ProcessLimit,
+                format!(
+                    "exited with code {exit_code}: process limit reached ({} processes)",
+                    caps.pids
+                ),
+            )
         } else {
-            (TaskState::Failed, format!("exited with code {exit_code}"))
+            (
+                TaskState::Failed,
+                ReasonKind::Exited,
+                format!("exited with code {exit_code}"),
+            )
         };
         Outcome {
             state,
-            kind: ReasonKind::Exited,
+            kind,
             reason,
             exit_code: Some(exit_code),
         }
@@ -209,15 +269,58 @@ mod tests {
         assert_eq!(open, vec![TaskState::Queued, TaskState::Running]);
     }
 
+    const CAPS: Caps = Caps {
+        memory_mib: 256,
+        pids: 64,
+        disk_mib: 100,
+    };
+
     #[test]
     fn exit_outcomes_carry_code_and_sentence() {
-        let ok = Outcome::exited(0, false, 512);
+        let ok = Outcome::exited(0, false, b"", CAPS);
         assert_eq!((ok.state, ok.exit_code), (TaskState::Succeeded, Some(0)));
-        let bad = Outcome::exited(3, false, 512);
-        assert_eq!(bad.state, TaskState::Failed);
+        let bad = Outcome::exited(3, false, b"boom", CAPS);
+        assert_eq!(
+            (bad.state, bad.kind),
+            (TaskState::Failed, ReasonKind::Exited)
+        );
         assert_eq!(bad.reason, "exited with code 3");
-        let oom = Outcome::exited(137, true, 256);
-        assert_eq!(oom.reason, "out of memory (limit 256 MiB)");
         assert_eq!(Outcome::timed_out(300).reason, "timed out after 300 s");
+    }
+
+    #[test]
+    fn reasons_name_the_cap_that_was_hit() {
+        let oom = Outcome::exited(137, true, b"", CAPS);
+        assert_eq!(
+            (oom.kind, oom.reason.as_str()),
+            (ReasonKind::OutOfMemory, "out of memory (limit 256 MiB)")
+        );
+        let py_oom = Outcome::exited(1, false, b"Traceback...\nMemoryError\n", CAPS);
+        assert_eq!(py_oom.kind, ReasonKind::OutOfMemory);
+        let disk = Outcome::exited(
+            1,
+            false,
+            b"dd: error writing 'x': No space left on device\n",
+            CAPS,
+        );
+        assert_eq!(
+            disk.reason,
+            "exited with code 1: disk full (workspace limit 100 MiB)"
+        );
+        let pids = Outcome::exited(
+            1,
+            false,
+            b"BlockingIOError: [Errno 11] Resource temporarily unavailable",
+            CAPS,
+        );
+        assert_eq!(
+            pids.reason,
+            "exited with code 1: process limit reached (64 processes)"
+        );
+        // A script that succeeded after a failure it handled is still a success.
+        assert_eq!(
+            Outcome::exited(0, false, b"MemoryError", CAPS).state,
+            TaskState::Succeeded
+        );
     }
 }

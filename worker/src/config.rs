@@ -153,7 +153,13 @@ impl Config {
                 user: var("TASK_USER")
                     .filter(|u| !u.is_empty())
                     .unwrap_or_else(|| "65534:65534".into()),
-                disk_mib: parse_range("TASK_DISK_MB", var("TASK_DISK_MB").as_deref(), 256, 1, 1 << 20)?,
+                disk_mib: parse_range(
+                    "TASK_DISK_MB",
+                    var("TASK_DISK_MB").as_deref(),
+                    256,
+                    1,
+                    1 << 20,
+                )?,
                 network: var("TASK_NETWORK")
                     .filter(|n| !n.is_empty())
                     .unwrap_or_else(|| "script-runner-tasks".into()),

@@ -56,7 +56,11 @@ pub async fn install(bridge: &str, extra_blocked: &[String]) -> Result<(), Firew
     restore(&rules).await?;
     ensure_jump("INPUT", bridge, CHAIN_IN).await?;
     ensure_jump("DOCKER-USER", bridge, CHAIN_FWD).await?;
-    tracing::info!(bridge, blocked = subnets.len() + BLOCKED.len() + extra_blocked.len(), "task firewall installed");
+    tracing::info!(
+        bridge,
+        blocked = subnets.len() + BLOCKED.len() + extra_blocked.len(),
+        "task firewall installed"
+    );
     Ok(())
 }
 
@@ -72,7 +76,12 @@ fn ruleset(dns: &[Ipv4Addr], subnets: &[String], extra: &[String]) -> String {
             r += &format!("-A {CHAIN_FWD} -d {ns}/32 -p {proto} --dport 53 -j RETURN\n");
         }
     }
-    for cidr in BLOCKED.iter().map(|s| s.to_string()).chain(subnets.iter().cloned()).chain(extra.iter().cloned()) {
+    for cidr in BLOCKED
+        .iter()
+        .map(|s| s.to_string())
+        .chain(subnets.iter().cloned())
+        .chain(extra.iter().cloned())
+    {
         r += &format!("-A {CHAIN_FWD} -d {cidr} -p tcp -j REJECT --reject-with tcp-reset\n");
         r += &format!("-A {CHAIN_FWD} -d {cidr} -j REJECT --reject-with icmp-net-prohibited\n");
     }
@@ -90,9 +99,15 @@ async fn restore(rules: &str) -> Result<(), FirewallError> {
         .spawn()
         .map_err(|e| FirewallError::Spawn("iptables-restore", e))?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(rules.as_bytes()).await.map_err(|e| FirewallError::Spawn("iptables-restore", e))?;
+        stdin
+            .write_all(rules.as_bytes())
+            .await
+            .map_err(|e| FirewallError::Spawn("iptables-restore", e))?;
     }
-    let out = child.wait_with_output().await.map_err(|e| FirewallError::Spawn("iptables-restore", e))?;
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(|e| FirewallError::Spawn("iptables-restore", e))?;
     if !out.status.success() {
         return Err(FirewallError::Failed {
             cmd: "iptables-restore".into(),
@@ -105,7 +120,10 @@ async fn restore(rules: &str) -> Result<(), FirewallError> {
 /// Puts `-i bridge -j target` first in `chain` unless it is already there.
 async fn ensure_jump(chain: &str, bridge: &str, target: &str) -> Result<(), FirewallError> {
     let rule = ["-i", bridge, "-j", target];
-    if iptables(&[&["-C", chain][..], &rule].concat()).await.is_ok() {
+    if iptables(&[&["-C", chain][..], &rule].concat())
+        .await
+        .is_ok()
+    {
         return Ok(());
     }
     iptables(&[&["-I", chain, "1"][..], &rule].concat()).await
@@ -130,7 +148,9 @@ async fn iptables(args: &[&str]) -> Result<(), FirewallError> {
 
 /// IPv4 name servers the host uses (they must stay reachable for DNS).
 async fn nameservers() -> Vec<Ipv4Addr> {
-    let conf = tokio::fs::read_to_string("/etc/resolv.conf").await.unwrap_or_default();
+    let conf = tokio::fs::read_to_string("/etc/resolv.conf")
+        .await
+        .unwrap_or_default();
     parse_nameservers(&conf)
 }
 
@@ -186,7 +206,8 @@ mod tests {
 
     #[test]
     fn dns_exceptions_come_before_the_rejections() {
-        let dns = parse_nameservers("# x\nnameserver 10.0.0.53\nnameserver 127.0.0.53\nnameserver ::1\n");
+        let dns =
+            parse_nameservers("# x\nnameserver 10.0.0.53\nnameserver 127.0.0.53\nnameserver ::1\n");
         assert_eq!(dns, [Ipv4Addr::new(10, 0, 0, 53)]);
         let r = ruleset(&dns, &["192.0.2.0/24".into()], &["203.0.113.0/24".into()]);
         let dns_at = r.find("-d 10.0.0.53/32 -p udp --dport 53 -j RETURN");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use shared::tail::{TAIL_CAP, TailBuffer};
-use shared::task::{KILLED_BY_USER_REASON, Outcome};
+use shared::task::{Caps, KILLED_BY_USER_REASON, Outcome};
 use shared::{ReasonKind, TaskState};
 use tokio_util::sync::CancellationToken;
 
@@ -98,12 +98,24 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
     let source = match zip {
         None => None,
         Some(zip) => {
-            let (dir, id, limits) = (ctx.config.tasks_dir.clone(), task_id.to_owned(), ctx.config.zip_limits);
-            let prepared = tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, &zip, &limits)).await;
-            match prepared.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+            let (dir, id, limits) = (
+                ctx.config.tasks_dir.clone(),
+                task_id.to_owned(),
+                ctx.config.zip_limits,
+            );
+            let prepared =
+                tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, &zip, &limits))
+                    .await;
+            match prepared
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+            {
                 Ok(src) => Some(src),
                 Err(e) => {
-                    return Outcome::failed(ReasonKind::WorkspaceFailed, format!("could not prepare /workspace: {e}"));
+                    return Outcome::failed(
+                        ReasonKind::WorkspaceFailed,
+                        format!("could not prepare /workspace: {e}"),
+                    );
                 }
             }
         }
@@ -113,7 +125,11 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
         .runtimes
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
-    let outcome = match ctx.sandbox.create(task_id, image, &spec.command, source.as_deref()).await {
+    let outcome = match ctx
+        .sandbox
+        .create(task_id, image, &spec.command, source.as_deref())
+        .await
+    {
         Ok(container) => {
             let outcome = supervise(ctx, task_id, spec, &container).await;
             ctx.sandbox.remove(&container).await;
@@ -225,16 +241,19 @@ async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -
     tokio::pin!(wait);
     let mut output_open = true;
 
-    let outcome = loop {
+    let end = loop {
         tokio::select! {
             exit = &mut wait => {
                 break match exit {
                     Ok(code) => {
                         // 137 is SIGKILL; at the memory cap it is the OOM killer.
                         let oom = code == 137 && sandbox.oom_killed(container).await;
-                        Outcome::exited(code, oom, sandbox.limits().memory_mib)
+                        End::Exited(code, oom)
                     }
-                    Err(e) => Outcome::failed(ReasonKind::StartFailed, format!("lost track of the container: {e}")),
+                    Err(e) => End::Decided(Outcome::failed(
+                        ReasonKind::StartFailed,
+                        format!("lost track of the container: {e}"),
+                    )),
                 };
             }
             frame = output.next(), if output_open => match frame {
@@ -249,18 +268,18 @@ async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -
                 Ok(TaskStateReply::State(TaskState::Running)) => {}
                 Ok(_) => {
                     sandbox.kill(container).await;
-                    break Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON);
+                    break End::Decided(Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON));
                 }
                 // Redis is down: keep running the task; publish when it is back.
                 Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
             },
             _ = &mut deadline => {
                 sandbox.kill(container).await;
-                break Outcome::timed_out(spec.timeout_seconds);
+                break End::Decided(Outcome::timed_out(spec.timeout_seconds));
             }
             _ = ctx.abort.cancelled() => {
                 sandbox.kill(container).await;
-                break Outcome::killed(ReasonKind::WorkerShutdown, "worker shut down before the task finished");
+                break End::Decided(Outcome::killed(ReasonKind::WorkerShutdown, "worker shut down before the task finished"));
             }
         }
     };
@@ -277,7 +296,27 @@ async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -
     if let Err(e) = retry("publish output", || tails.send(&ctx.queue, task_id)).await {
         tracing::warn!(task_id, error = %e, "could not publish final output");
     }
-    outcome
+    match end {
+        End::Exited(code, oom) => {
+            let l = sandbox.limits();
+            let caps = Caps {
+                memory_mib: l.memory_mib,
+                pids: l.pids,
+                disk_mib: l.disk_mib,
+            };
+            Outcome::exited(code, oom, &tails.stderr.to_vec(), caps)
+        }
+        End::Decided(outcome) => outcome,
+    }
+}
+
+/// How the supervision loop ended.
+enum End {
+    /// The container exited by itself: the reason is read from its output after
+    /// the last of it has arrived.
+    Exited(i64, bool),
+    /// The worker stopped it (kill, timeout, shutdown) or lost it.
+    Decided(Outcome),
 }
 
 /// Retries a Redis operation through a short outage (about a minute), so a blip

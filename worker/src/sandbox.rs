@@ -78,7 +78,8 @@ impl Sandbox {
         let (name, bridge) = (&self.limits.network, &self.limits.bridge);
         if let Ok(existing) = self.docker.inspect_network(name, None).await {
             let opts = existing.options.unwrap_or_default();
-            let ours = opts.get(OPT_BRIDGE_NAME) == Some(bridge) && opts.get(OPT_ICC).map(String::as_str) == Some("false");
+            let ours = opts.get(OPT_BRIDGE_NAME) == Some(bridge)
+                && opts.get(OPT_ICC).map(String::as_str) == Some("false");
             if ours {
                 return Ok(());
             }
@@ -91,20 +92,29 @@ impl Sandbox {
             tracing::warn!(network = %name, "replacing task network that lacks the isolation options");
             match self.docker.remove_network(name).await {
                 // Another worker on this host removed it first.
-                Ok(()) | Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {}
+                Ok(())
+                | Err(DockerError::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => {}
                 Err(e) => return Err(e.into()),
             }
         }
         let options = HashMap::from([
             (OPT_BRIDGE_NAME.to_owned(), bridge.clone()),
             (OPT_ICC.to_owned(), "false".to_owned()),
-            ("com.docker.network.bridge.enable_ip_masquerade".to_owned(), "true".to_owned()),
+            (
+                "com.docker.network.bridge.enable_ip_masquerade".to_owned(),
+                "true".to_owned(),
+            ),
         ]);
         let req = NetworkCreateRequest {
             name: name.clone(),
             driver: Some("bridge".into()),
             options: Some(options),
-            labels: Some(HashMap::from([("script-runner".to_owned(), "tasks".to_owned())])),
+            labels: Some(HashMap::from([(
+                "script-runner".to_owned(),
+                "tasks".to_owned(),
+            )])),
             ..Default::default()
         };
         match self.docker.create_network(req).await {
@@ -124,7 +134,13 @@ impl Sandbox {
     /// /workspace is a size-capped tmpfs owned by the task's user, so a task can
     /// never fill the host's disk. The extracted zip (`source`, on the host) is
     /// mounted read-only and copied in before the command runs.
-    pub async fn create(&self, task_id: &str, image: &str, command: &str, source: Option<&Path>) -> Result<String, SandboxError> {
+    pub async fn create(
+        &self,
+        task_id: &str,
+        image: &str,
+        command: &str,
+        source: Option<&Path>,
+    ) -> Result<String, SandboxError> {
         let l = &self.limits;
         let memory = (l.memory_mib * 1024 * 1024) as i64;
         let owner = match crate::workspace::parse_owner(&l.user) {
@@ -132,8 +148,14 @@ impl Sandbox {
             None => "mode=1777".to_owned(),
         };
         let tmpfs = HashMap::from([
-            ("/tmp".to_owned(), format!("rw,nosuid,nodev,size={}m,mode=1777", l.tmpfs_mib)),
-            ("/workspace".to_owned(), format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib)),
+            (
+                "/tmp".to_owned(),
+                format!("rw,nosuid,nodev,size={}m,mode=1777", l.tmpfs_mib),
+            ),
+            (
+                "/workspace".to_owned(),
+                format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib),
+            ),
         ]);
         let (binds, cmd) = match source {
             Some(src) => (
@@ -143,12 +165,17 @@ impl Sandbox {
                     "-c".to_owned(),
                     // "$1" is the user's command, passed as an argument so that no
                     // quoting of it is ever needed.
-                    format!("cp -R {SOURCE_MOUNT}/. /workspace/ && cd /workspace && exec sh -c \"$1\""),
+                    format!(
+                        "cp -R {SOURCE_MOUNT}/. /workspace/ && cd /workspace && exec sh -c \"$1\""
+                    ),
                     "sh".to_owned(),
                     command.to_owned(),
                 ],
             ),
-            None => (None, vec!["sh".to_owned(), "-c".to_owned(), command.to_owned()]),
+            None => (
+                None,
+                vec!["sh".to_owned(), "-c".to_owned(), command.to_owned()],
+            ),
         };
         let host_config = HostConfig {
             binds,
@@ -169,7 +196,10 @@ impl Sandbox {
             network_mode: Some(l.network.clone()),
             // Output is streamed through attach; Docker keeps no log of its own,
             // so a flood cannot fill the host's disk.
-            log_config: Some(HostConfigLogConfig { typ: Some("none".into()), config: None }),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -177,7 +207,11 @@ impl Sandbox {
             cmd: Some(cmd),
             working_dir: Some("/workspace".into()),
             user: Some(l.user.clone()),
-            env: Some(vec!["HOME=/tmp".into(), "LANG=C.UTF-8".into(), "PYTHONUNBUFFERED=1".into()]),
+            env: Some(vec![
+                "HOME=/tmp".into(),
+                "LANG=C.UTF-8".into(),
+                "PYTHONUNBUFFERED=1".into(),
+            ]),
             labels: Some(HashMap::from([
                 (LABEL_TASK.to_owned(), task_id.to_owned()),
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
@@ -189,10 +223,18 @@ impl Sandbox {
             host_config: Some(host_config),
             ..Default::default()
         };
-        let opts = CreateContainerOptionsBuilder::default().name(&format!("sr-{task_id}")).build();
-        match self.docker.create_container(Some(opts.clone()), body.clone()).await {
+        let opts = CreateContainerOptionsBuilder::default()
+            .name(&format!("sr-{task_id}"))
+            .build();
+        match self
+            .docker
+            .create_container(Some(opts.clone()), body.clone())
+            .await
+        {
             Ok(r) => Ok(r.id),
-            Err(DockerError::DockerResponseServerError { status_code: 404, .. }) => {
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
                 self.pull(image).await?;
                 Ok(self.docker.create_container(Some(opts), body).await?.id)
             }

@@ -29,7 +29,12 @@ pub enum WorkspaceError {
 
 /// Extracts `zip` into a fresh `tasks_dir/task_id`, readable by anyone (the task
 /// runs as an unprivileged user) and writable by no one else.
-pub fn prepare(tasks_dir: &Path, task_id: &str, zip: &[u8], limits: &ZipLimits) -> Result<PathBuf, WorkspaceError> {
+pub fn prepare(
+    tasks_dir: &Path,
+    task_id: &str,
+    zip: &[u8],
+    limits: &ZipLimits,
+) -> Result<PathBuf, WorkspaceError> {
     let dir = tasks_dir.join(task_id);
     // A leftover from a crashed run of the same task is discarded, not reused.
     if dir.symlink_metadata().is_ok() {
@@ -147,7 +152,8 @@ mod tests {
         let outside = root.join("outside");
         fs::create_dir(&outside).expect("outside");
         fs::write(outside.join("precious"), b"keep").expect("precious");
-        let ws = prepare(&root, "t2", &zip_of(&[("f", b"x")]), &ZipLimits::default()).expect("prepare");
+        let ws =
+            prepare(&root, "t2", &zip_of(&[("f", b"x")]), &ZipLimits::default()).expect("prepare");
         std::os::unix::fs::symlink(&outside, ws.join("link")).expect("symlink");
         remove(&ws);
         assert!(!ws.exists());

@@ -68,13 +68,20 @@ pub struct Redis {
 
 impl Redis {
     pub async fn start() -> Redis {
+        Redis::start_on("127.0.0.1").await
+    }
+
+    /// On `bind` (e.g. "0.0.0.0", to check that tasks cannot reach it anyway).
+    pub async fn start_on(bind: &str) -> Redis {
         let port = free_port();
         let child = Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
                 "--bind",
-                "127.0.0.1",
+                bind,
+                "--protected-mode",
+                "no",
                 "--save",
                 "",
                 "--appendonly",
@@ -130,6 +137,8 @@ pub struct Options {
     pub concurrency: usize,
     pub max_timeout_seconds: u64,
     pub extra_env: Vec<(&'static str, String)>,
+    /// Listen on every interface (Redis and api), as a careless deployment would.
+    pub bind_all: bool,
 }
 
 impl Default for Options {
@@ -138,6 +147,7 @@ impl Default for Options {
             concurrency: 2,
             max_timeout_seconds: 120,
             extra_env: Vec::new(),
+            bind_all: false,
         }
     }
 }
@@ -155,7 +165,12 @@ pub struct Stack {
 
 impl Stack {
     pub async fn start(opts: Options) -> Stack {
-        let redis = Redis::start().await;
+        let bind = if opts.bind_all {
+            "0.0.0.0"
+        } else {
+            "127.0.0.1"
+        };
+        let redis = Redis::start_on(bind).await;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..8]);
         let worker_name = format!("test-{}", &id[..12]);
@@ -194,10 +209,13 @@ impl Stack {
             }
         });
         let api_cfg = script_runner_api::Config::from_lookup(lookup).expect("api config");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind((bind, 0))
             .await
             .expect("bind");
-        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let url = format!(
+            "http://127.0.0.1:{}",
+            listener.local_addr().expect("addr").port()
+        );
         tokio::spawn({
             let stop = stop.clone();
             async move {
