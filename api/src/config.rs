@@ -23,6 +23,10 @@ pub enum ConfigError {
     Var(#[from] VarError),
     #[error("RUNTIME_IMAGES: {0}")]
     Runtime(#[from] RuntimeError),
+    #[error(
+        "ALLOWED_HOSTS lists no host; give the names clients use, e.g. mcp.example.com,localhost"
+    )]
+    NoAllowedHosts,
     #[error("DEFAULT_TIMEOUT_SECONDS ({default}) must not exceed MAX_TIMEOUT_SECONDS ({max})")]
     DefaultAboveMax { default: u64, max: u64 },
 }
@@ -79,7 +83,8 @@ impl Config {
     /// Reads variables through `get`, so tests can configure without touching the
     /// process environment.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let var = |name: &str| get(name);
+        // A variable set to blank counts as unset, as in most shells' `.env` use.
+        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
         let token = var("SCRIPT_RUNNER_TOKEN")
             .filter(|t| !t.is_empty())
             .ok_or(ConfigError::MissingToken)?;
@@ -117,7 +122,14 @@ impl Config {
                 SocketAddr::from(([0, 0, 0, 0], 8080)),
                 "an address and port such as 0.0.0.0:8080",
             )?,
-            allowed_hosts: parse_list(var("ALLOWED_HOSTS").as_deref(), "localhost,127.0.0.1,::1"),
+            allowed_hosts: match parse_list(
+                var("ALLOWED_HOSTS").as_deref(),
+                "localhost,127.0.0.1,::1",
+            ) {
+                // An empty list would make rmcp accept every Host: refuse it instead.
+                hosts if hosts.is_empty() => return Err(ConfigError::NoAllowedHosts),
+                hosts => hosts,
+            },
             runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
             default_timeout_seconds,
             max_timeout_seconds,
@@ -209,6 +221,20 @@ mod tests {
             (300, 3600)
         );
         assert_eq!(c.runtimes.image("python3.8"), Some("python:3.8-slim"));
+    }
+
+    #[test]
+    fn blank_values_mean_the_default_and_an_empty_host_list_is_refused() {
+        let c = load(&[TOKEN, ("REDIS_URL", ""), ("LISTEN_ADDR", " ")]).expect("config");
+        assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
+        assert!(matches!(
+            load(&[("SCRIPT_RUNNER_TOKEN", "")]),
+            Err(ConfigError::MissingToken)
+        ));
+        assert!(matches!(
+            load(&[TOKEN, ("ALLOWED_HOSTS", " , ")]),
+            Err(ConfigError::NoAllowedHosts)
+        ));
     }
 
     #[test]

@@ -63,7 +63,9 @@ pub enum ToolError {
         "no task with id {0}: it was never created here, or its record expired after the retention period"
     )]
     UnknownTask(String),
-    #[error("the queue is full ({0} tasks waiting); wait for some to finish and try again")]
+    #[error(
+        "the service is at capacity ({0} tasks queued or running); wait for some to finish and try again"
+    )]
     QueueFull(u64),
     #[error("{0}; try again shortly")]
     Store(#[from] StoreError),

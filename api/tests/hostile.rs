@@ -73,6 +73,7 @@ unshare -r true 2>/dev/null && echo "unshare: ALLOWED" || echo "unshare: denied"
 touch /pwned 2>/dev/null && echo "write-root: ALLOWED" || echo "write-root: denied"
 chmod u+s /bin/sh 2>/dev/null && echo "chmod-suid: ALLOWED" || echo "chmod-suid: denied"
 ls /var/run/docker.sock 2>/dev/null && echo "docker-socket: PRESENT" || echo "docker-socket: absent"
+mkdir -p "$HOME/.local/lib" && touch /workspace/w /tmp/t && echo "home, workspace, tmp: writable"
 "#;
 
 #[tokio::test]
@@ -272,7 +273,8 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     assert_eq!(
         privileges["stdout_tail"],
         "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nuid=65534\nmount: denied\nunshare: denied\n\
-         write-root: denied\nchmod-suid: denied\ndocker-socket: absent\n",
+         write-root: denied\nchmod-suid: denied\ndocker-socket: absent\n\
+         home, workspace, tmp: writable\n",
         "{privileges}"
     );
 

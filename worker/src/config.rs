@@ -79,7 +79,8 @@ impl Config {
     }
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        let var = |name: &str| get(name);
+        // A variable set to blank counts as unset, as in most shells' `.env` use.
+        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
         let cpus_default = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);

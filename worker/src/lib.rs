@@ -180,6 +180,9 @@ async fn recover(
         .read_jobs(&mut conn, 10_000, READ_BLOCK, true)
         .await?;
     for job in pending {
+        // Whatever the previous run extracted for this task is stale.
+        let src = ctx.config.tasks_dir.join(&job.task_id);
+        let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
         match ctx.queue.state(&job.task_id).await? {
             TaskStateReply::State(TaskState::Queued) => {
                 let permit = slots
