@@ -5,8 +5,9 @@
 # Python SDK and pytest (pip, into .venv), and the runtime image the tasks run in
 # (built locally by scripts/build-test-image.sh). Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
-#   2. cargo test: unit tests and the integration suite (real Redis started per
-#      test on a free port, real Docker engine, the rmcp client)
+#   2. cargo test: unit tests and the integration suites in api/tests (real Redis
+#      started per test on a free port, real Docker engine and host firewall, the
+#      rmcp client, worker processes killed and restarted)
 #   3. pytest tests/python: end to end through the official Python MCP SDK
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,8 @@ export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trix
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The recovery tests and the Python suite run the binaries as real processes.
+cargo build --bins
 # Two cores here: two test threads keep container counts sane.
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
-cargo build --bins
 .venv/bin/pytest -q tests/python

@@ -68,6 +68,10 @@ pub struct Config {
     pub zip_limits: ZipLimits,
     /// `TASK_RETENTION_SECONDS`: how long a finished task's record is kept.
     pub retention_seconds: u64,
+    /// `WORKER_HEARTBEAT_SECONDS`: how long a heartbeat lives (renewed three times
+    /// as often). A worker silent this long is suspected dead, and after as long
+    /// again other workers' reapers settle its tasks.
+    pub heartbeat_ttl: std::time::Duration,
     /// `SHUTDOWN_GRACE_SECONDS`: on SIGTERM, how long running tasks may go on
     /// before they are killed (and recorded as such).
     pub shutdown_grace: std::time::Duration,
@@ -200,6 +204,13 @@ impl Config {
                 60,
                 365 * 86_400,
             )?,
+            heartbeat_ttl: std::time::Duration::from_secs(parse_range(
+                "WORKER_HEARTBEAT_SECONDS",
+                var("WORKER_HEARTBEAT_SECONDS").as_deref(),
+                15,
+                1,
+                3600,
+            )?),
             shutdown_grace: std::time::Duration::from_secs(parse_range(
                 "SHUTDOWN_GRACE_SECONDS",
                 var("SHUTDOWN_GRACE_SECONDS").as_deref(),

@@ -117,16 +117,35 @@ async fn restore(rules: &str) -> Result<(), FirewallError> {
     Ok(())
 }
 
-/// Puts `-i bridge -j target` first in `chain` unless it is already there.
+/// Puts `-i bridge -j target` first in `chain` unless it is already there. Two
+/// workers starting at once can both insert it (check and insert are separate
+/// calls), so extra copies are then deleted: the end state is exactly one.
 async fn ensure_jump(chain: &str, bridge: &str, target: &str) -> Result<(), FirewallError> {
     let rule = ["-i", bridge, "-j", target];
     if iptables(&[&["-C", chain][..], &rule].concat())
         .await
-        .is_ok()
+        .is_err()
     {
-        return Ok(());
+        iptables(&[&["-I", chain, "1"][..], &rule].concat()).await?;
     }
-    iptables(&[&["-I", chain, "1"][..], &rule].concat()).await
+    let listing = iptables_output(&["-S", chain]).await?;
+    let wanted = format!("-A {chain} -i {bridge} -j {target}");
+    let copies = listing.lines().filter(|l| l.trim() == wanted).count();
+    for _ in 1..copies {
+        // Another worker may be deleting the same copy: a failure here is fine.
+        let _ = iptables(&[&["-D", chain][..], &rule].concat()).await;
+    }
+    Ok(())
+}
+
+async fn iptables_output(args: &[&str]) -> Result<String, FirewallError> {
+    let out = Command::new("iptables")
+        .arg("-w")
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| FirewallError::Spawn("iptables", e))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 async fn iptables(args: &[&str]) -> Result<(), FirewallError> {

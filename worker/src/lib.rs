@@ -7,6 +7,7 @@
 pub mod config;
 pub mod firewall;
 pub mod queue;
+pub mod reaper;
 pub mod runner;
 pub mod sandbox;
 pub mod workspace;
@@ -17,17 +18,15 @@ use std::time::Duration;
 
 use shared::task::Outcome;
 use shared::{ReasonKind, TaskState};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use config::Config;
 use queue::{Job, Queue, QueueError, TaskStateReply};
 use runner::{Ctx, retry};
 use sandbox::{Sandbox, SandboxError};
 
-/// How long a heartbeat lives; it is renewed three times as often.
-const HEARTBEAT_TTL: Duration = Duration::from_secs(15);
 /// How long one blocking read of the stream waits for a job.
 const READ_BLOCK: Duration = Duration::from_secs(2);
 
@@ -43,13 +42,35 @@ pub enum WorkerError {
     TasksDir { path: String, error: std::io::Error },
 }
 
+/// The worker's capacity: `WORKER_CONCURRENCY` slots, and the runners holding them.
+#[derive(Clone)]
+pub struct Slots {
+    free: Arc<Semaphore>,
+    runners: TaskTracker,
+}
+
+impl Slots {
+    /// Waits for a free slot.
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.free.clone().acquire_owned().await.ok()
+    }
+
+    /// Runs `job` in the background, holding `permit` until it is done.
+    fn spawn(&self, ctx: &Ctx, job: Job, permit: OwnedSemaphorePermit) {
+        let ctx = ctx.clone();
+        self.runners.spawn(async move {
+            runner::run_job(ctx, job).await;
+            drop(permit);
+        });
+    }
+}
+
 /// Runs until `shutdown` resolves. Then it takes no new job, gives running tasks
 /// `config.shutdown_grace` to finish, and kills (and records) the rest.
 pub async fn run(
     mut config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
-    let grace = config.shutdown_grace;
     config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
     let queue = Queue::new(
         &config.redis_url,
@@ -71,10 +92,10 @@ pub async fn run(
         config: Arc::new(config),
         abort: CancellationToken::new(),
     };
-    let slots = Arc::new(Semaphore::new(ctx.config.concurrency));
-    let mut tasks = JoinSet::new();
-    recover(&ctx, &slots, &mut tasks).await?;
-
+    let slots = Slots {
+        free: Arc::new(Semaphore::new(ctx.config.concurrency)),
+        runners: TaskTracker::new(),
+    };
     let stop = CancellationToken::new();
     tokio::spawn({
         let stop = stop.clone();
@@ -83,12 +104,10 @@ pub async fn run(
             stop.cancel();
         }
     });
-    let heartbeat = tokio::spawn(heartbeat(
-        queue.clone(),
-        slots.clone(),
-        ctx.config.concurrency,
-        stop.clone(),
-    ));
+    // Heartbeat first, so no reaper takes this worker for dead while it recovers.
+    let heartbeat = tokio::spawn(heartbeat(ctx.clone(), slots.clone(), stop.clone()));
+    recover(&ctx, &slots).await?;
+    let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
     tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
 
     let mut conn = None;
@@ -96,7 +115,7 @@ pub async fn run(
         // Take a job only with a free slot: jobs wait in the stream, where any other
         // worker with room can take them (backpressure).
         let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            p = slots.acquire() => match p { Some(p) => p, None => break },
             _ = stop.cancelled() => break,
         };
         let c = match conn.as_mut() {
@@ -117,11 +136,7 @@ pub async fn run(
         match jobs {
             Ok(jobs) => {
                 if let Some(job) = jobs.into_iter().next() {
-                    let ctx = ctx.clone();
-                    tasks.spawn(async move {
-                        runner::run_job(ctx, job).await;
-                        drop(permit);
-                    });
+                    slots.spawn(&ctx, job, permit);
                 }
             }
             Err(e) => {
@@ -130,28 +145,25 @@ pub async fn run(
                 pause(&stop).await;
             }
         }
-        // Reap finished runners so the set does not grow.
-        while tasks.try_join_next().is_some() {}
     }
 
+    let grace = ctx.config.shutdown_grace;
     tracing::info!(
-        running = tasks.len(),
+        running = slots.runners.len(),
         grace_seconds = grace.as_secs(),
         "worker stopping"
     );
-    if tokio::time::timeout(grace, drain(&mut tasks))
+    reaper.abort();
+    slots.runners.close();
+    if tokio::time::timeout(grace, slots.runners.wait())
         .await
         .is_err()
     {
         ctx.abort.cancel();
-        drain(&mut tasks).await;
+        slots.runners.wait().await;
     }
     heartbeat.abort();
     Ok(())
-}
-
-async fn drain(tasks: &mut JoinSet<()>) {
-    while tasks.join_next().await.is_some() {}
 }
 
 async fn pause(stop: &CancellationToken) {
@@ -162,15 +174,10 @@ async fn pause(stop: &CancellationToken) {
 }
 
 /// After a crash or restart: remove this worker's leftover containers, and settle
-/// the jobs it had read but not acknowledged. A job whose task was still queued
-/// is simply run; one whose task was running here is recorded as killed, since
-/// its container is gone.
-async fn recover(
-    ctx: &Ctx,
-    slots: &Arc<Semaphore>,
-    tasks: &mut JoinSet<()>,
-) -> Result<(), WorkerError> {
-    let orphans = ctx.sandbox.remove_orphans().await?;
+/// the jobs it had read but not acknowledged.
+async fn recover(ctx: &Ctx, slots: &Slots) -> Result<(), WorkerError> {
+    let me = ctx.queue.worker().to_owned();
+    let orphans = ctx.sandbox.remove_containers_of(&me).await?;
     if orphans > 0 {
         tracing::warn!(orphans, "removed task containers left by a previous run");
     }
@@ -180,51 +187,63 @@ async fn recover(
         .read_jobs(&mut conn, 10_000, READ_BLOCK, true)
         .await?;
     for job in pending {
-        // Whatever the previous run extracted for this task is stale.
-        let src = ctx.config.tasks_dir.join(&job.task_id);
-        let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
-        match ctx.queue.state(&job.task_id).await? {
-            TaskStateReply::State(TaskState::Queued) => {
-                let permit = slots
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| QueueError::Corrupt(job.task_id.clone(), "closed".into()))?;
-                let ctx = ctx.clone();
-                tasks.spawn(async move {
-                    runner::run_job(ctx, job).await;
-                    drop(permit);
-                });
-            }
-            TaskStateReply::State(TaskState::Running) => {
-                let outcome = Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted");
-                let state = ctx
-                    .queue
-                    .finish(&job.task_id, &outcome, ctx.config.retention_seconds)
-                    .await?;
-                tracing::warn!(task_id = %job.task_id, ?state, "task lost in a worker restart");
-                ctx.queue.ack(&job.entry_id).await?;
-            }
-            _ => ctx.queue.ack(&job.entry_id).await?,
-        }
+        settle(
+            ctx,
+            slots,
+            job,
+            &me,
+            Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted"),
+        )
+        .await?;
     }
     Ok(())
 }
 
-async fn heartbeat(
-    queue: Queue,
-    slots: Arc<Semaphore>,
-    concurrency: usize,
-    stop: CancellationToken,
-) {
-    let mut every = tokio::time::interval(HEARTBEAT_TTL / 3);
+/// Settles a job read but never finished by worker `owner` (this one before a
+/// restart, or a dead one): a task still queued is run here; one that was running
+/// ends with `lost`, since its container is gone; anything else is acknowledged.
+pub(crate) async fn settle(
+    ctx: &Ctx,
+    slots: &Slots,
+    job: Job,
+    owner: &str,
+    lost: Outcome,
+) -> Result<(), QueueError> {
+    // Whatever an earlier run extracted for this task is stale.
+    let src = ctx.config.tasks_dir.join(&job.task_id);
+    let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
+    match ctx.queue.state(&job.task_id).await? {
+        TaskStateReply::State(TaskState::Queued) => {
+            if let Some(permit) = slots.acquire().await {
+                slots.spawn(ctx, job, permit);
+            }
+        }
+        TaskStateReply::State(TaskState::Running) => {
+            let state = ctx
+                .queue
+                .finish_for(&job.task_id, owner, &lost, ctx.config.retention_seconds)
+                .await?;
+            tracing::warn!(task_id = %job.task_id, ?state, reason = %lost.reason, "in-flight task settled");
+            ctx.queue.ack(&job.entry_id).await?;
+        }
+        _ => ctx.queue.ack(&job.entry_id).await?,
+    }
+    Ok(())
+}
+
+async fn heartbeat(ctx: Ctx, slots: Slots, stop: CancellationToken) {
+    let ttl = ctx.config.heartbeat_ttl;
+    let mut every = tokio::time::interval(ttl / 3);
     loop {
         tokio::select! {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        let running = concurrency.saturating_sub(slots.available_permits());
-        if let Err(e) = queue.heartbeat(HEARTBEAT_TTL, running).await {
+        let running = ctx
+            .config
+            .concurrency
+            .saturating_sub(slots.free.available_permits());
+        if let Err(e) = ctx.queue.heartbeat(ttl, running).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
     }

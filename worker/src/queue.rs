@@ -165,16 +165,18 @@ impl Queue {
         Ok(())
     }
 
+    /// Runs a state script for `task_id` as worker `worker` (ARGV[1]).
     async fn state_script(
         &self,
         script: &Script,
         task_id: &str,
+        worker: &str,
         args: &[&[u8]],
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
         let mut inv = script.key(self.keys.task(task_id));
         inv.key(self.keys.task_zip(task_id));
-        inv.arg(&self.worker);
+        inv.arg(worker);
         for a in args {
             inv.arg(*a);
         }
@@ -184,7 +186,7 @@ impl Queue {
 
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
-        self.state_script(&Script::new(scripts::CLAIM), task_id, &[])
+        self.state_script(&Script::new(scripts::CLAIM), task_id, &self.worker, &[])
             .await
     }
 
@@ -197,6 +199,7 @@ impl Queue {
         self.state_script(
             &Script::new(scripts::STARTED),
             task_id,
+            &self.worker,
             &[container.as_bytes()],
         )
         .await
@@ -213,6 +216,7 @@ impl Queue {
         self.state_script(
             &Script::new(scripts::PROGRESS),
             task_id,
+            &self.worker,
             &[
                 p.stdout_tail,
                 p.stderr_tail,
@@ -231,11 +235,25 @@ impl Queue {
         outcome: &Outcome,
         retention_seconds: u64,
     ) -> Result<TaskStateReply, QueueError> {
+        self.finish_for(task_id, &self.worker, outcome, retention_seconds)
+            .await
+    }
+
+    /// Records the end of a task held by `worker`, which may be another (dead)
+    /// worker: the reaper settles a lost worker's tasks this way.
+    pub async fn finish_for(
+        &self,
+        task_id: &str,
+        worker: &str,
+        outcome: &Outcome,
+        retention_seconds: u64,
+    ) -> Result<TaskStateReply, QueueError> {
         let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
         let retention = retention_seconds.to_string();
         self.state_script(
             &Script::new(scripts::FINISH),
             task_id,
+            worker,
             &[
                 outcome.state.as_str().as_bytes(),
                 outcome.kind.as_str().as_bytes(),
@@ -281,6 +299,76 @@ impl Queue {
     pub async fn zip(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
         let mut conn = self.pool.get().await?;
         Ok(conn.get(self.keys.task_zip(task_id)).await?)
+    }
+
+    /// Every worker that registered and has not been forgotten.
+    pub async fn workers(&self) -> Result<Vec<String>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.smembers(self.keys.workers()).await?)
+    }
+
+    /// Whether `name`'s heartbeat is alive.
+    pub async fn is_alive(&self, name: &str) -> Result<bool, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.exists(self.keys.worker(name)).await?)
+    }
+
+    /// Moves up to 100 of `owner`'s unacknowledged jobs to this worker, if they
+    /// have been idle at least `min_idle` (so two reapers never both take one).
+    pub async fn claim_pending_of(
+        &self,
+        owner: &str,
+        min_idle: Duration,
+    ) -> Result<Vec<Job>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let jobs = self.keys.jobs();
+        let pending: redis::streams::StreamPendingCountReply = conn
+            .xpending_consumer_count(&jobs, WORKER_GROUP, "-", "+", 100, owner)
+            .await?;
+        if pending.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = pending.ids.into_iter().map(|p| p.id).collect();
+        let claimed: redis::streams::StreamClaimReply = conn
+            .xclaim(
+                &jobs,
+                WORKER_GROUP,
+                &self.worker,
+                min_idle.as_millis() as u64,
+                &ids,
+            )
+            .await?;
+        Ok(claimed
+            .ids
+            .into_iter()
+            .filter_map(|e| {
+                let task_id: Option<String> = e.get(JOB_TASK_ID);
+                task_id.map(|task_id| Job {
+                    entry_id: e.id,
+                    task_id,
+                })
+            })
+            .collect())
+    }
+
+    /// Removes a dead worker that holds no job any more from the group and the
+    /// registry. Returns false (and keeps it) while it still has pending jobs.
+    pub async fn forget_worker(&self, name: &str) -> Result<bool, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let pending: redis::streams::StreamPendingCountReply = conn
+            .xpending_consumer_count(self.keys.jobs(), WORKER_GROUP, "-", "+", 1, name)
+            .await?;
+        if !pending.ids.is_empty() {
+            return Ok(false);
+        }
+        let () = redis::pipe()
+            .xgroup_delconsumer(self.keys.jobs(), WORKER_GROUP, name)
+            .ignore()
+            .srem(self.keys.workers(), name)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(true)
     }
 
     /// Says this worker is alive, for ops and the reaper.

@@ -318,13 +318,12 @@ impl Sandbox {
         }
     }
 
-    /// Removes every task container this worker name owns: at start-up, whatever
-    /// is there was left by a previous run that died.
-    pub async fn remove_orphans(&self) -> Result<usize, SandboxError> {
-        let filters = HashMap::from([(
-            "label".to_owned(),
-            vec![format!("{LABEL_WORKER}={}", self.worker)],
-        )]);
+    /// Removes every task container on this host that worker `owner` started:
+    /// this worker's own at start-up (left by a previous run that died), or a dead
+    /// worker's that shared this Docker engine.
+    pub async fn remove_containers_of(&self, owner: &str) -> Result<usize, SandboxError> {
+        let filters =
+            HashMap::from([("label".to_owned(), vec![format!("{LABEL_WORKER}={owner}")])]);
         let opts = ListContainersOptionsBuilder::default()
             .all(true)
             .filters(&filters)

@@ -139,6 +139,8 @@ pub struct Options {
     pub extra_env: Vec<(&'static str, String)>,
     /// Listen on every interface (Redis and api), as a careless deployment would.
     pub bind_all: bool,
+    /// Start a worker in-process with the stack.
+    pub start_worker: bool,
 }
 
 impl Default for Options {
@@ -148,19 +150,24 @@ impl Default for Options {
             max_timeout_seconds: 120,
             extra_env: Vec::new(),
             bind_all: false,
+            start_worker: true,
         }
     }
 }
 
-/// Redis + worker + api, all real.
+/// Redis + worker(s) + api, all real.
 pub struct Stack {
     pub redis: Redis,
     pub url: String,
     pub prefix: String,
+    /// The name of the worker started with the stack.
     pub worker_name: String,
+    env: HashMap<String, String>,
     tasks_dir: std::path::PathBuf,
     stop: CancellationToken,
-    worker: Option<tokio::task::JoinHandle<()>>,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    /// Every worker name used, so their containers can be removed at the end.
+    worker_names: Vec<String>,
 }
 
 impl Stack {
@@ -176,7 +183,7 @@ impl Stack {
         let worker_name = format!("test-{}", &id[..12]);
         let tasks_dir = std::env::temp_dir().join(format!("sr-tasks-{id}"));
         let img = runtime_image();
-        let mut env: HashMap<&str, String> = HashMap::from([
+        let mut env: HashMap<String, String> = [
             ("SCRIPT_RUNNER_TOKEN", TOKEN.to_owned()),
             ("REDIS_URL", redis.url()),
             ("REDIS_KEY_PREFIX", prefix.clone()),
@@ -187,28 +194,22 @@ impl Stack {
             ),
             ("MAX_TIMEOUT_SECONDS", opts.max_timeout_seconds.to_string()),
             ("DEFAULT_TIMEOUT_SECONDS", "60".to_owned()),
-            ("WORKER_NAME", worker_name.clone()),
             ("WORKER_CONCURRENCY", opts.concurrency.to_string()),
             ("TASKS_DIR", tasks_dir.display().to_string()),
             ("SHUTDOWN_GRACE_SECONDS", "0".to_owned()),
-        ]);
-        env.extend(opts.extra_env.iter().cloned());
-        let lookup = |k: &str| env.get(k).cloned();
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        env.extend(
+            opts.extra_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone())),
+        );
 
         let stop = CancellationToken::new();
-        let worker_cfg = script_runner_worker::Config::from_lookup(lookup).expect("worker config");
-        let worker = tokio::spawn({
-            let stop = stop.clone();
-            async move {
-                if let Err(e) =
-                    script_runner_worker::run(worker_cfg, async move { stop.cancelled().await })
-                        .await
-                {
-                    panic!("worker failed: {e}");
-                }
-            }
-        });
-        let api_cfg = script_runner_api::Config::from_lookup(lookup).expect("api config");
+        let api_cfg =
+            script_runner_api::Config::from_lookup(|k| env.get(k).cloned()).expect("api config");
         let listener = tokio::net::TcpListener::bind((bind, 0))
             .await
             .expect("bind");
@@ -227,33 +228,97 @@ impl Stack {
                 .await;
             }
         });
-        let stack = Stack {
+        let mut stack = Stack {
             redis,
             url,
             prefix,
-            worker_name,
+            worker_name: worker_name.clone(),
+            env,
             tasks_dir,
             stop,
-            worker: Some(worker),
+            workers: Vec::new(),
+            worker_names: Vec::new(),
         };
-        // The worker is ready once it has registered its consumer group.
-        let client = stack.redis.client();
-        let jobs = format!("{}:jobs", stack.prefix);
+        if opts.start_worker {
+            stack.start_worker(&worker_name, &[]).await;
+        }
+        stack
+    }
+
+    /// The stack's environment with `extra` on top.
+    fn env_with(&self, name: &str, extra: &[(&str, &str)]) -> HashMap<String, String> {
+        let mut env = self.env.clone();
+        env.insert("WORKER_NAME".into(), name.to_owned());
+        env.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        env
+    }
+
+    /// Starts a worker in this process and waits until it heartbeats.
+    pub async fn start_worker(&mut self, name: &str, extra: &[(&str, &str)]) {
+        let env = self.env_with(name, extra);
+        let cfg = script_runner_worker::Config::from_lookup(|k| env.get(k).cloned())
+            .expect("worker config");
+        let stop = self.stop.clone();
+        self.workers.push(tokio::spawn(async move {
+            if let Err(e) =
+                script_runner_worker::run(cfg, async move { stop.cancelled().await }).await
+            {
+                panic!("worker failed: {e}");
+            }
+        }));
+        self.worker_names.push(name.to_owned());
+        self.wait_for_heartbeat(name).await;
+    }
+
+    /// Starts the worker binary as a child process (so a test can SIGKILL it) and
+    /// waits until it heartbeats. The binary comes from `cargo build --bins`.
+    pub async fn spawn_worker_process(&mut self, name: &str, extra: &[(&str, &str)]) -> Child {
+        let bin = std::env::var("SCRIPT_RUNNER_WORKER_BIN").unwrap_or_else(|_| {
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../target/debug/script-runner-worker"
+            )
+            .to_owned()
+        });
+        assert!(
+            std::path::Path::new(&bin).exists(),
+            "{bin} is missing: run `cargo build --bins` first"
+        );
+        let child = Command::new(&bin)
+            .env_clear()
+            .envs(self.env_with(name, extra))
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("worker binary starts");
+        if !self.worker_names.iter().any(|n| n == name) {
+            self.worker_names.push(name.to_owned());
+        }
+        self.wait_for_heartbeat(name).await;
+        child
+    }
+
+    pub async fn wait_for_heartbeat(&self, name: &str) {
+        let key = format!("{}:worker:{name}", self.prefix);
+        let client = self.redis.client();
         wait_until(
-            "the worker to create its consumer group",
+            &format!("worker {name} to heartbeat"),
             Duration::from_secs(30),
             || {
-                let (client, jobs) = (client.clone(), jobs.clone());
+                let (client, key) = (client.clone(), key.clone());
                 async move {
                     let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                    let groups: redis::streams::StreamInfoGroupsReply =
-                        c.xinfo_groups(&jobs).await.ok()?;
-                    (!groups.groups.is_empty()).then_some(())
+                    let alive: bool = c.exists(&key).await.ok()?;
+                    alive.then_some(())
                 }
             },
         )
         .await;
-        stack
     }
 
     pub async fn client(&self) -> Client {
@@ -270,10 +335,10 @@ impl Stack {
             .expect("redis")
     }
 
-    /// Stops the worker (killing its containers) and the api.
+    /// Stops the workers (killing their containers) and the api.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        if let Some(w) = self.worker.take() {
+        for w in self.workers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(30), w).await;
         }
     }
@@ -283,28 +348,30 @@ impl Drop for Stack {
     fn drop(&mut self) {
         self.stop.cancel();
         // A failed test may drop the stack with containers still running; remove
-        // them by the worker's label so they do not outlive the test.
-        let ids = Command::new("docker")
-            .args([
-                "ps",
-                "-aq",
-                "--filter",
-                &format!("label=script-runner.worker={}", self.worker_name),
-            ])
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .split_whitespace()
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        if !ids.is_empty() {
-            let _ = Command::new("docker")
-                .args(["rm", "-f"])
-                .args(&ids)
-                .stdout(Stdio::null())
-                .status();
+        // them by their workers' label so they do not outlive the test.
+        for name in &self.worker_names {
+            let ids = Command::new("docker")
+                .args([
+                    "ps",
+                    "-aq",
+                    "--filter",
+                    &format!("label=script-runner.worker={name}"),
+                ])
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            if !ids.is_empty() {
+                let _ = Command::new("docker")
+                    .args(["rm", "-f"])
+                    .args(&ids)
+                    .stdout(Stdio::null())
+                    .status();
+            }
         }
         let _ = std::fs::remove_dir_all(&self.tasks_dir);
     }

@@ -1,0 +1,205 @@
+//! Crash recovery with real processes: a worker is SIGKILLed mid-task, and either
+//! comes back under its name or is replaced by another worker's reaper. No task is
+//! lost, every in-flight task gets a final state, and no container is left behind.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use redis::AsyncCommands;
+use serde_json::json;
+
+fn containers_of_task(task_id: &str) -> String {
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=script-runner.task={task_id}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+async fn wait_container_gone(task_id: &str) {
+    wait_until(
+        "the task's container to be removed",
+        Duration::from_secs(30),
+        || async { containers_of_task(task_id).is_empty().then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let fast_heartbeat = [
+        ("WORKER_HEARTBEAT_SECONDS", "1"),
+        ("WORKER_CONCURRENCY", "1"),
+    ];
+    let mut doomed = stack.spawn_worker_process("doomed", &fast_heartbeat).await;
+
+    let running = run(&client, "python3.13", "echo working; sleep 300", json!({})).await;
+    wait_status(
+        &client,
+        &running,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "working\n",
+    )
+    .await;
+    // Its only slot is taken: this one waits in the stream.
+    let waiting = run(&client, "python3.13", "echo second", json!({})).await;
+    assert_eq!(status(&client, &waiting).await["state"], "queued");
+
+    doomed.kill().expect("SIGKILL the worker");
+    let _ = doomed.wait();
+    assert!(
+        !containers_of_task(&running).is_empty(),
+        "the orphan container should outlive its worker"
+    );
+
+    stack
+        .start_worker("rescuer", &[("WORKER_HEARTBEAT_SECONDS", "1")])
+        .await;
+    let lost = wait_status(
+        &client,
+        &running,
+        "the lost task to be settled",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(lost["state"], "killed", "{lost}");
+    assert_eq!(lost["reason"], "worker lost");
+    let second = wait_status(
+        &client,
+        &waiting,
+        "the queued task to run",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(
+        (second["state"].as_str(), second["stdout_tail"].as_str()),
+        (Some("succeeded"), Some("second\n"))
+    );
+    // Same Docker engine: the rescuer removed what the dead worker left.
+    wait_container_gone(&running).await;
+    // And forgot the dead worker once it held nothing.
+    let redis = stack.redis.client();
+    let workers_key = format!("{}:workers", stack.prefix);
+    wait_until(
+        "the dead worker to be forgotten",
+        Duration::from_secs(30),
+        || {
+            let (redis, key) = (redis.clone(), workers_key.clone());
+            async move {
+                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+                let members: Vec<String> = c.smembers(&key).await.ok()?;
+                (!members.iter().any(|m| m == "doomed")).then_some(())
+            }
+        },
+    )
+    .await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_restarted_worker_marks_its_in_flight_tasks_killed_and_removes_their_containers() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let mut worker = stack.spawn_worker_process("phoenix", &[]).await;
+    let id = run(&client, "python3.13", "echo up; sleep 300", json!({})).await;
+    wait_status(
+        &client,
+        &id,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "up\n",
+    )
+    .await;
+
+    worker.kill().expect("SIGKILL the worker");
+    let _ = worker.wait();
+    let mut worker = stack.spawn_worker_process("phoenix", &[]).await;
+
+    let s = wait_status(
+        &client,
+        &id,
+        "the task to be settled",
+        Duration::from_secs(30),
+        is_final,
+    )
+    .await;
+    assert_eq!(s["state"], "killed", "{s}");
+    assert_eq!(s["reason"], "worker restarted");
+    wait_container_gone(&id).await;
+    // The restarted worker takes new work as usual.
+    let next = run_to_end(&client, "python3.13", "echo back", json!({})).await;
+    assert_eq!(next["stdout_tail"], "back\n");
+    let _ = worker.kill();
+    let _ = worker.wait();
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let worker = stack
+        .spawn_worker_process("leaver", &[("SHUTDOWN_GRACE_SECONDS", "1")])
+        .await;
+    let id = run(&client, "python3.13", "echo up; sleep 300", json!({})).await;
+    wait_status(
+        &client,
+        &id,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "up\n",
+    )
+    .await;
+
+    let pid = worker.id().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let s = wait_status(
+        &client,
+        &id,
+        "the task to be stopped",
+        Duration::from_secs(30),
+        is_final,
+    )
+    .await;
+    assert_eq!(s["state"], "killed", "{s}");
+    assert_eq!(s["reason"], "worker shut down before the task finished");
+    wait_container_gone(&id).await;
+    let mut worker = worker;
+    let exit = tokio::task::spawn_blocking(move || worker.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(
+        exit.success(),
+        "the worker should exit cleanly after SIGTERM: {exit}"
+    );
+    stack.shutdown().await;
+}

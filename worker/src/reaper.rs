@@ -1,0 +1,82 @@
+//! The reaper: settles the jobs of workers that died and never came back.
+//!
+//! Every worker runs one. A worker whose heartbeat key has been gone for a full
+//! heartbeat period (seen continuously by this reaper, so a Redis outage that
+//! expired every heartbeat at once does not condemn live workers) is dead: its
+//! unacknowledged jobs are claimed here with `XCLAIM` (with a minimum idle time,
+//! so two reapers never both take one) and settled like a restart would:
+//! a task that was still queued runs here; one that was running is recorded as
+//! killed, "worker lost", since its container went with its worker. Containers the
+//! dead worker left on this host's engine are removed; then it is forgotten.
+//!
+//! Deadlines need nothing more: a live worker enforces its own tasks' timeouts,
+//! and a dead worker's running tasks end here.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use shared::ReasonKind;
+use shared::task::Outcome;
+use tokio_util::sync::CancellationToken;
+
+use crate::queue::QueueError;
+use crate::runner::Ctx;
+use crate::{Slots, settle};
+
+pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
+    let ttl = ctx.config.heartbeat_ttl;
+    let mut suspects: HashMap<String, Instant> = HashMap::new();
+    let mut every = tokio::time::interval((ttl / 3).max(Duration::from_millis(500)));
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = reap(&ctx, &slots, &mut suspects, ttl).await {
+            tracing::warn!(error = %e, "reaper pass failed");
+        }
+    }
+}
+
+async fn reap(
+    ctx: &Ctx,
+    slots: &Slots,
+    suspects: &mut HashMap<String, Instant>,
+    ttl: Duration,
+) -> Result<(), QueueError> {
+    let me = ctx.queue.worker().to_owned();
+    let mut seen_dead = Vec::new();
+    for name in ctx.queue.workers().await? {
+        if name == me || ctx.queue.is_alive(&name).await? {
+            continue;
+        }
+        let since = *suspects.entry(name.clone()).or_insert_with(Instant::now);
+        seen_dead.push(name.clone());
+        if since.elapsed() < ttl {
+            continue;
+        }
+        let jobs = ctx.queue.claim_pending_of(&name, ttl).await?;
+        if !jobs.is_empty() {
+            tracing::warn!(worker = %name, jobs = jobs.len(), "settling the jobs of a lost worker");
+        }
+        for job in jobs {
+            let lost = Outcome::killed(ReasonKind::WorkerLost, "worker lost");
+            settle(ctx, slots, job, &name, lost).await?;
+        }
+        match ctx.sandbox.remove_containers_of(&name).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::warn!(worker = %name, containers = n, "removed a lost worker's containers")
+            }
+            Err(e) => {
+                tracing::warn!(worker = %name, error = %e, "could not list a lost worker's containers")
+            }
+        }
+        if ctx.queue.forget_worker(&name).await? {
+            tracing::info!(worker = %name, "lost worker forgotten");
+        }
+    }
+    // A worker that came back (or was forgotten) is no longer a suspect.
+    suspects.retain(|name, _| seen_dead.contains(name));
+    Ok(())
+}
