@@ -203,3 +203,87 @@ async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed()
     );
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_stopping_worker_keeps_heartbeating_so_its_grace_period_is_honoured() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let quick = [
+        ("WORKER_HEARTBEAT_SECONDS", "1"),
+        ("SHUTDOWN_GRACE_SECONDS", "30"),
+        ("WORKER_CONCURRENCY", "1"),
+    ];
+    let leaving = stack.spawn_worker_process("leaving", &quick).await;
+    let id = run(
+        &client,
+        "python3.13",
+        "echo up; sleep 4; echo done",
+        json!({}),
+    )
+    .await;
+    wait_status(
+        &client,
+        &id,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "up\n",
+    )
+    .await;
+    // Another worker's reaper watches while the first one drains.
+    stack
+        .start_worker("watcher", &[("WORKER_HEARTBEAT_SECONDS", "1")])
+        .await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &leaving.id().to_string()])
+        .status();
+    assert!(term.is_ok_and(|s| s.success()));
+    let s = wait_status(
+        &client,
+        &id,
+        "the task to finish",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(
+        s["state"], "succeeded",
+        "the reaper took a draining worker for dead: {s}"
+    );
+    assert_eq!(s["stdout_tail"], "up\ndone\n");
+    let mut leaving = leaving;
+    let exit = tokio::task::spawn_blocking(move || leaving.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(exit.success());
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn leftover_files_of_ended_tasks_are_collected_and_nothing_else_is_touched() {
+    let stack = Stack::start(Options {
+        extra_env: vec![("WORKER_HEARTBEAT_SECONDS", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let stale = stack.tasks_dir().join(uuid::Uuid::new_v4().to_string());
+    std::fs::create_dir_all(stale.join("sub")).expect("stale dir");
+    std::fs::write(stale.join("sub/file.py"), "print(1)").expect("stale file");
+    let foreign = stack.tasks_dir().join("not-a-task");
+    std::fs::create_dir_all(&foreign).expect("foreign dir");
+    wait_until(
+        "the stale task files to be removed",
+        Duration::from_secs(30),
+        || async { (!stale.exists()).then_some(()) },
+    )
+    .await;
+    assert!(
+        foreign.exists(),
+        "a directory that is not a task's was removed"
+    );
+    stack.shutdown().await;
+}

@@ -104,8 +104,14 @@ pub async fn run(
             stop.cancel();
         }
     });
-    // Heartbeat first, so no reaper takes this worker for dead while it recovers.
-    let heartbeat = tokio::spawn(heartbeat(ctx.clone(), slots.clone(), stop.clone()));
+    // Heartbeat first, so no reaper takes this worker for dead while it recovers;
+    // and last, so none does while its tasks use their shutdown grace period.
+    let heartbeat_stop = CancellationToken::new();
+    let heartbeat = tokio::spawn(heartbeat(
+        ctx.clone(),
+        slots.clone(),
+        heartbeat_stop.clone(),
+    ));
     recover(&ctx, &slots).await?;
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
     tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
@@ -162,7 +168,8 @@ pub async fn run(
         ctx.abort.cancel();
         slots.runners.wait().await;
     }
-    heartbeat.abort();
+    heartbeat_stop.cancel();
+    let _ = heartbeat.await;
     Ok(())
 }
 

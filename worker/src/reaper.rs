@@ -11,6 +11,10 @@
 //!
 //! Deadlines need nothing more: a live worker enforces its own tasks' timeouts,
 //! and a dead worker's running tasks end here.
+//!
+//! It also collects garbage in `TASKS_DIR`: the extracted zip of a task that is
+//! no longer queued or running (left by a worker that died on this host and was
+//! settled from elsewhere) is removed. Task records expire by themselves (TTL).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,7 +23,7 @@ use shared::ReasonKind;
 use shared::task::Outcome;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::QueueError;
+use crate::queue::{QueueError, TaskStateReply};
 use crate::runner::Ctx;
 use crate::{Slots, settle};
 
@@ -34,6 +38,9 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
         }
         if let Err(e) = reap(&ctx, &slots, &mut suspects, ttl).await {
             tracing::warn!(error = %e, "reaper pass failed");
+        }
+        if let Err(e) = collect_garbage(&ctx).await {
+            tracing::warn!(error = %e, "TASKS_DIR clean-up failed");
         }
     }
 }
@@ -78,5 +85,37 @@ async fn reap(
     }
     // A worker that came back (or was forgotten) is no longer a suspect.
     suspects.retain(|name, _| seen_dead.contains(name));
+    Ok(())
+}
+
+/// Removes extracted zips of tasks that have ended (or whose record is gone).
+async fn collect_garbage(ctx: &Ctx) -> Result<(), QueueError> {
+    let dir = ctx.config.tasks_dir.clone();
+    let names = tokio::task::spawn_blocking(move || -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default();
+    for name in names {
+        // Only task ids are ours to judge; anything else in TASKS_DIR is left alone.
+        if uuid::Uuid::parse_str(&name).is_err() {
+            continue;
+        }
+        let ended = match ctx.queue.state(&name).await? {
+            TaskStateReply::Missing => true,
+            TaskStateReply::State(s) => s.is_terminal(),
+        };
+        if ended {
+            let path = ctx.config.tasks_dir.join(&name);
+            tracing::info!(task_id = %name, "removing a finished task's leftover files");
+            let _ = tokio::task::spawn_blocking(move || crate::workspace::remove(&path)).await;
+        }
+    }
     Ok(())
 }

@@ -245,6 +245,11 @@ impl Stack {
         stack
     }
 
+    /// The workers' TASKS_DIR.
+    pub fn tasks_dir(&self) -> &std::path::Path {
+        &self.tasks_dir
+    }
+
     /// The stack's environment with `extra` on top.
     fn env_with(&self, name: &str, extra: &[(&str, &str)]) -> HashMap<String, String> {
         let mut env = self.env.clone();
