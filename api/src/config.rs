@@ -111,7 +111,6 @@ impl Config {
                 max: max_timeout_seconds,
             });
         }
-        let defaults = ZipLimits::default();
         Ok(Config {
             token,
             redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
@@ -147,23 +146,10 @@ impl Config {
                 1,
                 256 << 20,
             )? as usize,
-            zip_limits: ZipLimits {
-                max_entries: parse_range(
-                    "ZIP_MAX_ENTRIES",
-                    var("ZIP_MAX_ENTRIES").as_deref(),
-                    defaults.max_entries as u64,
-                    1,
-                    1_000_000,
-                )? as usize,
-                max_expanded_bytes: parse_range(
-                    "ZIP_MAX_EXPANDED_BYTES",
-                    var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
-                    defaults.max_expanded_bytes,
-                    1,
-                    1 << 40,
-                )?,
-                max_ratio: defaults.max_ratio,
-            },
+            zip_limits: ZipLimits::from_env_values(
+                var("ZIP_MAX_ENTRIES").as_deref(),
+                var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
+            )?,
             max_queued_tasks: parse_range(
                 "MAX_QUEUED_TASKS",
                 var("MAX_QUEUED_TASKS").as_deref(),

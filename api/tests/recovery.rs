@@ -10,28 +10,6 @@ use common::*;
 use redis::AsyncCommands;
 use serde_json::json;
 
-fn containers_of_task(task_id: &str) -> String {
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=script-runner.task={task_id}"),
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-async fn wait_container_gone(task_id: &str) {
-    wait_until(
-        "the task's container to be removed",
-        Duration::from_secs(30),
-        || async { containers_of_task(task_id).is_empty().then_some(()) },
-    )
-    .await;
-}
-
 #[tokio::test]
 async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() {
     let mut stack = Stack::start(Options {
@@ -46,15 +24,7 @@ async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() 
     ];
     let mut doomed = stack.spawn_worker_process("doomed", &fast_heartbeat).await;
 
-    let running = run(&client, "python3.13", "echo working; sleep 300", json!({})).await;
-    wait_status(
-        &client,
-        &running,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "working\n",
-    )
-    .await;
+    let running = start_sleeper(&client, "working").await;
     // Its only slot is taken: this one waits in the stream.
     let waiting = run(&client, "python3.13", "echo second", json!({})).await;
     assert_eq!(status(&client, &waiting).await["state"], "queued");
@@ -121,15 +91,7 @@ async fn a_restarted_worker_marks_its_in_flight_tasks_killed_and_removes_their_c
     .await;
     let client = stack.client().await;
     let mut worker = stack.spawn_worker_process("phoenix", &[]).await;
-    let id = run(&client, "python3.13", "echo up; sleep 300", json!({})).await;
-    wait_status(
-        &client,
-        &id,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "up\n",
-    )
-    .await;
+    let id = start_sleeper(&client, "up").await;
 
     worker.kill().expect("SIGKILL the worker");
     let _ = worker.wait();
@@ -165,15 +127,7 @@ async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed()
     let worker = stack
         .spawn_worker_process("leaver", &[("SHUTDOWN_GRACE_SECONDS", "1")])
         .await;
-    let id = run(&client, "python3.13", "echo up; sleep 300", json!({})).await;
-    wait_status(
-        &client,
-        &id,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "up\n",
-    )
-    .await;
+    let id = start_sleeper(&client, "up").await;
 
     let pid = worker.id().to_string();
     let term = std::process::Command::new("kill")

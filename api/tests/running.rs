@@ -185,15 +185,7 @@ async fn a_task_past_its_timeout_ends_timed_out_and_large_timeouts_are_capped() 
 async fn kill_task_stops_a_running_task() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
-    let id = run(&client, "python3.13", "echo up; sleep 300", json!({})).await;
-    wait_status(
-        &client,
-        &id,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "up\n",
-    )
-    .await;
+    let id = start_sleeper(&client, "up").await;
 
     let k = call_ok(&client, "kill_task", json!({ "task_id": id })).await;
     assert_eq!(
@@ -204,19 +196,7 @@ async fn kill_task_stops_a_running_task() {
     assert_eq!(s["state"], "killed");
     assert_eq!(s["reason"], "killed by kill_task");
     // The container really goes away, not just the record.
-    let label = format!("label=script-runner.task={id}");
-    wait_until(
-        "the container to be removed",
-        Duration::from_secs(30),
-        || async {
-            let out = std::process::Command::new("docker")
-                .args(["ps", "-aq", "--filter", &label])
-                .output()
-                .ok()?;
-            out.stdout.iter().all(u8::is_ascii_whitespace).then_some(())
-        },
-    )
-    .await;
+    wait_container_gone(&id).await;
     // Killing again is not an error, and changes nothing.
     let again = call_ok(&client, "kill_task", json!({ "task_id": id })).await;
     assert_eq!(
@@ -242,15 +222,7 @@ async fn kill_task_on_a_queued_task_means_it_never_starts() {
     })
     .await;
     let client = stack.client().await;
-    let blocker = run(&client, "python3.13", "echo busy; sleep 300", json!({})).await;
-    wait_status(
-        &client,
-        &blocker,
-        "the blocker to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "busy\n",
-    )
-    .await;
+    let blocker = start_sleeper(&client, "busy").await;
     let queued = run(&client, "python3.13", "echo should-never-run", json!({})).await;
     assert_eq!(status(&client, &queued).await["state"], "queued");
 

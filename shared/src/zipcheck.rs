@@ -31,6 +31,36 @@ impl Default for ZipLimits {
     }
 }
 
+impl ZipLimits {
+    /// `ZIP_MAX_ENTRIES` and `ZIP_MAX_EXPANDED_BYTES` (raw values, `None` when
+    /// unset), which api and worker both read: the api checks at submit, the
+    /// worker again at extraction.
+    pub fn from_env_values(
+        max_entries: Option<&str>,
+        max_expanded_bytes: Option<&str>,
+    ) -> Result<ZipLimits, crate::envvar::VarError> {
+        use crate::envvar::parse_range;
+        let d = ZipLimits::default();
+        Ok(ZipLimits {
+            max_entries: parse_range(
+                "ZIP_MAX_ENTRIES",
+                max_entries,
+                d.max_entries as u64,
+                1,
+                1_000_000,
+            )? as usize,
+            max_expanded_bytes: parse_range(
+                "ZIP_MAX_EXPANDED_BYTES",
+                max_expanded_bytes,
+                d.max_expanded_bytes,
+                1,
+                1 << 40,
+            )?,
+            max_ratio: d.max_ratio,
+        })
+    }
+}
+
 /// Why an archive was refused. Messages are shown to the client as they are.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ZipError {

@@ -111,7 +111,6 @@ impl Config {
             )
             .into());
         }
-        let defaults = ZipLimits::default();
         Ok(Config {
             redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             keys: Keys::new(var("REDIS_KEY_PREFIX").unwrap_or_else(|| Keys::DEFAULT_PREFIX.into())),
@@ -180,23 +179,10 @@ impl Config {
                 },
                 blocked_cidrs: parse_list(var("TASK_BLOCKED_CIDRS").as_deref(), ""),
             },
-            zip_limits: ZipLimits {
-                max_entries: parse_range(
-                    "ZIP_MAX_ENTRIES",
-                    var("ZIP_MAX_ENTRIES").as_deref(),
-                    defaults.max_entries as u64,
-                    1,
-                    1_000_000,
-                )? as usize,
-                max_expanded_bytes: parse_range(
-                    "ZIP_MAX_EXPANDED_BYTES",
-                    var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
-                    defaults.max_expanded_bytes,
-                    1,
-                    1 << 40,
-                )?,
-                max_ratio: defaults.max_ratio,
-            },
+            zip_limits: ZipLimits::from_env_values(
+                var("ZIP_MAX_ENTRIES").as_deref(),
+                var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
+            )?,
             retention_seconds: parse_range(
                 "TASK_RETENTION_SECONDS",
                 var("TASK_RETENTION_SECONDS").as_deref(),

@@ -128,7 +128,7 @@ async fn ensure_jump(chain: &str, bridge: &str, target: &str) -> Result<(), Fire
     {
         iptables(&[&["-I", chain, "1"][..], &rule].concat()).await?;
     }
-    let listing = iptables_output(&["-S", chain]).await?;
+    let listing = iptables(&["-S", chain]).await?;
     let wanted = format!("-A {chain} -i {bridge} -j {target}");
     let copies = listing.lines().filter(|l| l.trim() == wanted).count();
     for _ in 1..copies {
@@ -138,17 +138,8 @@ async fn ensure_jump(chain: &str, bridge: &str, target: &str) -> Result<(), Fire
     Ok(())
 }
 
-async fn iptables_output(args: &[&str]) -> Result<String, FirewallError> {
-    let out = Command::new("iptables")
-        .arg("-w")
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| FirewallError::Spawn("iptables", e))?;
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-async fn iptables(args: &[&str]) -> Result<(), FirewallError> {
+/// Runs `iptables -w args`; its stdout on success.
+async fn iptables(args: &[&str]) -> Result<String, FirewallError> {
     let out = Command::new("iptables")
         .arg("-w")
         .args(args)
@@ -156,7 +147,7 @@ async fn iptables(args: &[&str]) -> Result<(), FirewallError> {
         .await
         .map_err(|e| FirewallError::Spawn("iptables", e))?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(FirewallError::Failed {
             cmd: format!("iptables {}", args.join(" ")),

@@ -490,3 +490,48 @@ pub fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
     }
     w.finish().expect("zip").into_inner()
 }
+
+/// Starts `echo <marker>; sleep 300` and waits until it is running and has
+/// printed the marker.
+pub async fn start_sleeper(client: &Client, marker: &str) -> String {
+    let id = run(
+        client,
+        "python3.13",
+        &format!("echo {marker}; sleep 300"),
+        json!({}),
+    )
+    .await;
+    let expected = format!("{marker}\n");
+    wait_status(
+        client,
+        &id,
+        "the sleeper to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == expected.as_str(),
+    )
+    .await;
+    id
+}
+
+/// Ids of the containers (any state) labelled with this task.
+pub fn containers_of_task(task_id: &str) -> String {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--filter",
+            &format!("label=script-runner.task={task_id}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+pub async fn wait_container_gone(task_id: &str) {
+    wait_until(
+        "the task's container to be removed",
+        Duration::from_secs(30),
+        || async { containers_of_task(task_id).is_empty().then_some(()) },
+    )
+    .await;
+}
