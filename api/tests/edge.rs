@@ -221,3 +221,33 @@ async fn healthz_is_503_with_a_reason_while_redis_is_down() {
     assert!(text.contains("Redis"), "{text}");
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_zip_over_the_compressed_size_cap_is_refused_with_both_sizes() {
+    let stack = Stack::start(Options {
+        extra_env: vec![("MAX_ZIP_BYTES", "1000".into())],
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    // Incompressible text (xorshift), so the zip stays larger than the cap.
+    let mut x: u32 = 2_463_534_242;
+    let noise: String = (0..4000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    let zip = zip_of(&[("big.txt", &noise)]);
+    let args =
+        json!({ "runtime": "python3.13", "command_base64": b64("true"), "zip_base64": b64(&zip) });
+    let msg = call_err(&client, "run_script", args).await;
+    assert_eq!(
+        msg,
+        format!("the zip is {} bytes; at most 1000 are allowed", zip.len())
+    );
+    assert_no_task_created(&stack).await;
+    stack.shutdown().await;
+}

@@ -66,7 +66,16 @@ threading.Event().wait()
 ""#;
 
 const PRIVILEGES: &str = r#"
-grep -E '^(CapEff|NoNewPrivs)' /proc/self/status
+grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
+echo "nofile=$(ulimit -n)"
+echo "cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)")"
+if [ -f /sys/fs/cgroup/memory.max ]; then
+  echo "memory=$(cat /sys/fs/cgroup/memory.max) swap=$(cat /sys/fs/cgroup/memory.swap.max)"
+else
+  m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
+  s=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/null) && s=$((s - m)) || s=unaccounted
+  echo "memory=$m swap=$s"
+fi
 echo "uid=$(id -u)"
 mount -t tmpfs none /mnt 2>/dev/null && echo "mount: ALLOWED" || echo "mount: denied"
 unshare -r true 2>/dev/null && echo "unshare: ALLOWED" || echo "unshare: denied"
@@ -272,7 +281,8 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     // Privileges.
     assert_eq!(
         privileges["stdout_tail"],
-        "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nuid=65534\nmount: denied\nunshare: denied\n\
+        "CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nnofile=1024\ncpu=50000 100000\n\
+         memory=268435456 swap=0\nuid=65534\nmount: denied\nunshare: denied\n\
          write-root: denied\nchmod-suid: denied\ndocker-socket: absent\n\
          home, workspace, tmp: writable\n",
         "{privileges}"

@@ -249,6 +249,36 @@ mod tests {
         );
     }
 
+    /// Rewrites the first central-directory entry as made on Unix with `mode`
+    /// (the writer will not produce device entries itself).
+    fn with_unix_mode(mut zip: Vec<u8>, mode: u32) -> Vec<u8> {
+        let at = zip
+            .windows(4)
+            .position(|w| w == [0x50, 0x4b, 0x01, 0x02])
+            .expect("central directory");
+        zip[at + 5] = 3; // version made by: Unix
+        zip[at + 38..at + 42].copy_from_slice(&(mode << 16).to_le_bytes());
+        zip
+    }
+
+    #[test]
+    fn devices_and_fifos_are_refused() {
+        for (mode, what) in [
+            (0o020_644, "char device"),
+            (0o060_644, "block device"),
+            (0o010_644, "fifo"),
+        ] {
+            let z = with_unix_mode(build(&[("dev", b"")]), mode);
+            assert_eq!(
+                check_zip(&z, &ZipLimits::default()),
+                Err(ZipError::SpecialFile("dev".into())),
+                "{what} accepted"
+            );
+        }
+        let regular = with_unix_mode(build(&[("file", b"x")]), 0o100_644);
+        assert!(check_zip(&regular, &ZipLimits::default()).is_ok());
+    }
+
     #[test]
     fn caps_on_entries_size_and_ratio_hold() {
         let limits = ZipLimits {
