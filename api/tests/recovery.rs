@@ -241,3 +241,52 @@ async fn leftover_files_of_ended_tasks_are_collected_and_nothing_else_is_touched
     );
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_redis_outage_mid_task_loses_nothing_and_the_api_says_so_meanwhile() {
+    let mut stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let id = run(
+        &client,
+        "python3.13",
+        "echo before; sleep 4; echo after",
+        json!({}),
+    )
+    .await;
+    wait_status(
+        &client,
+        &id,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "before\n",
+    )
+    .await;
+
+    stack.redis.stop();
+    // While Redis is down the api answers with an error result, not a hang or a crash.
+    let msg = call_err(&client, "get_task_status", json!({ "task_id": id })).await;
+    assert!(msg.contains("Redis") && msg.contains("try again"), "{msg}");
+    let health = reqwest::get(format!("{}/healthz", stack.url))
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 503);
+    // The task ends during the outage: its container exits and is removed while
+    // the worker cannot record anything.
+    wait_container_gone(&id).await;
+    stack.redis.restart().await;
+
+    let s = wait_status(
+        &client,
+        &id,
+        "the result to be recorded",
+        Duration::from_secs(90),
+        is_final,
+    )
+    .await;
+    assert_eq!(s["state"], "succeeded", "{s}");
+    assert_eq!(s["stdout_tail"], "before\nafter\n");
+    // And the worker takes new work again.
+    let next = run_to_end(&client, "python3.13", "echo again", json!({})).await;
+    assert_eq!(next["stdout_tail"], "again\n");
+    stack.shutdown().await;
+}

@@ -71,6 +71,14 @@ pub async fn run(
     mut config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown.await;
+            stop.cancel();
+        }
+    });
     config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
     let queue = Queue::new(
         &config.redis_url,
@@ -84,7 +92,8 @@ pub async fn run(
     } else {
         tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
     }
-    retry("create consumer group", || queue.ensure_group()).await?;
+    // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
+    retry("create consumer group", &stop, || queue.ensure_group()).await?;
 
     let ctx = Ctx {
         queue: queue.clone(),
@@ -96,14 +105,6 @@ pub async fn run(
         free: Arc::new(Semaphore::new(ctx.config.concurrency)),
         runners: TaskTracker::new(),
     };
-    let stop = CancellationToken::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            shutdown.await;
-            stop.cancel();
-        }
-    });
     // Heartbeat first, so no reaper takes this worker for dead while it recovers;
     // and last, so none does while its tasks use their shutdown grace period.
     let heartbeat_stop = CancellationToken::new();

@@ -44,28 +44,36 @@ pub async fn run_job(ctx: Ctx, job: Job) {
             return;
         }
     }
-    if let Err(e) = retry("ack", || ctx.queue.ack(&job.entry_id)).await {
+    if let Err(e) = retry("ack", &ctx.abort, || ctx.queue.ack(&job.entry_id)).await {
         tracing::error!(%task_id, error = %e, "could not acknowledge job");
     }
 }
 
 async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError> {
     let task_id = job.task_id.as_str();
-    match retry("claim", || ctx.queue.claim(task_id)).await? {
+    match retry("claim", &ctx.abort, || ctx.queue.claim(task_id)).await? {
         TaskStateReply::State(TaskState::Running) => {}
         other => {
             tracing::info!(task_id, ?other, "job skipped: task is not queued");
             return Ok(None);
         }
     }
-    let Some(spec) = retry("read task", || ctx.queue.task_spec(task_id)).await? else {
+    let Some(spec) = retry("read task", &ctx.abort, || ctx.queue.task_spec(task_id)).await? else {
         return Ok(None);
     };
     tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
-    let outcome = execute(ctx, task_id, &spec).await;
-    let reply = retry("finish", || {
-        ctx.queue
-            .finish(task_id, &outcome, ctx.config.retention_seconds)
+    let (outcome, tails) = execute(ctx, task_id, &spec).await;
+    // The container is gone by now: only the record is left to write, and it is
+    // worth waiting for Redis as long as this worker lives.
+    if let Some(tails) = &tails {
+        retry("publish output", &ctx.abort, || {
+            tails.send(&ctx.queue, task_id)
+        })
+        .await?;
+    }
+    let retention = ctx.config.retention_seconds;
+    let reply = retry("finish", &ctx.abort, || {
+        ctx.queue.finish(task_id, &outcome, retention)
     })
     .await?;
     Ok(match reply {
@@ -74,76 +82,60 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     })
 }
 
-/// Prepares, runs and cleans up; returns how the task ended.
-async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> Outcome {
-    let zip = if spec.has_zip {
-        match retry("read zip", || ctx.queue.zip(task_id)).await {
-            Ok(Some(z)) => Some(z),
-            Ok(None) => {
-                return Outcome::failed(
-                    ReasonKind::WorkspaceFailed,
-                    "the task's zip is no longer in the store",
-                );
-            }
-            Err(e) => {
-                return Outcome::failed(
-                    ReasonKind::WorkspaceFailed,
-                    format!("could not read the zip: {e}"),
-                );
-            }
+/// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
+/// output. Docker resources are released here whether or not Redis answers.
+async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<Tails>) {
+    let workspace_failed = |e: String| {
+        let reason = format!("could not prepare /workspace: {e}");
+        (Outcome::failed(ReasonKind::WorkspaceFailed, reason), None)
+    };
+    let source = if spec.has_zip {
+        let zip = match retry("read zip", &ctx.abort, || ctx.queue.zip(task_id)).await {
+            Ok(Some(zip)) => zip,
+            Ok(None) => return workspace_failed("the task's zip is no longer in the store".into()),
+            Err(e) => return workspace_failed(e.to_string()),
+        };
+        let (dir, id, limits) = (
+            ctx.config.tasks_dir.clone(),
+            task_id.to_owned(),
+            ctx.config.zip_limits,
+        );
+        let prepared =
+            tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, &zip, &limits)).await;
+        match prepared
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            Ok(src) => Some(src),
+            Err(e) => return workspace_failed(e),
         }
     } else {
         None
-    };
-    let source = match zip {
-        None => None,
-        Some(zip) => {
-            let (dir, id, limits) = (
-                ctx.config.tasks_dir.clone(),
-                task_id.to_owned(),
-                ctx.config.zip_limits,
-            );
-            let prepared =
-                tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, &zip, &limits))
-                    .await;
-            match prepared
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-            {
-                Ok(src) => Some(src),
-                Err(e) => {
-                    return Outcome::failed(
-                        ReasonKind::WorkspaceFailed,
-                        format!("could not prepare /workspace: {e}"),
-                    );
-                }
-            }
-        }
     };
     let image = ctx
         .config
         .runtimes
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
-    let outcome = match ctx
+    let ended = match ctx
         .sandbox
         .create(task_id, image, &spec.command, source.as_deref())
         .await
     {
         Ok(container) => {
-            let outcome = supervise(ctx, task_id, spec, &container).await;
+            let ended = supervise(ctx, task_id, spec, &container).await;
             ctx.sandbox.remove(&container).await;
-            outcome
+            ended
         }
-        Err(e) => Outcome::failed(
-            ReasonKind::StartFailed,
-            format!("could not start the container: {e}"),
-        ),
+        Err(e) => {
+            let reason = format!("could not start the container: {e}");
+            (Outcome::failed(ReasonKind::StartFailed, reason), None)
+        }
     };
     if let Some(src) = source {
         let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
     }
-    outcome
+    ended
 }
 
 /// Both streams' tails and when the last byte arrived.
@@ -209,13 +201,16 @@ impl Tails {
 
 /// Runs a created container to its end: streams output into the tails, publishes
 /// them every tick, and stops the container on kill, timeout or worker shutdown.
-async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -> Outcome {
+async fn supervise(
+    ctx: &Ctx,
+    task_id: &str,
+    spec: &TaskSpec,
+    container: &str,
+) -> (Outcome, Option<Tails>) {
     let sandbox = &ctx.sandbox;
     let start_failed = |e: crate::sandbox::SandboxError| {
-        Outcome::failed(
-            ReasonKind::StartFailed,
-            format!("could not start the container: {e}"),
-        )
+        let reason = format!("could not start the container: {e}");
+        (Outcome::failed(ReasonKind::StartFailed, reason), None)
     };
     let mut output: OutputStream = match sandbox.attach(container).await {
         Ok(o) => o,
@@ -224,12 +219,20 @@ async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -
     if let Err(e) = sandbox.start(container).await {
         return start_failed(e);
     }
-    match retry("record start", || ctx.queue.started(task_id, container)).await {
+    // One attempt, not a retry: the container runs now and must be supervised
+    // (timeout, output) even if Redis is down; only started_at is lost then.
+    match ctx.queue.started(task_id, container).await {
         Ok(r) if r.is_running() => {}
-        // Killed while we were preparing: the state is already final.
-        _ => {
+        Ok(_) => {
+            // Killed while we were preparing: the state is already final.
             sandbox.kill(container).await;
-            return Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON);
+            return (
+                Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON),
+                None,
+            );
+        }
+        Err(e) => {
+            tracing::warn!(task_id, error = %e, "could not record the start; supervising anyway")
         }
     }
     let mut tails = Tails::new();
@@ -293,10 +296,7 @@ async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
     }
-    if let Err(e) = retry("publish output", || tails.send(&ctx.queue, task_id)).await {
-        tracing::warn!(task_id, error = %e, "could not publish final output");
-    }
-    match end {
+    let outcome = match end {
         End::Exited(code, oom) => {
             let l = sandbox.limits();
             let caps = Caps {
@@ -307,7 +307,8 @@ async fn supervise(ctx: &Ctx, task_id: &str, spec: &TaskSpec, container: &str) -
             Outcome::exited(code, oom, &tails.stderr.to_vec(), caps)
         }
         End::Decided(outcome) => outcome,
-    }
+    };
+    (outcome, Some(tails))
 }
 
 /// How the supervision loop ended.
@@ -319,23 +320,31 @@ enum End {
     Decided(Outcome),
 }
 
-/// Retries a Redis operation through a short outage (about a minute), so a blip
-/// does not lose a task's result.
-pub async fn retry<T, F, Fut>(what: &str, mut op: F) -> Result<T, QueueError>
+/// Retries a Redis operation until it succeeds, backing off up to 5 s, for as
+/// long as the worker runs: an outage delays a task's record but never loses
+/// it. Gives up (with the last error) only when `abort` fires at shutdown; the
+/// job then stays pending and is settled at the next start.
+pub async fn retry<T, F, Fut>(
+    what: &str,
+    abort: &CancellationToken,
+    mut op: F,
+) -> Result<T, QueueError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, QueueError>>,
 {
     let mut delay = Duration::from_millis(100);
-    let give_up = Instant::now() + Duration::from_secs(60);
     loop {
         match op().await {
             Ok(v) => return Ok(v),
             Err(e @ QueueError::Corrupt(..)) => return Err(e),
-            Err(e) if Instant::now() >= give_up => return Err(e),
+            Err(e) if abort.is_cancelled() => return Err(e),
             Err(e) => {
                 tracing::warn!(what, error = %e, "Redis operation failed; retrying");
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = abort.cancelled() => {}
+                }
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
         }

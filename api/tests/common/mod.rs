@@ -60,10 +60,14 @@ where
     }
 }
 
-/// A throwaway `redis-server` on a free loopback port.
+/// A throwaway `redis-server` on a free port. It keeps an append-only file
+/// (fsync on every write) in its own directory, so a test can kill it and start
+/// it again with its data, as an outage would look.
 pub struct Redis {
     child: Option<Child>,
     pub port: u16,
+    bind: String,
+    dir: std::path::PathBuf,
 }
 
 impl Redis {
@@ -73,28 +77,47 @@ impl Redis {
 
     /// On `bind` (e.g. "0.0.0.0", to check that tasks cannot reach it anyway).
     pub async fn start_on(bind: &str) -> Redis {
-        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("sr-redis-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut r = Redis {
+            child: None,
+            port: free_port(),
+            bind: bind.to_owned(),
+            dir,
+        };
+        r.spawn();
+        r.wait_ready().await;
+        r
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args([
                 "--port",
-                &port.to_string(),
+                &self.port.to_string(),
                 "--bind",
-                bind,
+                &self.bind,
                 "--protected-mode",
                 "no",
+            ])
+            .args([
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes",
+                "--appendfsync",
+                "always",
             ])
+            .arg("--dir")
+            .arg(&self.dir)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
-        let r = Redis {
-            child: Some(child),
-            port,
-        };
-        let client = r.client();
+        self.child = Some(child);
+    }
+
+    async fn wait_ready(&self) {
+        let client = self.client();
         wait_until(
             "redis-server to answer PING",
             Duration::from_secs(10),
@@ -107,7 +130,13 @@ impl Redis {
             },
         )
         .await;
-        r
+    }
+
+    /// Starts it again after `stop`, on the same port, with its data.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        self.wait_ready().await;
     }
 
     pub fn url(&self) -> String {
@@ -129,6 +158,7 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
