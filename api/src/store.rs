@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands, Script};
-use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+use deadpool_redis::{Pool, Runtime};
 use shared::keys::JOB_TASK_ID;
 use shared::task::KILLED_BY_USER_REASON;
 use shared::{Field, Keys, ReasonKind, TaskState, scripts};
@@ -20,7 +20,7 @@ pub enum StoreError {
     #[error("the task store returned an unexpected value: {0}")]
     Corrupt(String),
     #[error("could not create the Redis pool: {0}")]
-    CreatePool(#[from] deadpool_redis::CreatePoolError),
+    BuildPool(String),
 }
 
 /// A task as `run_script` hands it to the queue.
@@ -64,22 +64,24 @@ pub struct Store {
 
 impl Store {
     pub fn new(redis_url: &str, keys: Keys) -> Result<Store, StoreError> {
-        let mut cfg = deadpool_redis::Config::from_url(redis_url);
         // Fail fast when Redis is down, so a tool call or /healthz answers in
-        // bounded time instead of hanging on the pool.
-        cfg.pool = Some(PoolConfig {
-            max_size: 32,
-            timeouts: Timeouts {
-                wait: Some(Duration::from_secs(2)),
-                create: Some(Duration::from_secs(2)),
-                recycle: Some(Duration::from_secs(2)),
-            },
-            ..PoolConfig::default()
-        });
-        Ok(Store {
-            pool: cfg.create_pool(Some(Runtime::Tokio1))?,
-            keys,
-        })
+        // bounded time instead of hanging on the pool. redis-rs's default 500 ms
+        // response timeout is too short for storing a 16 MiB zip, and a timeout
+        // after Redis applied the write would tell the client to retry a task
+        // that was in fact created; 10 s is ample and still bounded.
+        let conn_cfg = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_connection_timeout(Some(Duration::from_secs(2)));
+        let manager = deadpool_redis::Manager::new_with_config(redis_url, conn_cfg)?;
+        let pool = Pool::builder(manager)
+            .max_size(32)
+            .wait_timeout(Some(Duration::from_secs(2)))
+            .create_timeout(Some(Duration::from_secs(2)))
+            .recycle_timeout(Some(Duration::from_secs(2)))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::BuildPool(e.to_string()))?;
+        Ok(Store { pool, keys })
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {

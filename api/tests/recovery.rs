@@ -220,23 +220,46 @@ async fn a_stopping_worker_keeps_heartbeating_so_its_grace_period_is_honoured() 
 #[tokio::test]
 async fn leftover_files_of_ended_tasks_are_collected_and_nothing_else_is_touched() {
     let stack = Stack::start(Options {
-        extra_env: vec![("WORKER_HEARTBEAT_SECONDS", "1".into())],
+        extra_env: vec![
+            ("WORKER_HEARTBEAT_SECONDS", "1".into()),
+            ("TASK_RETENTION_SECONDS", "60".into()),
+        ],
         ..Options::default()
     })
     .await;
-    let stale = stack.tasks_dir().join(uuid::Uuid::new_v4().to_string());
-    std::fs::create_dir_all(stale.join("sub")).expect("stale dir");
-    std::fs::write(stale.join("sub/file.py"), "print(1)").expect("stale file");
-    let foreign = stack.tasks_dir().join("not-a-task");
-    std::fs::create_dir_all(&foreign).expect("foreign dir");
+    let client = stack.client().await;
+    let make = |name: &str| {
+        let dir = stack.tasks_dir().join(name);
+        std::fs::create_dir_all(dir.join("sub")).expect("dir");
+        std::fs::write(dir.join("sub/file.py"), "print(1)").expect("file");
+        dir
+    };
+    // A task that ended (its own worker removed its files; these stand for a
+    // dead worker's leftovers).
+    let ended = run_to_end(&client, "python3.13", "true", json!({})).await;
+    let ended_dir = make(ended["task_id"].as_str().unwrap_or_default());
+    // No record here and older than the retention: an expired task's.
+    let expired_dir = make(&uuid::Uuid::new_v4().to_string());
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7200);
+    std::fs::File::open(&expired_dir)
+        .and_then(|f| f.set_modified(two_hours_ago))
+        .expect("backdate");
+    // No record here but recent: perhaps another deployment's live task.
+    let foreign_task_dir = make(&uuid::Uuid::new_v4().to_string());
+    let not_a_task = make("not-a-task");
+
     wait_until(
-        "the stale task files to be removed",
+        "the ended and expired tasks' files to be removed",
         Duration::from_secs(30),
-        || async { (!stale.exists()).then_some(()) },
+        || async { (!ended_dir.exists() && !expired_dir.exists()).then_some(()) },
     )
     .await;
     assert!(
-        foreign.exists(),
+        foreign_task_dir.exists(),
+        "a recent directory with no record here was removed"
+    );
+    assert!(
+        not_a_task.exists(),
         "a directory that is not a task's was removed"
     );
     stack.shutdown().await;

@@ -15,16 +15,22 @@ macro_rules! now_ms {
     };
 }
 
+/// Returned by a script when the task belongs to another worker: the caller must
+/// not run (or must stop) it.
+pub const NOT_OWNER: &str = "not-owner";
+
 /// A worker takes a task it read from the stream.
 ///
 /// KEYS[1] task hash. ARGV[1] worker name.
-/// Returns `"running"` when the claim succeeded; otherwise the current state
-/// (e.g. `"killed"` if `kill_task` came first), or `"missing"`.
+/// Returns `"running"` only when this call moved it from queued; `"not-owner"`
+/// when another worker already runs it; otherwise the current state (e.g.
+/// `"killed"` if `kill_task` came first), or `"missing"`.
 pub const CLAIM: &str = concat!(
     now_ms!(),
     r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
+if st == 'running' then return 'not-owner' end
 if st ~= 'queued' then return st end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'claimed_at', now)
 return 'running'
@@ -34,14 +40,16 @@ return 'running'
 /// The task's container has started.
 ///
 /// KEYS[1] task hash. ARGV[1] worker name, ARGV[2] container id.
-/// Returns `"running"` if the task is still this worker's and running, else the
-/// current state: the caller must then stop the container it just started.
+/// Returns `"running"` if the task is still this worker's and running, else
+/// `"not-owner"` or the current state: the caller must then stop the container
+/// it just started.
 pub const STARTED: &str = concat!(
     now_ms!(),
     r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
-if st ~= 'running' or redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return st end
+if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'not-owner' end
+if st ~= 'running' then return st end
 redis.call('HSET', KEYS[1], 'started_at', now, 'container', ARGV[2])
 return 'running'
 "#
@@ -52,13 +60,14 @@ return 'running'
 /// KEYS[1] task hash. ARGV[1] worker name, ARGV[2] stdout tail, ARGV[3] stderr
 /// tail, ARGV[4] stdout bytes, ARGV[5] stderr bytes, ARGV[6] milliseconds since
 /// the last output byte ("" when there was none yet).
-/// Returns the current state, so the worker learns of a `kill_task` on every tick.
+/// Returns the current state, so the worker learns of a `kill_task` on every tick,
+/// or `"not-owner"` (nothing written) if the task is no longer this worker's.
 pub const PROGRESS: &str = concat!(
     now_ms!(),
     r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
-if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return st end
+if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'not-owner' end
 redis.call('HSET', KEYS[1], 'stdout_tail', ARGV[2], 'stderr_tail', ARGV[3],
   'stdout_bytes', ARGV[4], 'stderr_bytes', ARGV[5])
 if ARGV[6] ~= '' then
@@ -110,11 +119,40 @@ if not st then return {'missing', 0} end
 if st ~= 'queued' and st ~= 'running' then return {st, 0} end
 redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind', ARGV[2],
   'finished_at', now)
-if st == 'queued' then redis.call('DEL', KEYS[2]) end
+-- The zip is only read before the container starts: whoever holds the task
+-- needs it no more, and a worker lost before FINISH must not leak it.
+redis.call('DEL', KEYS[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {'killed', 1}
 "#
 );
+
+/// Forgets a dead worker, atomically, only if it is still dead and holds no job:
+/// deleting a consumer drops its pending entries, so the check and the delete
+/// must not be separated.
+///
+/// KEYS[1] jobs stream, KEYS[2] the worker's heartbeat key, KEYS[3] the workers
+/// set. ARGV[1] group, ARGV[2] worker name.
+/// Returns 1 if it was forgotten, 0 if it is alive or still holds jobs.
+pub const FORGET_WORKER: &str = r#"
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if #pending > 0 then return 0 end
+redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+return 1
+"#;
+
+/// Puts a job back at the end of the stream for any worker to take, and drops
+/// the old entry, in one step (so it is never both or neither).
+///
+/// KEYS[1] jobs stream. ARGV[1] group, ARGV[2] old entry id, ARGV[3] task id.
+pub const REQUEUE: &str = r#"
+redis.call('XADD', KEYS[1], '*', 'task_id', ARGV[3])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return 1
+"#;
 
 #[cfg(test)]
 mod tests {
@@ -153,7 +191,7 @@ mod tests {
             .map(|f| f.as_str())
             .chain(crate::TaskState::ALL.iter().map(|s| s.as_str()))
             .chain([
-                "", "missing", "TIME", "HGET", "HSET", "HDEL", "DEL", "EXPIRE", "%d",
+                "", "missing", NOT_OWNER, "TIME", "HGET", "HSET", "HDEL", "DEL", "EXPIRE", "%d",
             ])
             .collect();
         for script in [CLAIM, STARTED, PROGRESS, FINISH, KILL] {
@@ -166,5 +204,10 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn requeue_writes_the_job_field_the_worker_reads() {
+        assert!(REQUEUE.contains(&format!("'{}'", crate::keys::JOB_TASK_ID)));
     }
 }

@@ -156,12 +156,18 @@ async fn iptables(args: &[&str]) -> Result<String, FirewallError> {
     }
 }
 
-/// IPv4 name servers the host uses (they must stay reachable for DNS).
+/// IPv4 name servers Docker forwards tasks' DNS queries to (they must stay
+/// reachable). With systemd-resolved, /etc/resolv.conf names only 127.0.0.53
+/// and Docker uses the upstream servers from systemd's own file instead.
 async fn nameservers() -> Vec<Ipv4Addr> {
-    let conf = tokio::fs::read_to_string("/etc/resolv.conf")
-        .await
-        .unwrap_or_default();
-    parse_nameservers(&conf)
+    for path in ["/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"] {
+        let conf = tokio::fs::read_to_string(path).await.unwrap_or_default();
+        let servers = parse_nameservers(&conf);
+        if !servers.is_empty() {
+            return servers;
+        }
+    }
+    Vec::new()
 }
 
 fn parse_nameservers(conf: &str) -> Vec<Ipv4Addr> {

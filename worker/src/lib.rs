@@ -113,8 +113,8 @@ pub async fn run(
         slots.clone(),
         heartbeat_stop.clone(),
     ));
-    recover(&ctx, &slots).await?;
-    let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
+    recover(&ctx).await?;
+    let reaper = tokio::spawn(reaper::run(ctx.clone(), stop.clone()));
     tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
 
     let mut conn = None;
@@ -127,7 +127,7 @@ pub async fn run(
         };
         let c = match conn.as_mut() {
             Some(c) => c,
-            None => match queue.blocking_connection().await {
+            None => match queue.blocking_connection(READ_BLOCK).await {
                 Ok(c) => conn.insert(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot connect to Redis; retrying");
@@ -144,6 +144,14 @@ pub async fn run(
             Ok(jobs) => {
                 if let Some(job) = jobs.into_iter().next() {
                     slots.spawn(&ctx, job, permit);
+                }
+            }
+            Err(e) if e.is_no_group() => {
+                // Redis lost its data (or the group was deleted): make it again.
+                tracing::warn!("the consumer group is gone; creating it again");
+                if let Err(e) = queue.ensure_group().await {
+                    tracing::warn!(error = %e, "could not create the consumer group");
+                    pause(&stop).await;
                 }
             }
             Err(e) => {
@@ -183,13 +191,13 @@ async fn pause(stop: &CancellationToken) {
 
 /// After a crash or restart: remove this worker's leftover containers, and settle
 /// the jobs it had read but not acknowledged.
-async fn recover(ctx: &Ctx, slots: &Slots) -> Result<(), WorkerError> {
+async fn recover(ctx: &Ctx) -> Result<(), WorkerError> {
     let me = ctx.queue.worker().to_owned();
     let orphans = ctx.sandbox.remove_containers_of(&me).await?;
     if orphans > 0 {
         tracing::warn!(orphans, "removed task containers left by a previous run");
     }
-    let mut conn = ctx.queue.blocking_connection().await?;
+    let mut conn = ctx.queue.blocking_connection(READ_BLOCK).await?;
     let pending: Vec<Job> = ctx
         .queue
         .read_jobs(&mut conn, 10_000, READ_BLOCK, true)
@@ -197,9 +205,7 @@ async fn recover(ctx: &Ctx, slots: &Slots) -> Result<(), WorkerError> {
     for job in pending {
         settle(
             ctx,
-            slots,
             job,
-            &me,
             Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted"),
         )
         .await?;
@@ -207,34 +213,42 @@ async fn recover(ctx: &Ctx, slots: &Slots) -> Result<(), WorkerError> {
     Ok(())
 }
 
-/// Settles a job read but never finished by worker `owner` (this one before a
-/// restart, or a dead one): a task still queued is run here; one that was running
-/// ends with `lost`, since its container is gone; anything else is acknowledged.
-pub(crate) async fn settle(
-    ctx: &Ctx,
-    slots: &Slots,
-    job: Job,
-    owner: &str,
-    lost: Outcome,
-) -> Result<(), QueueError> {
-    // Whatever an earlier run extracted for this task is stale.
-    let src = ctx.config.tasks_dir.join(&job.task_id);
-    let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
-    match ctx.queue.state(&job.task_id).await? {
+/// Settles a job that was read but never finished (by this worker before a
+/// restart, or by a dead one):
+/// - a task still queued goes back to the stream, for any worker with a free slot;
+/// - one that was running ends with `lost`, written as the worker recorded as
+///   holding it, unless that worker is alive (then it is still its to finish);
+/// - one that has ended is only acknowledged.
+///
+/// The entry is acknowledged only once the task is final or requeued, so a
+/// failure here leaves it pending for the next try.
+pub(crate) async fn settle(ctx: &Ctx, job: Job, lost: Outcome) -> Result<(), QueueError> {
+    let (state, owner) = ctx.queue.state_and_owner(&job.task_id).await?;
+    let ended = match state {
         TaskStateReply::State(TaskState::Queued) => {
-            if let Some(permit) = slots.acquire().await {
-                slots.spawn(ctx, job, permit);
-            }
+            ctx.queue.requeue(&job).await?;
+            return Ok(());
         }
         TaskStateReply::State(TaskState::Running) => {
-            let state = ctx
+            let owner = owner.unwrap_or_default();
+            if owner != ctx.queue.worker() && ctx.queue.is_alive(&owner).await? {
+                tracing::info!(task_id = %job.task_id, %owner, "task is held by a live worker; left to it");
+                return Ok(());
+            }
+            let reply = ctx
                 .queue
-                .finish_for(&job.task_id, owner, &lost, ctx.config.retention_seconds)
+                .finish_for(&job.task_id, &owner, &lost, ctx.config.retention_seconds)
                 .await?;
-            tracing::warn!(task_id = %job.task_id, ?state, reason = %lost.reason, "in-flight task settled");
-            ctx.queue.ack(&job.entry_id).await?;
+            tracing::warn!(task_id = %job.task_id, ?reply, reason = %lost.reason, "in-flight task settled");
+            matches!(reply, TaskStateReply::State(s) if s.is_terminal())
         }
-        _ => ctx.queue.ack(&job.entry_id).await?,
+        _ => true,
+    };
+    if ended {
+        // Whatever was extracted for this task is stale.
+        let src = ctx.config.tasks_dir.join(&job.task_id);
+        let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
+        ctx.queue.ack(&job.entry_id).await?;
     }
     Ok(())
 }

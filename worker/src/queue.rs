@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+use deadpool_redis::{Pool, Runtime};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig, Script};
@@ -19,7 +19,7 @@ pub enum QueueError {
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("could not create the Redis pool: {0}")]
-    CreatePool(#[from] deadpool_redis::CreatePoolError),
+    BuildPool(String),
     #[error("task {0} has a malformed record: {1}")]
     Corrupt(String, String),
 }
@@ -61,17 +61,20 @@ pub struct Queue {
 
 impl Queue {
     pub fn new(redis_url: &str, keys: Keys, worker: String) -> Result<Queue, QueueError> {
-        let mut cfg = deadpool_redis::Config::from_url(redis_url);
-        cfg.pool = Some(PoolConfig {
-            max_size: 64,
-            timeouts: Timeouts {
-                wait: Some(Duration::from_secs(5)),
-                create: Some(Duration::from_secs(2)),
-                recycle: Some(Duration::from_secs(2)),
-            },
-            ..PoolConfig::default()
-        });
-        let pool = cfg.create_pool(Some(Runtime::Tokio1))?;
+        // redis-rs answers "timed out" after 500 ms by default, which a zip of a
+        // few MiB over a LAN can exceed; 10 s still bounds a hung server.
+        let conn_cfg = AsyncConnectionConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_connection_timeout(Some(Duration::from_secs(2)));
+        let manager = deadpool_redis::Manager::new_with_config(redis_url, conn_cfg)?;
+        let pool = Pool::builder(manager)
+            .max_size(64)
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(Duration::from_secs(2)))
+            .recycle_timeout(Some(Duration::from_secs(2)))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| QueueError::BuildPool(e.to_string()))?;
         Ok(Queue {
             pool,
             client: redis::Client::open(redis_url)?,
@@ -84,11 +87,15 @@ impl Queue {
         &self.worker
     }
 
-    /// A connection for blocking reads: the default response timeout (500 ms)
-    /// would cut an `XREADGROUP ... BLOCK` short, so it is switched off here.
-    pub async fn blocking_connection(&self) -> Result<MultiplexedConnection, QueueError> {
+    /// A connection for blocking reads of up to `block`: the default response
+    /// timeout (500 ms) would cut an `XREADGROUP ... BLOCK` short, and none at all
+    /// would let a half-open connection stall the worker forever.
+    pub async fn blocking_connection(
+        &self,
+        block: Duration,
+    ) -> Result<MultiplexedConnection, QueueError> {
         let cfg = AsyncConnectionConfig::new()
-            .set_response_timeout(None)
+            .set_response_timeout(Some(block + Duration::from_secs(5)))
             .set_connection_timeout(Some(Duration::from_secs(2)));
         Ok(self
             .client
@@ -132,15 +139,12 @@ impl Queue {
         let mut jobs = Vec::new();
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
-                let task_id: Option<String> = entry.get(JOB_TASK_ID);
-                match task_id {
-                    Some(task_id) => jobs.push(Job {
-                        entry_id: entry.id,
-                        task_id,
-                    }),
-                    // An entry without a task id can never be run: drop it.
+                match job_from(entry.id.clone(), entry.get(JOB_TASK_ID)) {
+                    Some(job) => jobs.push(job),
+                    // An entry that names no task, or not by a task id, can never
+                    // be run (and must not become a host path): drop it.
                     None => {
-                        tracing::warn!(entry = %entry.id, "jobs entry without task_id dropped");
+                        tracing::warn!(entry = %entry.id, "jobs entry without a valid task_id dropped");
                         self.ack(&entry.id).await?;
                     }
                 }
@@ -338,37 +342,62 @@ impl Queue {
                 &ids,
             )
             .await?;
-        Ok(claimed
-            .ids
-            .into_iter()
-            .filter_map(|e| {
-                let task_id: Option<String> = e.get(JOB_TASK_ID);
-                task_id.map(|task_id| Job {
-                    entry_id: e.id,
-                    task_id,
-                })
-            })
-            .collect())
+        let mut jobs = Vec::new();
+        for e in claimed.ids {
+            match job_from(e.id.clone(), e.get(JOB_TASK_ID)) {
+                Some(job) => jobs.push(job),
+                None => self.ack(&e.id).await?,
+            }
+        }
+        Ok(jobs)
     }
 
     /// Removes a dead worker that holds no job any more from the group and the
-    /// registry. Returns false (and keeps it) while it still has pending jobs.
+    /// registry, atomically (see `scripts::FORGET_WORKER`). Returns false (and
+    /// keeps it) while it is alive again or still has pending jobs.
     pub async fn forget_worker(&self, name: &str) -> Result<bool, QueueError> {
         let mut conn = self.pool.get().await?;
-        let pending: redis::streams::StreamPendingCountReply = conn
-            .xpending_consumer_count(self.keys.jobs(), WORKER_GROUP, "-", "+", 1, name)
+        let forgotten: i64 = Script::new(scripts::FORGET_WORKER)
+            .key(self.keys.jobs())
+            .key(self.keys.worker(name))
+            .key(self.keys.workers())
+            .arg(WORKER_GROUP)
+            .arg(name)
+            .invoke_async(&mut conn)
             .await?;
-        if !pending.ids.is_empty() {
-            return Ok(false);
-        }
-        let () = redis::pipe()
-            .xgroup_delconsumer(self.keys.jobs(), WORKER_GROUP, name)
-            .ignore()
-            .srem(self.keys.workers(), name)
-            .ignore()
+        Ok(forgotten == 1)
+    }
+
+    /// Puts a job back in the stream for any worker with a free slot, dropping
+    /// its old entry (see `scripts::REQUEUE`).
+    pub async fn requeue(&self, job: &Job) -> Result<(), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let _: i64 = Script::new(scripts::REQUEUE)
+            .key(self.keys.jobs())
+            .arg(WORKER_GROUP)
+            .arg(&job.entry_id)
+            .arg(&job.task_id)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The task's state and the worker recorded as holding it.
+    pub async fn state_and_owner(
+        &self,
+        task_id: &str,
+    ) -> Result<(TaskStateReply, Option<String>), QueueError> {
+        let mut conn = self.pool.get().await?;
+        let (state, owner): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys.task(task_id))
+            .arg(Field::State.as_str())
+            .arg(Field::Worker.as_str())
             .query_async(&mut conn)
             .await?;
-        Ok(true)
+        Ok((
+            TaskStateReply::parse(task_id, state.as_deref().unwrap_or("missing"))?,
+            owner,
+        ))
     }
 
     /// Says this worker is alive, for ops and the reaper.
@@ -393,13 +422,17 @@ impl Queue {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskStateReply {
     Missing,
+    /// The task is held by another worker.
+    NotOwner,
     State(TaskState),
 }
 
 impl TaskStateReply {
     fn parse(task_id: &str, s: &str) -> Result<TaskStateReply, QueueError> {
-        if s == "missing" {
-            return Ok(TaskStateReply::Missing);
+        match s {
+            "missing" => return Ok(TaskStateReply::Missing),
+            scripts::NOT_OWNER => return Ok(TaskStateReply::NotOwner),
+            _ => {}
         }
         s.parse()
             .map(TaskStateReply::State)
@@ -410,5 +443,18 @@ impl TaskStateReply {
 
     pub fn is_running(self) -> bool {
         self == TaskStateReply::State(TaskState::Running)
+    }
+}
+
+/// A job from a stream entry, if it names a task by a well-formed task id.
+fn job_from(entry_id: String, task_id: Option<String>) -> Option<Job> {
+    let task_id = uuid::Uuid::parse_str(&task_id?).ok()?.to_string();
+    Some(Job { entry_id, task_id })
+}
+
+impl QueueError {
+    /// The consumer group is gone (Redis lost its data): it must be created again.
+    pub fn is_no_group(&self) -> bool {
+        matches!(self, QueueError::Redis(e) if e.code() == Some("NOGROUP"))
     }
 }

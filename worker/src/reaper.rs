@@ -5,8 +5,9 @@
 //! expired every heartbeat at once does not condemn live workers) is dead: its
 //! unacknowledged jobs are claimed here with `XCLAIM` (with a minimum idle time,
 //! so two reapers never both take one) and settled like a restart would:
-//! a task that was still queued runs here; one that was running is recorded as
-//! killed, "worker lost", since its container went with its worker. Containers the
+//! a task that was still queued goes back to the stream for any worker; one that
+//! was running is recorded as killed, "worker lost", since its container went
+//! with its worker. Containers the
 //! dead worker left on this host's engine are removed; then it is forgotten.
 //!
 //! Deadlines need nothing more: a live worker enforces its own tasks' timeouts,
@@ -25,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::queue::{QueueError, TaskStateReply};
 use crate::runner::Ctx;
-use crate::{Slots, settle};
+use crate::settle;
 
-pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
+pub async fn run(ctx: Ctx, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
     let mut suspects: HashMap<String, Instant> = HashMap::new();
     let mut every = tokio::time::interval((ttl / 3).max(Duration::from_millis(500)));
@@ -36,7 +37,7 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        if let Err(e) = reap(&ctx, &slots, &mut suspects, ttl).await {
+        if let Err(e) = reap(&ctx, &mut suspects, ttl).await {
             tracing::warn!(error = %e, "reaper pass failed");
         }
         if let Err(e) = collect_garbage(&ctx).await {
@@ -47,7 +48,6 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
 
 async fn reap(
     ctx: &Ctx,
-    slots: &Slots,
     suspects: &mut HashMap<String, Instant>,
     ttl: Duration,
 ) -> Result<(), QueueError> {
@@ -68,7 +68,12 @@ async fn reap(
         }
         for job in jobs {
             let lost = Outcome::killed(ReasonKind::WorkerLost, "worker lost");
-            settle(ctx, slots, job, &name, lost).await?;
+            settle(ctx, job, lost).await?;
+        }
+        // It may have come back while its jobs were settled: then its containers
+        // are its own again.
+        if ctx.queue.is_alive(&name).await? {
+            continue;
         }
         match ctx.sandbox.remove_containers_of(&name).await {
             Ok(0) => {}
@@ -88,30 +93,43 @@ async fn reap(
     Ok(())
 }
 
-/// Removes extracted zips of tasks that have ended (or whose record is gone).
+/// Removes extracted zips of tasks that have ended. A directory whose task has
+/// no record under this deployment's prefix is removed only once it is older
+/// than the retention period: it may belong to another deployment sharing
+/// `TASKS_DIR`, or be a task record that simply expired.
 async fn collect_garbage(ctx: &Ctx) -> Result<(), QueueError> {
     let dir = ctx.config.tasks_dir.clone();
-    let names = tokio::task::spawn_blocking(move || -> Vec<String> {
-        std::fs::read_dir(&dir)
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .collect()
+    let retention = Duration::from_secs(ctx.config.retention_seconds);
+    let entries = tokio::task::spawn_blocking(move || -> Vec<(String, bool)> {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| {
+                let e = e.ok()?;
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > retention);
+                Some((e.file_name().into_string().ok()?, old))
             })
-            .unwrap_or_default()
+            .collect()
     })
     .await
     .unwrap_or_default();
-    for name in names {
+    for (name, old) in entries {
         // Only task ids are ours to judge; anything else in TASKS_DIR is left alone.
         if uuid::Uuid::parse_str(&name).is_err() {
             continue;
         }
-        let ended = match ctx.queue.state(&name).await? {
-            TaskStateReply::Missing => true,
+        let remove = match ctx.queue.state(&name).await? {
+            TaskStateReply::Missing => old,
             TaskStateReply::State(s) => s.is_terminal(),
+            TaskStateReply::NotOwner => false,
         };
-        if ended {
+        if remove {
             let path = ctx.config.tasks_dir.join(&name);
             tracing::info!(task_id = %name, "removing a finished task's leftover files");
             let _ = tokio::task::spawn_blocking(move || crate::workspace::remove(&path)).await;

@@ -78,7 +78,7 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     .await?;
     Ok(match reply {
         TaskStateReply::State(s) => Some(s),
-        TaskStateReply::Missing => None,
+        TaskStateReply::Missing | TaskStateReply::NotOwner => None,
     })
 }
 

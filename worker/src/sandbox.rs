@@ -77,9 +77,11 @@ impl Sandbox {
     pub async fn ensure_network(&self) -> Result<(), SandboxError> {
         let (name, bridge) = (&self.limits.network, &self.limits.bridge);
         if let Ok(existing) = self.docker.inspect_network(name, None).await {
-            let opts = existing.options.unwrap_or_default();
+            let opts = existing.options.clone().unwrap_or_default();
+            // IPv6 must be off: the firewall rules are IPv4 only.
             let ours = opts.get(OPT_BRIDGE_NAME) == Some(bridge)
-                && opts.get(OPT_ICC).map(String::as_str) == Some("false");
+                && opts.get(OPT_ICC).map(String::as_str) == Some("false")
+                && existing.enable_ipv6 != Some(true);
             if ours {
                 return Ok(());
             }
@@ -111,6 +113,8 @@ impl Sandbox {
             name: name.clone(),
             driver: Some("bridge".into()),
             options: Some(options),
+            // Pinned off whatever the daemon's default: the firewall is IPv4 only.
+            enable_ipv6: Some(false),
             labels: Some(HashMap::from([(
                 "script-runner".to_owned(),
                 "tasks".to_owned(),
