@@ -313,3 +313,57 @@ async fn a_redis_outage_mid_task_loses_nothing_and_the_api_says_so_meanwhile() {
     assert_eq!(next["stdout_tail"], "again\n");
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_job_read_but_never_run_by_a_live_worker_is_put_back_and_runs() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    stack
+        .start_worker(
+            "keeper",
+            &[
+                ("WORKER_HEARTBEAT_SECONDS", "1"),
+                ("WORKER_CONCURRENCY", "1"),
+            ],
+        )
+        .await;
+    let client = stack.client().await;
+    let blocker = start_sleeper(&client, "busy").await;
+    let orphan = run(&client, "python3.13", "echo rescued", json!({})).await;
+
+    // The worker's one slot is taken, so it is not reading. Read the job under its
+    // name as if the reply to its XREADGROUP had been lost on the way.
+    let mut r = stack.redis_conn().await;
+    let opts = redis::streams::StreamReadOptions::default()
+        .group("workers", "keeper")
+        .count(1);
+    let read: redis::streams::StreamReadReply = r
+        .xread_options(&[format!("{}:jobs", stack.prefix)], &[">"], &opts)
+        .await
+        .expect("read");
+    assert_eq!(
+        read.keys[0].ids.len(),
+        1,
+        "the job should have been waiting in the stream"
+    );
+
+    // Free the slot: the orphaned entry is put back in the stream and runs.
+    call_ok(&client, "kill_task", json!({ "task_id": blocker })).await;
+    let s = wait_status(
+        &client,
+        &orphan,
+        "the orphaned job to run",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(
+        (s["state"].as_str(), s["stdout_tail"].as_str()),
+        (Some("succeeded"), Some("rescued\n")),
+        "{s}"
+    );
+    stack.shutdown().await;
+}

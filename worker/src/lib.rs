@@ -12,6 +12,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod workspace;
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,9 @@ pub enum WorkerError {
 pub struct Slots {
     free: Arc<Semaphore>,
     runners: TaskTracker,
+    /// Stream entries a runner of this worker is working on right now; any other
+    /// entry pending under this worker's name has been orphaned (see the reaper).
+    held: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
 impl Slots {
@@ -58,11 +62,27 @@ impl Slots {
     /// Runs `job` in the background, holding `permit` until it is done.
     fn spawn(&self, ctx: &Ctx, job: Job, permit: OwnedSemaphorePermit) {
         let ctx = ctx.clone();
+        let held = self.held.clone();
+        let entry = job.entry_id.clone();
+        lock(&held).insert(entry.clone());
         self.runners.spawn(async move {
             runner::run_job(ctx, job).await;
+            lock(&held).remove(&entry);
             drop(permit);
         });
     }
+
+    /// Whether a runner of this worker holds stream entry `entry_id`.
+    pub(crate) fn holds(&self, entry_id: &str) -> bool {
+        lock(&self.held).contains(entry_id)
+    }
+}
+
+/// The set is only touched for an insert, a remove or a lookup, never across an
+/// await, so a poisoned lock can only mean a panic in one of those: keep going.
+fn lock(held: &std::sync::Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    held.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Runs until `shutdown` resolves. Then it takes no new job, gives running tasks
@@ -104,6 +124,7 @@ pub async fn run(
     let slots = Slots {
         free: Arc::new(Semaphore::new(ctx.config.concurrency)),
         runners: TaskTracker::new(),
+        held: Arc::default(),
     };
     // Heartbeat first, so no reaper takes this worker for dead while it recovers;
     // and last, so none does while its tasks use their shutdown grace period.
@@ -114,7 +135,7 @@ pub async fn run(
         heartbeat_stop.clone(),
     ));
     recover(&ctx).await?;
-    let reaper = tokio::spawn(reaper::run(ctx.clone(), stop.clone()));
+    let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
     tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
 
     let mut conn = None;

@@ -317,30 +317,42 @@ impl Queue {
         Ok(conn.exists(self.keys.worker(name)).await?)
     }
 
-    /// Moves up to 100 of `owner`'s unacknowledged jobs to this worker, if they
-    /// have been idle at least `min_idle` (so two reapers never both take one).
+    /// Moves up to 100 of `owner`'s unacknowledged jobs that have been idle at
+    /// least `min_idle` to this worker (so two reapers never both take one), except
+    /// those `keep` says to leave. `owner` may be this worker itself: then the
+    /// claim only resets the entries' idle time.
     pub async fn claim_pending_of(
         &self,
         owner: &str,
         min_idle: Duration,
+        keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<Job>, QueueError> {
         let mut conn = self.pool.get().await?;
         let jobs = self.keys.jobs();
-        let pending: redis::streams::StreamPendingCountReply = conn
-            .xpending_consumer_count(&jobs, WORKER_GROUP, "-", "+", 100, owner)
+        let min_idle_ms = min_idle.as_millis() as u64;
+        // XPENDING key group IDLE ms - + count consumer (Redis 6.2+): id, consumer,
+        // idle ms, deliveries for each entry.
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&jobs)
+            .arg(WORKER_GROUP)
+            .arg("IDLE")
+            .arg(min_idle_ms)
+            .arg("-")
+            .arg("+")
+            .arg(100)
+            .arg(owner)
+            .query_async(&mut conn)
             .await?;
-        if pending.ids.is_empty() {
+        let ids: Vec<String> = pending
+            .into_iter()
+            .map(|p| p.0)
+            .filter(|id| !keep(id))
+            .collect();
+        if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<String> = pending.ids.into_iter().map(|p| p.id).collect();
         let claimed: redis::streams::StreamClaimReply = conn
-            .xclaim(
-                &jobs,
-                WORKER_GROUP,
-                &self.worker,
-                min_idle.as_millis() as u64,
-                &ids,
-            )
+            .xclaim(&jobs, WORKER_GROUP, &self.worker, min_idle_ms, &ids)
             .await?;
         let mut jobs = Vec::new();
         for e in claimed.ids {

@@ -13,7 +13,11 @@
 //! Deadlines need nothing more: a live worker enforces its own tasks' timeouts,
 //! and a dead worker's running tasks end here.
 //!
-//! It also collects garbage in `TASKS_DIR`: the extracted zip of a task that is
+//! It also settles this worker's own orphans: entries pending under its name that
+//! no runner of it holds (a reply to `XREADGROUP` lost on the way, a record that
+//! could not be read) would otherwise wait for its next restart.
+//!
+//! And it collects garbage in `TASKS_DIR`: the extracted zip of a task that is
 //! no longer queued or running (left by a worker that died on this host and was
 //! settled from elsewhere) is removed. Task records expire by themselves (TTL).
 
@@ -26,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::queue::{QueueError, TaskStateReply};
 use crate::runner::Ctx;
-use crate::settle;
+use crate::{Slots, settle};
 
-pub async fn run(ctx: Ctx, stop: CancellationToken) {
+pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
     let mut suspects: HashMap<String, Instant> = HashMap::new();
     let mut every = tokio::time::interval((ttl / 3).max(Duration::from_millis(500)));
@@ -39,6 +43,9 @@ pub async fn run(ctx: Ctx, stop: CancellationToken) {
         }
         if let Err(e) = reap(&ctx, &mut suspects, ttl).await {
             tracing::warn!(error = %e, "reaper pass failed");
+        }
+        if let Err(e) = reclaim_orphans(&ctx, &slots, ttl).await {
+            tracing::warn!(error = %e, "orphan pass failed");
         }
         if let Err(e) = collect_garbage(&ctx).await {
             tracing::warn!(error = %e, "TASKS_DIR clean-up failed");
@@ -62,7 +69,7 @@ async fn reap(
         if since.elapsed() < ttl {
             continue;
         }
-        let jobs = ctx.queue.claim_pending_of(&name, ttl).await?;
+        let jobs = ctx.queue.claim_pending_of(&name, ttl, |_| false).await?;
         if !jobs.is_empty() {
             tracing::warn!(worker = %name, jobs = jobs.len(), "settling the jobs of a lost worker");
         }
@@ -90,6 +97,23 @@ async fn reap(
     }
     // A worker that came back (or was forgotten) is no longer a suspect.
     suspects.retain(|name, _| seen_dead.contains(name));
+    Ok(())
+}
+
+/// Settles entries pending under this worker that none of its runners holds and
+/// that have been idle for two heartbeat periods (a job just read is not idle
+/// yet, so the moment between the read and its runner starting is safe).
+async fn reclaim_orphans(ctx: &Ctx, slots: &Slots, ttl: Duration) -> Result<(), QueueError> {
+    let me = ctx.queue.worker().to_owned();
+    let orphans = ctx
+        .queue
+        .claim_pending_of(&me, ttl * 2, |entry| slots.holds(entry))
+        .await?;
+    for job in orphans {
+        tracing::warn!(task_id = %job.task_id, entry = %job.entry_id, "settling a job no runner holds");
+        let lost = Outcome::killed(ReasonKind::WorkerLost, "worker lost track of the task");
+        settle(ctx, job, lost).await?;
+    }
     Ok(())
 }
 
