@@ -54,15 +54,25 @@ async fn only_one_worker_can_claim_and_only_it_can_write() {
     let mut c = conn(&redis).await;
     queued_task(&mut c).await;
 
-    assert_eq!(as_worker(&mut c, scripts::CLAIM, "a", &[]).await, "running");
-    // A second claim, by anyone, does not hand the task out again.
     assert_eq!(
-        as_worker(&mut c, scripts::CLAIM, "b", &[]).await,
+        as_worker(&mut c, scripts::CLAIM, "a", &["1-0"]).await,
+        "running"
+    );
+    // A second claim does not hand the task out again: not to another worker,
+    // nor to the same one from another entry (a duplicate job)...
+    assert_eq!(
+        as_worker(&mut c, scripts::CLAIM, "b", &["1-0"]).await,
         scripts::NOT_OWNER
     );
     assert_eq!(
-        as_worker(&mut c, scripts::CLAIM, "a", &[]).await,
+        as_worker(&mut c, scripts::CLAIM, "a", &["2-0"]).await,
         scripts::NOT_OWNER
+    );
+    // ...but the same worker retrying the same claim (its first reply lost) is
+    // told it holds the task, so it runs it rather than leaving it running unrun.
+    assert_eq!(
+        as_worker(&mut c, scripts::CLAIM, "a", &["1-0"]).await,
+        "running"
     );
     assert_eq!(field(&mut c, "worker").await.as_deref(), Some("a"));
 
@@ -106,7 +116,7 @@ async fn a_terminal_state_is_never_overwritten() {
     let redis = Redis::start().await;
     let mut c = conn(&redis).await;
     queued_task(&mut c).await;
-    as_worker(&mut c, scripts::CLAIM, "a", &[]).await;
+    as_worker(&mut c, scripts::CLAIM, "a", &["1-0"]).await;
 
     // kill_task wins the race with the worker's own finish.
     let kill = Script::new(scripts::KILL);
@@ -179,15 +189,18 @@ async fn a_queued_task_cannot_be_started_or_finished_without_a_claim() {
     );
     assert_eq!(field(&mut c, "state").await.as_deref(), Some("queued"));
     assert_eq!(
-        as_worker(&mut c, scripts::CLAIM, "a", &["x"]).await,
+        as_worker(&mut c, scripts::CLAIM, "a", &["1-0"]).await,
         "running"
     );
     assert_eq!(
-        as_worker(&mut c, scripts::CLAIM, "a", &[]).await,
+        as_worker(&mut c, scripts::CLAIM, "b", &["1-0"]).await,
         scripts::NOT_OWNER
     );
     let _: () = c.del(TASK).await.expect("del");
-    assert_eq!(as_worker(&mut c, scripts::CLAIM, "a", &[]).await, "missing");
+    assert_eq!(
+        as_worker(&mut c, scripts::CLAIM, "a", &["1-0"]).await,
+        "missing"
+    );
 }
 
 #[tokio::test]
@@ -243,6 +256,16 @@ async fn requeue_moves_a_job_and_forget_spares_live_or_busy_workers() {
         .invoke_async(&mut c)
         .await
         .expect("requeue");
+    // Settling the same entry twice does not queue the task twice.
+    let again: i64 = Script::new(scripts::REQUEUE)
+        .key(jobs)
+        .arg(group)
+        .arg(&entry)
+        .arg("one")
+        .invoke_async(&mut c)
+        .await
+        .expect("requeue");
+    assert_eq!(again, 0);
     let all: redis::streams::StreamRangeReply = c.xrange_all(jobs).await.expect("range");
     assert_eq!(all.ids.len(), 1);
     assert_ne!(all.ids[0].id, entry);

@@ -87,6 +87,8 @@ pub enum Field {
     LastOutputAt,
     /// The worker (consumer name) holding it.
     Worker,
+    /// The stream entry it was claimed from (so a retried claim is recognised).
+    Entry,
     /// The Docker container id while it exists.
     Container,
     ExitCode,
@@ -117,6 +119,7 @@ impl Field {
             Field::FinishedAt => "finished_at",
             Field::LastOutputAt => "last_output_at",
             Field::Worker => "worker",
+            Field::Entry => "entry",
             Field::Container => "container",
             Field::ExitCode => "exit_code",
             Field::Reason => "reason",

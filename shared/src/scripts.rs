@@ -21,18 +21,25 @@ pub const NOT_OWNER: &str = "not-owner";
 
 /// A worker takes a task it read from the stream.
 ///
-/// KEYS[1] task hash. ARGV[1] worker name.
-/// Returns `"running"` only when this call moved it from queued; `"not-owner"`
-/// when another worker already runs it; otherwise the current state (e.g.
-/// `"killed"` if `kill_task` came first), or `"missing"`.
+/// KEYS[1] task hash. ARGV[1] worker name, ARGV[2] the stream entry it read.
+/// Returns `"running"` when this call moved it from queued, or when the same
+/// worker claimed it from the same entry before (a retry whose first reply was
+/// lost); `"not-owner"` when anyone else (or another entry) already runs it;
+/// otherwise the current state (e.g. `"killed"` if `kill_task` came first), or
+/// `"missing"`.
 pub const CLAIM: &str = concat!(
     now_ms!(),
     r#"
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
-if st == 'running' then return 'not-owner' end
+if st == 'running' then
+  if redis.call('HGET', KEYS[1], 'worker') == ARGV[1] and redis.call('HGET', KEYS[1], 'entry') == ARGV[2] then
+    return 'running'
+  end
+  return 'not-owner'
+end
 if st ~= 'queued' then return st end
-redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'claimed_at', now)
+redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'entry', ARGV[2], 'claimed_at', now)
 return 'running'
 "#
 );
@@ -144,13 +151,15 @@ return 1
 "#;
 
 /// Puts a job back at the end of the stream for any worker to take, and drops
-/// the old entry, in one step (so it is never both or neither).
+/// the old entry, in one step (so it is never both or neither). An entry that
+/// was already acknowledged (settled twice) is not put back again.
 ///
 /// KEYS[1] jobs stream. ARGV[1] group, ARGV[2] old entry id, ARGV[3] task id.
+/// Returns 1 if requeued, 0 if the entry was no longer pending.
 pub const REQUEUE: &str = r#"
-redis.call('XADD', KEYS[1], '*', 'task_id', ARGV[3])
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
 redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('XADD', KEYS[1], '*', 'task_id', ARGV[3])
 return 1
 "#;
 
@@ -159,7 +168,7 @@ mod tests {
     use super::*;
     use crate::Field;
 
-    const ALL_FIELDS: [Field; 20] = [
+    const ALL_FIELDS: [Field; 21] = [
         Field::State,
         Field::Runtime,
         Field::Image,
@@ -168,6 +177,7 @@ mod tests {
         Field::HasZip,
         Field::CreatedAt,
         Field::ClaimedAt,
+        Field::Entry,
         Field::StartedAt,
         Field::FinishedAt,
         Field::LastOutputAt,

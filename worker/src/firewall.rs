@@ -119,14 +119,15 @@ async fn restore(rules: &str) -> Result<(), FirewallError> {
 
 /// Puts `-i bridge -j target` first in `chain` unless it is already there. Two
 /// workers starting at once can both insert it (check and insert are separate
-/// calls), so extra copies are then deleted: the end state is exactly one.
+/// calls), so extra copies are deleted; two workers deleting at once could then
+/// remove them all, so presence is checked again afterwards. The end state always
+/// has the jump (and, short of such a race, exactly one copy).
 async fn ensure_jump(chain: &str, bridge: &str, target: &str) -> Result<(), FirewallError> {
     let rule = ["-i", bridge, "-j", target];
-    if iptables(&[&["-C", chain][..], &rule].concat())
-        .await
-        .is_err()
-    {
-        iptables(&[&["-I", chain, "1"][..], &rule].concat()).await?;
+    let check = [&["-C", chain][..], &rule].concat();
+    let insert = [&["-I", chain, "1"][..], &rule].concat();
+    if iptables(&check).await.is_err() {
+        iptables(&insert).await?;
     }
     let listing = iptables(&["-S", chain]).await?;
     let wanted = format!("-A {chain} -i {bridge} -j {target}");
@@ -134,6 +135,9 @@ async fn ensure_jump(chain: &str, bridge: &str, target: &str) -> Result<(), Fire
     for _ in 1..copies {
         // Another worker may be deleting the same copy: a failure here is fine.
         let _ = iptables(&[&["-D", chain][..], &rule].concat()).await;
+    }
+    if iptables(&check).await.is_err() {
+        iptables(&insert).await?;
     }
     Ok(())
 }

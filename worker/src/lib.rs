@@ -12,7 +12,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod workspace;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,9 +48,10 @@ pub enum WorkerError {
 pub struct Slots {
     free: Arc<Semaphore>,
     runners: TaskTracker,
-    /// Stream entries a runner of this worker is working on right now; any other
-    /// entry pending under this worker's name has been orphaned (see the reaper).
-    held: Arc<std::sync::Mutex<HashSet<String>>>,
+    /// Stream entries a runner of this worker is working on right now, with their
+    /// task ids; any other entry pending under this worker's name has been
+    /// orphaned (see the reaper).
+    held: Arc<std::sync::Mutex<HashMap<String, String>>>,
 }
 
 impl Slots {
@@ -64,7 +65,7 @@ impl Slots {
         let ctx = ctx.clone();
         let held = self.held.clone();
         let entry = job.entry_id.clone();
-        lock(&held).insert(entry.clone());
+        lock(&held).insert(entry.clone(), job.task_id.clone());
         self.runners.spawn(async move {
             runner::run_job(ctx, job).await;
             lock(&held).remove(&entry);
@@ -74,13 +75,20 @@ impl Slots {
 
     /// Whether a runner of this worker holds stream entry `entry_id`.
     pub(crate) fn holds(&self, entry_id: &str) -> bool {
-        lock(&self.held).contains(entry_id)
+        lock(&self.held).contains_key(entry_id)
+    }
+
+    /// Whether a runner of this worker is running task `task_id` (from any entry).
+    pub(crate) fn runs_task(&self, task_id: &str) -> bool {
+        lock(&self.held).values().any(|t| t == task_id)
     }
 }
 
 /// The set is only touched for an insert, a remove or a lookup, never across an
 /// await, so a poisoned lock can only mean a panic in one of those: keep going.
-fn lock(held: &std::sync::Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+fn lock(
+    held: &std::sync::Mutex<HashMap<String, String>>,
+) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
     held.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -134,7 +142,7 @@ pub async fn run(
         slots.clone(),
         heartbeat_stop.clone(),
     ));
-    recover(&ctx).await?;
+    recover(&ctx, &stop).await?;
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
     tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
 
@@ -211,27 +219,35 @@ async fn pause(stop: &CancellationToken) {
 }
 
 /// After a crash or restart: remove this worker's leftover containers, and settle
-/// the jobs it had read but not acknowledged.
-async fn recover(ctx: &Ctx) -> Result<(), WorkerError> {
+/// the jobs it had read but not acknowledged. A job that cannot be settled now
+/// stays pending under this worker, and the reaper's orphan pass takes it later.
+async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), WorkerError> {
     let me = ctx.queue.worker().to_owned();
     let orphans = ctx.sandbox.remove_containers_of(&me).await?;
     if orphans > 0 {
         tracing::warn!(orphans, "removed task containers left by a previous run");
     }
-    let mut conn = ctx.queue.blocking_connection(READ_BLOCK).await?;
-    let pending: Vec<Job> = ctx
-        .queue
-        .read_jobs(&mut conn, 10_000, READ_BLOCK, true)
-        .await?;
+    let pending = retry("read this worker's pending jobs", stop, || async {
+        let mut conn = ctx.queue.blocking_connection(READ_BLOCK).await?;
+        ctx.queue
+            .read_jobs(&mut conn, 10_000, READ_BLOCK, true)
+            .await
+    })
+    .await?;
     for job in pending {
-        settle(
-            ctx,
-            job,
-            Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted"),
-        )
-        .await?;
+        let restarted = Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted");
+        settle_or_log(ctx, job, restarted).await;
     }
     Ok(())
+}
+
+/// `settle`, logging a failure instead of returning it, so one bad job does not
+/// hold up the others (it stays pending, and is tried again later).
+pub(crate) async fn settle_or_log(ctx: &Ctx, job: Job, lost: Outcome) {
+    let (task_id, entry) = (job.task_id.clone(), job.entry_id.clone());
+    if let Err(e) = settle(ctx, job, lost).await {
+        tracing::warn!(%task_id, %entry, error = %e, "could not settle a job; it stays pending");
+    }
 }
 
 /// Settles a job that was read but never finished (by this worker before a
@@ -243,8 +259,17 @@ async fn recover(ctx: &Ctx) -> Result<(), WorkerError> {
 ///
 /// The entry is acknowledged only once the task is final or requeued, so a
 /// failure here leaves it pending for the next try.
-pub(crate) async fn settle(ctx: &Ctx, job: Job, lost: Outcome) -> Result<(), QueueError> {
-    let (state, owner) = ctx.queue.state_and_owner(&job.task_id).await?;
+async fn settle(ctx: &Ctx, job: Job, lost: Outcome) -> Result<(), QueueError> {
+    let (state, owner) = match ctx.queue.state_and_owner(&job.task_id).await {
+        Ok(found) => found,
+        // A record nothing can make sense of: drop the job, or it would come
+        // back on every pass.
+        Err(e @ QueueError::Corrupt(..)) => {
+            tracing::error!(task_id = %job.task_id, error = %e, "job dropped: its task record is malformed");
+            return ctx.queue.ack(&job.entry_id).await;
+        }
+        Err(e) => return Err(e),
+    };
     let ended = match state {
         TaskStateReply::State(TaskState::Queued) => {
             ctx.queue.requeue(&job).await?;

@@ -189,9 +189,15 @@ impl Queue {
     }
 
     /// queued -> running, owned by this worker.
-    pub async fn claim(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
-        self.state_script(&Script::new(scripts::CLAIM), task_id, &self.worker, &[])
-            .await
+    pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
+        let entry = job.entry_id.as_bytes();
+        self.state_script(
+            &Script::new(scripts::CLAIM),
+            &job.task_id,
+            &self.worker,
+            &[entry],
+        )
+        .await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
@@ -384,7 +390,7 @@ impl Queue {
     /// its old entry (see `scripts::REQUEUE`).
     pub async fn requeue(&self, job: &Job) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
-        let _: i64 = Script::new(scripts::REQUEUE)
+        let _requeued: i64 = Script::new(scripts::REQUEUE)
             .key(self.keys.jobs())
             .arg(WORKER_GROUP)
             .arg(&job.entry_id)

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::queue::{QueueError, TaskStateReply};
 use crate::runner::Ctx;
-use crate::{Slots, settle};
+use crate::{Slots, settle_or_log};
 
 pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
@@ -74,8 +74,12 @@ async fn reap(
             tracing::warn!(worker = %name, jobs = jobs.len(), "settling the jobs of a lost worker");
         }
         for job in jobs {
-            let lost = Outcome::killed(ReasonKind::WorkerLost, "worker lost");
-            settle(ctx, job, lost).await?;
+            settle_or_log(
+                ctx,
+                job,
+                Outcome::killed(ReasonKind::WorkerLost, "worker lost"),
+            )
+            .await;
         }
         // It may have come back while its jobs were settled: then its containers
         // are its own again.
@@ -110,9 +114,15 @@ async fn reclaim_orphans(ctx: &Ctx, slots: &Slots, ttl: Duration) -> Result<(), 
         .claim_pending_of(&me, ttl * 2, |entry| slots.holds(entry))
         .await?;
     for job in orphans {
+        if slots.runs_task(&job.task_id) {
+            // A second entry for a task a runner here is running: drop the copy.
+            tracing::warn!(task_id = %job.task_id, entry = %job.entry_id, "duplicate job dropped");
+            ctx.queue.ack(&job.entry_id).await?;
+            continue;
+        }
         tracing::warn!(task_id = %job.task_id, entry = %job.entry_id, "settling a job no runner holds");
         let lost = Outcome::killed(ReasonKind::WorkerLost, "worker lost track of the task");
-        settle(ctx, job, lost).await?;
+        settle_or_log(ctx, job, lost).await;
     }
     Ok(())
 }

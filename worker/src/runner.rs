@@ -51,7 +51,7 @@ pub async fn run_job(ctx: Ctx, job: Job) {
 
 async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError> {
     let task_id = job.task_id.as_str();
-    match retry("claim", &ctx.abort, || ctx.queue.claim(task_id)).await? {
+    match retry("claim", &ctx.abort, || ctx.queue.claim(job)).await? {
         TaskStateReply::State(TaskState::Running) => {}
         other => {
             tracing::info!(task_id, ?other, "job skipped: task is not queued");
