@@ -4,20 +4,7 @@
 mod common;
 
 use common::*;
-use redis::AsyncCommands;
 use serde_json::json;
-
-/// Nothing of a task exists in Redis: no job, no task hash, no zip.
-async fn assert_no_task_created(stack: &Stack) {
-    let mut r = stack.redis_conn().await;
-    let jobs: u64 = r.xlen(format!("{}:jobs", stack.prefix)).await.unwrap_or(99);
-    assert_eq!(jobs, 0, "a job was enqueued");
-    let keys: Vec<String> = r
-        .keys(format!("{}:task:*", stack.prefix))
-        .await
-        .unwrap_or_default();
-    assert!(keys.is_empty(), "task keys were written: {keys:?}");
-}
 
 #[tokio::test]
 async fn bad_input_is_an_error_result_that_says_what_to_fix_and_creates_no_task() {

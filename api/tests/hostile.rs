@@ -136,8 +136,12 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     ])
     .split_whitespace()
     .next()
-    .unwrap_or("127.0.0.1")
+    .unwrap_or_default()
     .to_owned();
+    assert!(
+        !gateway.is_empty() && !host_ip.is_empty(),
+        "gateway {gateway:?}, host ip {host_ip:?}"
+    );
     let api_port = stack.url.rsplit(':').next().unwrap_or("0").to_owned();
 
     // The innocent task goes first and must be untouched by what runs beside it.
@@ -210,11 +214,12 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
             "dd if=/dev/zero of=/workspace/fill bs=1M count=1024",
             t.clone()
         ),
-        run_to_end(
+        run_to_end_within(
             &client,
             "python3.13",
             "head -c 2147483648 /dev/zero",
-            json!({ "timeout_seconds": 600 })
+            json!({ "timeout_seconds": 600 }),
+            Duration::from_secs(600),
         ),
         run_to_end(
             &client,
@@ -288,7 +293,7 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
         "{privileges}"
     );
 
-    // Network: every probe refused, fast; the route out is still there.
+    // Network: every probe refused; the route out is still there.
     let out = network["stdout_tail"].as_str().unwrap_or_default();
     assert_eq!(network["state"], "succeeded", "{network}");
     for target in &targets {
@@ -297,14 +302,13 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
             .lines()
             .find(|l| l.starts_with(&format!("{name} ")))
             .unwrap_or_default();
-        let secs: f64 = line
-            .split_whitespace()
-            .nth(2)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(99.0);
+        // Refused (reset, unreachable), not silently dropped: a drop would end in
+        // the probe's own 4 s timeout.
         assert!(
-            line.contains(" blocked ") && secs < 4.0,
-            "{name} was not refused fast: {line:?}\n{out}"
+            line.contains(" blocked ")
+                && !line.contains("TimeoutError")
+                && !line.contains("timeout"),
+            "{name} was not refused: {line:?}\n{out}"
         );
     }
     assert!(out.contains("default-route present"), "{out}");
@@ -412,10 +416,6 @@ async fn unsafe_archives_are_refused_at_submit_and_write_nothing() {
         !std::path::Path::new(&format!("/tmp/{canary}")).exists(),
         "an archive wrote outside"
     );
-    let mut r = stack.redis_conn().await;
-    let jobs: u64 = redis::AsyncCommands::xlen(&mut r, format!("{}:jobs", stack.prefix))
-        .await
-        .unwrap_or(99);
-    assert_eq!(jobs, 0, "a rejected archive created a task");
+    assert_no_task_created(&stack).await;
     stack.shutdown().await;
 }

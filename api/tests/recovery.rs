@@ -1,6 +1,7 @@
 //! Crash recovery with real processes: a worker is SIGKILLed mid-task, and either
-//! comes back under its name or is replaced by another worker's reaper. No task is
-//! lost, every in-flight task gets a final state, and no container is left behind.
+//! comes back under its name or is replaced by another worker's reaper; a worker
+//! stops on SIGTERM; Redis goes away mid-task. No task is lost, every in-flight
+//! task gets a final state, and no container is left behind.
 
 mod common;
 
@@ -10,13 +11,16 @@ use common::*;
 use redis::AsyncCommands;
 use serde_json::json;
 
-#[tokio::test]
-async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() {
-    let mut stack = Stack::start(Options {
+fn without_worker() -> Options {
+    Options {
         start_worker: false,
         ..Options::default()
-    })
-    .await;
+    }
+}
+
+#[tokio::test]
+async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() {
+    let mut stack = Stack::start(without_worker()).await;
     let client = stack.client().await;
     let fast_heartbeat = [
         ("WORKER_HEARTBEAT_SECONDS", "1"),
@@ -29,8 +33,7 @@ async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() 
     let waiting = run(&client, "python3.13", "echo second", json!({})).await;
     assert_eq!(status(&client, &waiting).await["state"], "queued");
 
-    doomed.kill().expect("SIGKILL the worker");
-    let _ = doomed.wait();
+    doomed.kill();
     assert!(
         !containers_of_task(&running).is_empty(),
         "the orphan container should outlive its worker"
@@ -65,16 +68,16 @@ async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() 
     wait_container_gone(&running).await;
     // And forgot the dead worker once it held nothing.
     let redis = stack.redis.client();
-    let workers_key = format!("{}:workers", stack.prefix);
+    let (workers_key, dead) = (format!("{}:workers", stack.prefix), stack.worker("doomed"));
     wait_until(
         "the dead worker to be forgotten",
         Duration::from_secs(30),
         || {
-            let (redis, key) = (redis.clone(), workers_key.clone());
+            let (redis, key, dead) = (redis.clone(), workers_key.clone(), dead.clone());
             async move {
                 let mut c = redis.get_multiplexed_async_connection().await.ok()?;
                 let members: Vec<String> = c.smembers(&key).await.ok()?;
-                (!members.iter().any(|m| m == "doomed")).then_some(())
+                (!members.contains(&dead)).then_some(())
             }
         },
     )
@@ -84,18 +87,15 @@ async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() 
 
 #[tokio::test]
 async fn a_restarted_worker_marks_its_in_flight_tasks_killed_and_removes_their_containers() {
-    let mut stack = Stack::start(Options {
-        start_worker: false,
-        ..Options::default()
-    })
-    .await;
+    let mut stack = Stack::start(without_worker()).await;
     let client = stack.client().await;
     let mut worker = stack.spawn_worker_process("phoenix", &[]).await;
     let id = start_sleeper(&client, "up").await;
 
-    worker.kill().expect("SIGKILL the worker");
-    let _ = worker.wait();
-    let mut worker = stack.spawn_worker_process("phoenix", &[]).await;
+    worker.kill();
+    // As if its heartbeat had expired, so the wait below is for the new process.
+    stack.drop_heartbeat("phoenix").await;
+    let _worker = stack.spawn_worker_process("phoenix", &[]).await;
 
     let s = wait_status(
         &client,
@@ -111,30 +111,19 @@ async fn a_restarted_worker_marks_its_in_flight_tasks_killed_and_removes_their_c
     // The restarted worker takes new work as usual.
     let next = run_to_end(&client, "python3.13", "echo back", json!({})).await;
     assert_eq!(next["stdout_tail"], "back\n");
-    let _ = worker.kill();
-    let _ = worker.wait();
     stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed() {
-    let mut stack = Stack::start(Options {
-        start_worker: false,
-        ..Options::default()
-    })
-    .await;
+    let mut stack = Stack::start(without_worker()).await;
     let client = stack.client().await;
     let worker = stack
         .spawn_worker_process("leaver", &[("SHUTDOWN_GRACE_SECONDS", "1")])
         .await;
     let id = start_sleeper(&client, "up").await;
 
-    let pid = worker.id().to_string();
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill");
-    assert!(term.success());
+    worker.terminate();
     let s = wait_status(
         &client,
         &id,
@@ -146,36 +135,29 @@ async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed()
     assert_eq!(s["state"], "killed", "{s}");
     assert_eq!(s["reason"], "worker shut down before the task finished");
     wait_container_gone(&id).await;
-    let mut worker = worker;
-    let exit = tokio::task::spawn_blocking(move || worker.wait())
-        .await
-        .expect("join")
-        .expect("wait");
     assert!(
-        exit.success(),
-        "the worker should exit cleanly after SIGTERM: {exit}"
+        worker.exited_cleanly().await,
+        "the worker should exit 0 after SIGTERM"
     );
     stack.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_stopping_worker_keeps_heartbeating_so_its_grace_period_is_honoured() {
-    let mut stack = Stack::start(Options {
-        start_worker: false,
-        ..Options::default()
-    })
-    .await;
+    let mut stack = Stack::start(without_worker()).await;
     let client = stack.client().await;
     let quick = [
         ("WORKER_HEARTBEAT_SECONDS", "1"),
-        ("SHUTDOWN_GRACE_SECONDS", "30"),
+        ("SHUTDOWN_GRACE_SECONDS", "60"),
         ("WORKER_CONCURRENCY", "1"),
     ];
     let leaving = stack.spawn_worker_process("leaving", &quick).await;
+    // Long enough after the signal for a watcher to take a silent worker for dead
+    // several times over (it needs about two heartbeat periods: 2 s).
     let id = run(
         &client,
         "python3.13",
-        "echo up; sleep 4; echo done",
+        "echo up; sleep 10; echo done",
         json!({}),
     )
     .await;
@@ -191,10 +173,7 @@ async fn a_stopping_worker_keeps_heartbeating_so_its_grace_period_is_honoured() 
     stack
         .start_worker("watcher", &[("WORKER_HEARTBEAT_SECONDS", "1")])
         .await;
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &leaving.id().to_string()])
-        .status();
-    assert!(term.is_ok_and(|s| s.success()));
+    leaving.terminate();
     let s = wait_status(
         &client,
         &id,
@@ -208,12 +187,7 @@ async fn a_stopping_worker_keeps_heartbeating_so_its_grace_period_is_honoured() 
         "the reaper took a draining worker for dead: {s}"
     );
     assert_eq!(s["stdout_tail"], "up\ndone\n");
-    let mut leaving = leaving;
-    let exit = tokio::task::spawn_blocking(move || leaving.wait())
-        .await
-        .expect("join")
-        .expect("wait");
-    assert!(exit.success());
+    assert!(leaving.exited_cleanly().await);
     stack.shutdown().await;
 }
 
@@ -234,6 +208,10 @@ async fn leftover_files_of_ended_tasks_are_collected_and_nothing_else_is_touched
         std::fs::write(dir.join("sub/file.py"), "print(1)").expect("file");
         dir
     };
+    // What must stay is made first, so the pass that removes the rest has seen it.
+    // No record here but recent: perhaps another deployment's live task.
+    let foreign_task_dir = make(&uuid::Uuid::new_v4().to_string());
+    let not_a_task = make("not-a-task");
     // A task that ended (its own worker removed its files; these stand for a
     // dead worker's leftovers).
     let ended = run_to_end(&client, "python3.13", "true", json!({})).await;
@@ -244,9 +222,6 @@ async fn leftover_files_of_ended_tasks_are_collected_and_nothing_else_is_touched
     std::fs::File::open(&expired_dir)
         .and_then(|f| f.set_modified(two_hours_ago))
         .expect("backdate");
-    // No record here but recent: perhaps another deployment's live task.
-    let foreign_task_dir = make(&uuid::Uuid::new_v4().to_string());
-    let not_a_task = make("not-a-task");
 
     wait_until(
         "the ended and expired tasks' files to be removed",
@@ -316,11 +291,7 @@ async fn a_redis_outage_mid_task_loses_nothing_and_the_api_says_so_meanwhile() {
 
 #[tokio::test]
 async fn a_job_read_but_never_run_by_a_live_worker_is_put_back_and_runs() {
-    let mut stack = Stack::start(Options {
-        start_worker: false,
-        ..Options::default()
-    })
-    .await;
+    let mut stack = Stack::start(without_worker()).await;
     stack
         .start_worker(
             "keeper",
@@ -338,7 +309,7 @@ async fn a_job_read_but_never_run_by_a_live_worker_is_put_back_and_runs() {
     // name as if the reply to its XREADGROUP had been lost on the way.
     let mut r = stack.redis_conn().await;
     let opts = redis::streams::StreamReadOptions::default()
-        .group("workers", "keeper")
+        .group("workers", stack.worker("keeper"))
         .count(1);
     let read: redis::streams::StreamReadReply = r
         .xread_options(&[format!("{}:jobs", stack.prefix)], &[">"], &opts)

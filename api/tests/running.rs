@@ -244,12 +244,19 @@ async fn kill_task_on_a_queued_task_means_it_never_starts() {
         "it started: {s}"
     );
     assert_eq!(s["stdout_bytes"], 0);
-    // Its job left the stream.
-    let mut redis = stack.redis_conn().await;
-    let len: u64 = redis::AsyncCommands::xlen(&mut redis, format!("{}:jobs", stack.prefix))
-        .await
-        .unwrap_or(99);
-    assert_eq!(len, 0);
+    // Its job left the stream (the last task's is acknowledged just after its
+    // final state is written, so wait for it).
+    let redis = stack.redis.client();
+    let jobs = format!("{}:jobs", stack.prefix);
+    wait_until("the stream to empty", Duration::from_secs(30), || {
+        let (redis, jobs) = (redis.clone(), jobs.clone());
+        async move {
+            let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+            let len: u64 = redis::AsyncCommands::xlen(&mut c, &jobs).await.ok()?;
+            (len == 0).then_some(())
+        }
+    })
+    .await;
     stack.shutdown().await;
 }
 

@@ -225,9 +225,11 @@ class Stack:
     def redis(self, *args: str) -> object:
         return redis_command(self.redis_port, *args)
 
-    def jobs_len(self) -> int:
-        """How many jobs were ever queued in this run (XLEN of the jobs stream)."""
-        n = self.redis("XLEN", f"{self.prefix}:jobs")
+    def task_count(self) -> int:
+        """How many task records exist under this run's prefix. A record stays
+        after its task has run (until the retention TTL), unlike its stream entry,
+        so this counts every task ever created in the run."""
+        n = self.redis("EVAL", "return #redis.call('KEYS', ARGV[1])", "0", f"{self.prefix}:task:*")
         assert isinstance(n, int)
         return n
 

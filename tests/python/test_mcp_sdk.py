@@ -191,7 +191,7 @@ async def test_python_one_liner_stdout_and_stderr(stack: Stack, mode: str) -> No
         assert status["runtime"] == "python3.13"
         assert status["timeout_seconds"] == 300
         assert isinstance(status["reason"], str) and status["reason"]
-        assert status["runtime_seconds"] is not None and 0 <= status["runtime_seconds"] < TASK_DEADLINE
+        assert status["runtime_seconds"] is not None and status["runtime_seconds"] >= 0
         assert status["seconds_since_last_output"] is not None
         # RFC 3339 UTC with milliseconds: fixed width, so string order is time order.
         assert status["created_at"] <= status["started_at"] <= status["finished_at"]
@@ -358,13 +358,13 @@ BAD_RUN_SCRIPT = [
 async def test_run_script_rejects_bad_input(
     stack: Stack, client: Client, override: dict[str, Any], expected: list[str]
 ) -> None:
-    jobs_before = stack.jobs_len()
+    tasks_before = stack.task_count()
     arguments = {"runtime": "python3.13", "command_base64": b64("echo never"), **override}
     arguments = {k: v for k, v in arguments.items() if v is not DROP}
     message = await call_err(client, "run_script", arguments)
     for fragment in expected:
         assert fragment in message, f"{fragment!r} not in the error message {message!r}"
-    assert stack.jobs_len() == jobs_before, "a rejected run_script must not queue a task"
+    assert stack.task_count() == tasks_before, "a rejected run_script must not create a task"
 
 
 @pytest.mark.parametrize(

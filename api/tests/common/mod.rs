@@ -280,6 +280,12 @@ impl Stack {
         &self.tasks_dir
     }
 
+    /// The real worker name for `name` in this stack: names are labels on the one
+    /// Docker engine, so they must not meet another test's (or run's) workers.
+    pub fn worker(&self, name: &str) -> String {
+        format!("{name}-{}", self.prefix)
+    }
+
     /// The stack's environment with `extra` on top.
     fn env_with(&self, name: &str, extra: &[(&str, &str)]) -> HashMap<String, String> {
         let mut env = self.env.clone();
@@ -294,6 +300,7 @@ impl Stack {
 
     /// Starts a worker in this process and waits until it heartbeats.
     pub async fn start_worker(&mut self, name: &str, extra: &[(&str, &str)]) {
+        let name = &self.worker(name);
         let env = self.env_with(name, extra);
         let cfg = script_runner_worker::Config::from_lookup(|k| env.get(k).cloned())
             .expect("worker config");
@@ -311,7 +318,12 @@ impl Stack {
 
     /// Starts the worker binary as a child process (so a test can SIGKILL it) and
     /// waits until it heartbeats. The binary comes from `cargo build --bins`.
-    pub async fn spawn_worker_process(&mut self, name: &str, extra: &[(&str, &str)]) -> Child {
+    pub async fn spawn_worker_process(
+        &mut self,
+        name: &str,
+        extra: &[(&str, &str)],
+    ) -> WorkerProcess {
+        let name = &self.worker(name);
         let bin = std::env::var("SCRIPT_RUNNER_WORKER_BIN").unwrap_or_else(|_| {
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
@@ -335,7 +347,17 @@ impl Stack {
             self.worker_names.push(name.to_owned());
         }
         self.wait_for_heartbeat(name).await;
-        child
+        WorkerProcess(Some(child))
+    }
+
+    /// Deletes a worker's heartbeat, as its expiry would after a crash, so that a
+    /// restart's `wait_for_heartbeat` waits for the new process.
+    pub async fn drop_heartbeat(&self, name: &str) {
+        let mut r = self.redis_conn().await;
+        let _: () = r
+            .del(format!("{}:worker:{}", self.prefix, self.worker(name)))
+            .await
+            .expect("del");
     }
 
     pub async fn wait_for_heartbeat(&self, name: &str) {
@@ -374,7 +396,12 @@ impl Stack {
     pub async fn shutdown(mut self) {
         self.stop.cancel();
         for w in self.workers.drain(..) {
-            let _ = tokio::time::timeout(Duration::from_secs(30), w).await;
+            match tokio::time::timeout(Duration::from_secs(30), w).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Ok(Err(e)) => panic!("worker task failed: {e}"),
+                Err(_) => panic!("a worker did not stop within 30 s of shutdown"),
+            }
         }
     }
 }
@@ -494,15 +521,32 @@ pub fn is_final(s: &Value) -> bool {
 
 /// Runs a script to its final state and returns that status.
 pub async fn run_to_end(client: &Client, runtime: &str, command: &str, extra: Value) -> Value {
+    run_to_end_within(client, runtime, command, extra, Duration::from_secs(120)).await
+}
+
+/// `run_to_end` for a task that may legitimately take longer than two minutes.
+pub async fn run_to_end_within(
+    client: &Client,
+    runtime: &str,
+    command: &str,
+    extra: Value,
+    deadline: Duration,
+) -> Value {
     let id = run(client, runtime, command, extra).await;
-    wait_status(
-        client,
-        &id,
-        "the task to finish",
-        Duration::from_secs(120),
-        is_final,
-    )
-    .await
+    wait_status(client, &id, "the task to finish", deadline, is_final).await
+}
+
+/// Nothing of a task exists in Redis: no job ever stayed in the stream and no
+/// task record or zip was written (a job would be gone once run, a record not).
+pub async fn assert_no_task_created(stack: &Stack) {
+    let mut r = stack.redis_conn().await;
+    let jobs: u64 = r.xlen(format!("{}:jobs", stack.prefix)).await.unwrap_or(99);
+    assert_eq!(jobs, 0, "a job was enqueued");
+    let keys: Vec<String> = r
+        .keys(format!("{}:task:*", stack.prefix))
+        .await
+        .unwrap_or_default();
+    assert!(keys.is_empty(), "task keys were written: {keys:?}");
 }
 
 /// A zip of `(path, contents)` pairs; paths ending in '/' are directories.
@@ -564,4 +608,45 @@ pub async fn wait_container_gone(task_id: &str) {
         || async { containers_of_task(task_id).is_empty().then_some(()) },
     )
     .await;
+}
+
+/// A worker process that is killed when dropped, so a failing test leaves none
+/// behind.
+pub struct WorkerProcess(Option<Child>);
+
+impl WorkerProcess {
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "SIGTERM failed");
+    }
+
+    /// Waits for it to exit (after `terminate`); whether it exited cleanly.
+    pub async fn exited_cleanly(mut self) -> bool {
+        let Some(mut child) = self.0.take() else {
+            return false;
+        };
+        tokio::task::spawn_blocking(move || child.wait().is_ok_and(|s| s.success()))
+            .await
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
