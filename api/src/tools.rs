@@ -77,8 +77,10 @@ impl IntoContents for ToolError {
     }
 }
 
-/// Input of `run_script`.
+/// Input of `run_script`. Unknown arguments are refused, naming the known ones,
+/// so a model that guessed a name (`timeout`, `language`) learns the right one.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunScriptInput {
     /// The runtime (container image) to run in, e.g. "python3.13", "python3.8" or
     /// "node24". The server's instructions list the configured runtimes.
@@ -93,7 +95,7 @@ pub struct RunScriptInput {
     pub zip_base64: Option<String>,
     /// Optional wall-clock limit in seconds (default 300). Larger values are
     /// lowered to the server's cap; the effective value is returned.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "timeout_seconds")]
     pub timeout_seconds: Option<i64>,
 }
 
@@ -108,8 +110,9 @@ pub struct RunScriptOutput {
     pub timeout_seconds: u64,
 }
 
-/// Input of `get_task_status` and `kill_task`.
+/// Input of `kill_task`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct TaskIdInput {
     /// The task_id returned by run_script.
     pub task_id: String,
@@ -117,13 +120,47 @@ pub struct TaskIdInput {
 
 /// Input of `get_task_status`.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StatusInput {
     /// The task_id returned by run_script.
     pub task_id: String,
     /// How many bytes of the end of stdout and of stderr to return (default 4096,
     /// capped at 65536). 0 returns no output, only the state.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "tail_bytes")]
     pub tail_bytes: Option<i64>,
+}
+
+// Models often send numbers as strings ("300") or as 300.0. Accept those, and
+// otherwise say which argument is wrong: serde's own message ("invalid type:
+// string, expected i64") does not name it.
+fn timeout_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("timeout_seconds", d)
+}
+
+fn tail_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("tail_bytes", d)
+}
+
+fn whole_number<'de, D: serde::Deserializer<'de>>(
+    name: &str,
+    d: D,
+) -> Result<Option<i64>, D::Error> {
+    use serde_json::Value;
+    let value = Option::<Value>::deserialize(d)?;
+    let parsed = match &value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                .map(|f| f as i64)
+        }),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        Some(_) => None,
+    };
+    parsed.map(Some).ok_or_else(|| {
+        let shown = value.map(|v| v.to_string()).unwrap_or_default();
+        serde::de::Error::custom(format!("{name} must be a whole number, got {shown}"))
+    })
 }
 
 /// Output of `get_task_status`.

@@ -238,3 +238,83 @@ async fn a_zip_over_the_compressed_size_cap_is_refused_with_both_sizes() {
     assert_no_task_created(&stack).await;
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn numbers_as_strings_are_accepted_and_wrong_arguments_are_named() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let cmd = b64("true");
+    let ok = call_ok(
+        &client,
+        "run_script",
+        json!({ "runtime": "python3.13", "command_base64": cmd, "timeout_seconds": "5" }),
+    )
+    .await;
+    assert_eq!(ok["timeout_seconds"], 5);
+    let ok = call_ok(
+        &client,
+        "run_script",
+        json!({ "runtime": "python3.13", "command_base64": cmd, "timeout_seconds": 7.0 }),
+    )
+    .await;
+    assert_eq!(ok["timeout_seconds"], 7);
+
+    let msg = call_err(
+        &client,
+        "run_script",
+        json!({ "runtime": "python3.13", "command_base64": cmd, "timeout_seconds": "soon" }),
+    )
+    .await;
+    assert!(
+        msg.contains("timeout_seconds must be a whole number, got \"soon\""),
+        "{msg}"
+    );
+    let msg = call_err(
+        &client,
+        "run_script",
+        json!({ "runtime": "python3.13", "command_base64": cmd, "timeout_seconds": 1.5 }),
+    )
+    .await;
+    assert!(
+        msg.contains("timeout_seconds must be a whole number, got 1.5"),
+        "{msg}"
+    );
+    let msg = call_err(
+        &client,
+        "run_script",
+        json!({ "runtime": "python3.13", "command_base64": cmd, "language": "python" }),
+    )
+    .await;
+    assert!(
+        msg.contains("unknown field `language`") && msg.contains("timeout_seconds"),
+        "{msg}"
+    );
+    let id = ok["task_id"].as_str().unwrap_or_default();
+    let msg = call_err(
+        &client,
+        "get_task_status",
+        json!({ "task_id": id, "tail_bytes": [1] }),
+    )
+    .await;
+    assert!(msg.contains("tail_bytes must be a whole number"), "{msg}");
+
+    // The schema still tells the model these are integers.
+    let tools = client.list_all_tools().await.expect("tools");
+    let run = tools
+        .iter()
+        .find(|t| t.name == "run_script")
+        .expect("run_script");
+    let ty = run
+        .input_schema
+        .get("properties")
+        .and_then(|p| p.get("timeout_seconds"))
+        .and_then(|t| t.get("type"))
+        .cloned();
+    assert_eq!(
+        ty,
+        Some(json!(["integer", "null"])),
+        "{:?}",
+        run.input_schema
+    );
+    stack.shutdown().await;
+}
