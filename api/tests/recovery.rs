@@ -338,3 +338,46 @@ async fn a_job_read_but_never_run_by_a_live_worker_is_put_back_and_runs() {
     );
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_task_cannot_outlive_its_timeout_even_when_its_worker_dies() {
+    let mut stack = Stack::start(without_worker()).await;
+    let client = stack.client().await;
+    let mut worker = stack.spawn_worker_process("short-lived", &[]).await;
+    let id = run(
+        &client,
+        "python3.13",
+        "echo up; sleep 300",
+        json!({ "timeout_seconds": 3 }),
+    )
+    .await;
+    wait_status(
+        &client,
+        &id,
+        "the task to run",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "up\n",
+    )
+    .await;
+    worker.kill();
+    // Nobody is left to enforce the timeout from outside: the container's own
+    // deadline (timeout + 5 s) stops the script long before its 300 s sleep ends.
+    let containers = containers_of_task(&id);
+    assert!(
+        !containers.is_empty(),
+        "the container should outlive its worker"
+    );
+    wait_until(
+        "the container to stop by itself",
+        Duration::from_secs(60),
+        || async {
+            let out = std::process::Command::new("docker")
+                .args(["inspect", "-f", "{{.State.Running}}", &containers])
+                .output()
+                .ok()?;
+            (String::from_utf8_lossy(&out.stdout).trim() == "false").then_some(())
+        },
+    )
+    .await;
+    stack.shutdown().await;
+}

@@ -119,7 +119,13 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<
         .unwrap_or(&spec.image);
     let ended = match ctx
         .sandbox
-        .create(task_id, image, &spec.command, source.as_deref())
+        .create(
+            task_id,
+            image,
+            &spec.command,
+            source.as_deref(),
+            spec.timeout_seconds,
+        )
         .await
     {
         Ok(container) => {
@@ -235,6 +241,7 @@ async fn supervise(
             tracing::warn!(task_id, error = %e, "could not record the start; supervising anyway")
         }
     }
+    let started = Instant::now();
     let mut tails = Tails::new();
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -297,6 +304,13 @@ async fn supervise(
         let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
     }
     let outcome = match end {
+        // Killed by the container's own deadline (the worker's timer was late).
+        // (`timeout -s KILL` exits 137; 124 is its usual "timed out" status.)
+        End::Exited(124 | 137, false)
+            if started.elapsed() >= Duration::from_secs(spec.timeout_seconds) =>
+        {
+            Outcome::timed_out(spec.timeout_seconds)
+        }
         End::Exited(code, oom) => {
             let l = sandbox.limits();
             let caps = Caps {

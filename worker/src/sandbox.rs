@@ -19,6 +19,35 @@ use futures_util::{Stream, StreamExt};
 
 use crate::config::SandboxLimits;
 
+/// A container kills its own script this long after the task's timeout, so a
+/// task outlives neither its deadline nor a worker that died (whose timer died
+/// with it). Normally the worker's own timer, at the timeout itself, acts first.
+pub const SELF_DEADLINE_GRACE_SECONDS: u64 = 5;
+
+/// The container's command: copy the zip's files in (if any), then run the user's
+/// command under `timeout -s KILL <deadline>` where the image has `timeout`
+/// (coreutils or busybox), else directly. The user's command is passed as `$1`,
+/// never spliced into the script, so no quoting of it is ever needed.
+fn container_command(command: &str, has_source: bool, deadline_seconds: u64) -> Vec<String> {
+    let copy = if has_source {
+        format!("cp -R {SOURCE_MOUNT}/. /workspace/ && ")
+    } else {
+        String::new()
+    };
+    let script = format!(
+        "{copy}cd /workspace && if command -v timeout >/dev/null 2>&1; \
+         then exec timeout -s KILL \"$2\" sh -c \"$1\"; else exec sh -c \"$1\"; fi"
+    );
+    vec![
+        "sh".into(),
+        "-c".into(),
+        script,
+        "sh".into(),
+        command.to_owned(),
+        deadline_seconds.to_string(),
+    ]
+}
+
 /// Where the extracted zip is mounted (read-only) before it is copied to /workspace.
 const SOURCE_MOUNT: &str = "/.sr-source";
 const OPT_BRIDGE_NAME: &str = "com.docker.network.bridge.name";
@@ -137,13 +166,16 @@ impl Sandbox {
     ///
     /// /workspace is a size-capped tmpfs owned by the task's user, so a task can
     /// never fill the host's disk. The extracted zip (`source`, on the host) is
-    /// mounted read-only and copied in before the command runs.
+    /// mounted read-only and copied in before the command runs. The script is
+    /// killed from inside the container shortly after `timeout_seconds` even if
+    /// this worker is gone by then.
     pub async fn create(
         &self,
         task_id: &str,
         image: &str,
         command: &str,
         source: Option<&Path>,
+        timeout_seconds: u64,
     ) -> Result<String, SandboxError> {
         let l = &self.limits;
         let memory = (l.memory_mib * 1024 * 1024) as i64;
@@ -161,26 +193,12 @@ impl Sandbox {
                 format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib),
             ),
         ]);
-        let (binds, cmd) = match source {
-            Some(src) => (
-                Some(vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]),
-                vec![
-                    "sh".to_owned(),
-                    "-c".to_owned(),
-                    // "$1" is the user's command, passed as an argument so that no
-                    // quoting of it is ever needed.
-                    format!(
-                        "cp -R {SOURCE_MOUNT}/. /workspace/ && cd /workspace && exec sh -c \"$1\""
-                    ),
-                    "sh".to_owned(),
-                    command.to_owned(),
-                ],
-            ),
-            None => (
-                None,
-                vec!["sh".to_owned(), "-c".to_owned(), command.to_owned()],
-            ),
-        };
+        let binds = source.map(|src| vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]);
+        let cmd = container_command(
+            command,
+            source.is_some(),
+            timeout_seconds + SELF_DEADLINE_GRACE_SECONDS,
+        );
         let host_config = HostConfig {
             binds,
             memory: Some(memory),
@@ -340,5 +358,24 @@ impl Sandbox {
             }
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_users_command_is_an_argument_never_part_of_the_script() {
+        let evil = "echo \"$2\"; rm -rf / ; `id`";
+        let cmd = container_command(evil, true, 65);
+        assert_eq!(cmd.len(), 6);
+        assert_eq!(&cmd[..2], ["sh", "-c"]);
+        assert!(cmd[2].starts_with("cp -R /.sr-source/. /workspace/ && cd /workspace"));
+        assert!(!cmd[2].contains("rm -rf"));
+        assert_eq!((cmd[4].as_str(), cmd[5].as_str()), (evil, "65"));
+        assert!(cmd[2].contains("timeout -s KILL \"$2\" sh -c \"$1\""));
+        let no_zip = container_command("true", false, 10);
+        assert!(no_zip[2].starts_with("cd /workspace && "));
     }
 }
