@@ -1,6 +1,7 @@
 //! One task from claim to acknowledgement:
-//! claim -> workspace -> container (attach, start) -> supervise (tails, kill,
-//! timeout) -> finish -> remove container and workspace -> ack.
+//! claim -> source files -> container (attach, start) -> supervise (tails, kill,
+//! timeout) -> remove container and source files -> record output and outcome
+//! -> ack. Docker resources are released before anything that needs Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,7 +40,8 @@ pub async fn run_job(ctx: Ctx, job: Job) {
         Ok(Some(state)) => tracing::info!(%task_id, %state, "task finished"),
         Ok(None) => {}
         Err(e) => {
-            // The entry stays pending: the next start of this worker recovers it.
+            // The entry stays pending: the reaper's orphan pass (or this worker's
+            // next start) settles it.
             tracing::error!(%task_id, error = %e, "task could not be recorded; left pending");
             return;
         }
