@@ -1,10 +1,11 @@
 //! The MCP front end of script-runner: stateless Streamable HTTP at `POST /mcp`
-//! behind a bearer token, and an open `GET /healthz`.
+//! and Prometheus `GET /metrics` behind a bearer token, and an open `GET /healthz`.
 //!
 //! `run(listener, config, shutdown)` is the whole server; the binary only loads
 //! the config and binds. Tests start it on port 0.
 
 pub mod config;
+mod metrics;
 pub mod store;
 pub mod tools;
 
@@ -77,6 +78,8 @@ pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, Store
     let token = Arc::new(config.token.clone().into_bytes());
     let authed = Router::new()
         .route_service("/mcp", mcp)
+        .route("/metrics", get(metrics::handler))
+        .with_state(store.clone())
         .layer(middleware::from_fn_with_state(token, require_bearer));
     Ok(Router::new()
         .route("/healthz", get(healthz))

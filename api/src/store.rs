@@ -2,12 +2,12 @@
 //! Key names and hash fields come from `shared`; multi-step changes are atomic
 //! (MULTI for submit, Lua for kill).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands, Script};
 use deadpool_redis::{Pool, Runtime};
-use shared::keys::JOB_TASK_ID;
+use shared::keys::{JOB_TASK_ID, STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP};
 use shared::task::KILLED_BY_USER_REASON;
 use shared::{Field, Keys, ReasonKind, TaskState, scripts};
 
@@ -21,6 +21,29 @@ pub enum StoreError {
     Corrupt(String),
     #[error("could not create the Redis pool: {0}")]
     BuildPool(String),
+}
+
+/// `XPENDING key group`: count, first and last pending ids, and per consumer its
+/// name and count.
+type PendingSummary = (
+    u64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
+
+/// What `/metrics` reports, read from Redis in one go.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Entries in the jobs stream: queued plus being run.
+    pub jobs_in_stream: u64,
+    /// Entries read by a worker and not yet acknowledged.
+    pub jobs_pending: u64,
+    /// Live workers and the tasks each is running (from its heartbeat).
+    pub workers: BTreeMap<String, u64>,
+    pub submitted: u64,
+    /// (state, reason kind) -> tasks.
+    pub finished: BTreeMap<(String, String), u64>,
 }
 
 /// A task as `run_script` hands it to the queue.
@@ -96,6 +119,65 @@ impl Store {
         Ok(conn.xlen(self.keys.jobs()).await?)
     }
 
+    pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let (jobs_in_stream, stats, names): (u64, HashMap<String, u64>, Vec<String>) =
+            redis::pipe()
+                .xlen(self.keys.jobs())
+                .hgetall(self.keys.stats())
+                .smembers(self.keys.workers())
+                .query_async(&mut conn)
+                .await?;
+        // XPENDING summary: [count, first id, last id, consumers]. Before any
+        // worker made the group it does not exist: nothing is pending then.
+        let pending: Result<PendingSummary, _> = redis::cmd("XPENDING")
+            .arg(self.keys.jobs())
+            .arg(WORKER_GROUP)
+            .query_async(&mut conn)
+            .await;
+        let jobs_pending = match pending {
+            Ok((n, ..)) => n,
+            Err(e) if e.code() == Some("NOGROUP") => 0,
+            Err(e) => return Err(e.into()),
+        };
+        let mut workers = BTreeMap::new();
+        if !names.is_empty() {
+            let beats: Vec<Option<String>> = conn
+                .mget(
+                    names
+                        .iter()
+                        .map(|n| self.keys.worker(n))
+                        .collect::<Vec<_>>(),
+                )
+                .await?;
+            for (name, beat) in names.into_iter().zip(beats) {
+                if let Some(beat) = beat {
+                    let running = beat
+                        .strip_prefix("running=")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                    workers.insert(name, running);
+                }
+            }
+        }
+        let mut finished = BTreeMap::new();
+        for (field, n) in &stats {
+            if let Some((state, kind)) = field
+                .strip_prefix(STAT_FINISHED_PREFIX)
+                .and_then(|r| r.split_once(':'))
+            {
+                finished.insert((state.to_owned(), kind.to_owned()), *n);
+            }
+        }
+        Ok(Snapshot {
+            jobs_in_stream,
+            jobs_pending,
+            workers,
+            submitted: stats.get(STAT_SUBMITTED).copied().unwrap_or(0),
+            finished,
+        })
+    }
+
     /// Stores the task (and its zip) and appends its job, all or nothing.
     pub async fn submit(&self, t: &NewTask<'_>) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
@@ -131,6 +213,7 @@ impl Store {
         if let Some(zip) = t.zip {
             pipe.set(self.keys.task_zip(t.id), zip).ignore();
         }
+        pipe.hincr(self.keys.stats(), STAT_SUBMITTED, 1).ignore();
         pipe.xadd(self.keys.jobs(), "*", &[(JOB_TASK_ID, t.id)])
             .ignore();
         let () = pipe.query_async(&mut conn).await?;
@@ -165,6 +248,7 @@ impl Store {
         let (state, killed): (String, i64) = Script::new(scripts::KILL)
             .key(self.keys.task(id))
             .key(self.keys.task_zip(id))
+            .key(self.keys.stats())
             .arg(KILLED_BY_USER_REASON)
             .arg(ReasonKind::KilledByUser.as_str())
             .arg(retention_seconds)

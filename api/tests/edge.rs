@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::json;
 
@@ -316,5 +318,39 @@ async fn numbers_as_strings_are_accepted_and_wrong_arguments_are_named() {
         "{:?}",
         run.input_schema
     );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_report_the_queue_the_workers_and_every_outcome_behind_the_token() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    run_to_end(&client, "python3.13", "true", json!({})).await;
+    run_to_end(&client, "python3.13", "exit 3", json!({})).await;
+    let sleeper = start_sleeper(&client, "up").await;
+    call_ok(&client, "kill_task", json!({ "task_id": sleeper })).await;
+
+    let url = format!("{}/metrics", stack.url);
+    let anonymous = reqwest::get(&url).await.expect("metrics");
+    assert_eq!(anonymous.status(), 401);
+    let http = reqwest::Client::new();
+    let text = wait_until("the metrics to show every outcome and an idle worker", Duration::from_secs(30), || async {
+        let resp = http.get(&url).header("authorization", format!("Bearer {TOKEN}")).send().await.ok()?;
+        let text = resp.text().await.ok()?;
+        (text.contains("script_runner_tasks_finished_total{state=\"killed\",reason_kind=\"killed-by-user\"} 1\n")
+            && text.contains(&format!("script_runner_worker_tasks_running{{worker=\"{}\"}} 0\n", stack.worker_name)))
+        .then_some(text)
+    })
+    .await;
+    for line in [
+        "script_runner_redis_up 1\n",
+        "script_runner_tasks_submitted_total 3\n",
+        "script_runner_tasks_finished_total{state=\"succeeded\",reason_kind=\"exited\"} 1\n",
+        "script_runner_tasks_finished_total{state=\"failed\",reason_kind=\"exited\"} 1\n",
+        "script_runner_workers_alive 1\n",
+        "script_runner_jobs_queued 0\n",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
     stack.shutdown().await;
 }

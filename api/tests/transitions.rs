@@ -11,6 +11,7 @@ use shared::scripts;
 
 const TASK: &str = "t:task:1";
 const ZIP: &str = "t:task:1:zip";
+const STATS: &str = "t:stats";
 
 async fn conn(r: &Redis) -> MultiplexedConnection {
     r.client()
@@ -28,7 +29,7 @@ async fn as_worker(
 ) -> String {
     let script = Script::new(script);
     let mut inv = script.key(TASK);
-    inv.key(ZIP).arg(worker);
+    inv.key(ZIP).key(STATS).arg(worker);
     for a in args {
         inv.arg(*a);
     }
@@ -123,6 +124,7 @@ async fn a_terminal_state_is_never_overwritten() {
     let (state, killed): (String, i64) = kill
         .key(TASK)
         .key(ZIP)
+        .key(STATS)
         .arg("killed by kill_task")
         .arg("killed-by-user")
         .arg(600)
@@ -158,6 +160,7 @@ async fn a_terminal_state_is_never_overwritten() {
     let (state, killed): (String, i64) = kill
         .key(TASK)
         .key(ZIP)
+        .key(STATS)
         .arg("again")
         .arg("killed-by-user")
         .arg(600)
@@ -168,6 +171,12 @@ async fn a_terminal_state_is_never_overwritten() {
     assert_eq!(
         field(&mut c, "reason").await.as_deref(),
         Some("killed by kill_task")
+    );
+    // Counted once, as what it really ended as.
+    let stats: std::collections::HashMap<String, i64> = c.hgetall(STATS).await.expect("stats");
+    assert_eq!(
+        stats,
+        std::collections::HashMap::from([("finished:killed:killed-by-user".to_owned(), 1)])
     );
     let ttl: i64 = c.ttl(TASK).await.expect("ttl");
     assert!(ttl > 0 && ttl <= 600, "a final record expires: ttl {ttl}");

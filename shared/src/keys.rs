@@ -10,6 +10,7 @@
 //! | `{p}:task:{id}:zip` | string | the submitted zip, until a worker extracts it |
 //! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
 //! | `{p}:workers` | set | names of every worker that ever registered |
+//! | `{p}:stats` | hash | counters: `submitted`, `finished:<state>:<reason_kind>` |
 
 /// The consumer group every worker joins on the jobs stream.
 pub const WORKER_GROUP: &str = "workers";
@@ -53,7 +54,18 @@ impl Keys {
     pub fn workers(&self) -> String {
         format!("{}:workers", self.prefix)
     }
+
+    /// Counters since the deployment began: `submitted`, and
+    /// `finished:<state>:<reason_kind>` for every task that reached a final state.
+    pub fn stats(&self) -> String {
+        format!("{}:stats", self.prefix)
+    }
 }
+
+/// The `stats` hash field counting submitted tasks.
+pub const STAT_SUBMITTED: &str = "submitted";
+/// The prefix of the `stats` hash fields counting finished tasks.
+pub const STAT_FINISHED_PREFIX: &str = "finished:";
 
 impl Default for Keys {
     fn default() -> Self {

@@ -86,9 +86,9 @@ return st
 
 /// A worker records how its task ended.
 ///
-/// KEYS[1] task hash, KEYS[2] task zip. ARGV[1] worker name, ARGV[2] terminal
-/// state, ARGV[3] reason kind, ARGV[4] reason, ARGV[5] exit code ("" for none),
-/// ARGV[6] retention seconds for the record.
+/// KEYS[1] task hash, KEYS[2] task zip, KEYS[3] stats hash. ARGV[1] worker
+/// name, ARGV[2] terminal state, ARGV[3] reason kind, ARGV[4] reason, ARGV[5]
+/// exit code ("" for none), ARGV[6] retention seconds for the record.
 /// Returns the state the task ends in: ARGV[2], or the terminal state it already
 /// had (a kill that came first wins, and is never overwritten).
 pub const FINISH: &str = concat!(
@@ -101,6 +101,7 @@ if st == 'queued' or st == 'running' then
   redis.call('HSET', KEYS[1], 'state', ARGV[2], 'reason_kind', ARGV[3], 'reason', ARGV[4],
     'finished_at', now)
   if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'exit_code', ARGV[5]) end
+  redis.call('HINCRBY', KEYS[3], 'finished:' .. ARGV[2] .. ':' .. ARGV[3], 1)
   st = ARGV[2]
 end
 redis.call('HDEL', KEYS[1], 'container')
@@ -114,8 +115,8 @@ return st
 /// The worker holding a running one sees the state on its next tick and stops the
 /// container; a queued one is skipped when a worker reads it.
 ///
-/// KEYS[1] task hash, KEYS[2] task zip. ARGV[1] reason, ARGV[2] reason kind,
-/// ARGV[3] retention seconds.
+/// KEYS[1] task hash, KEYS[2] task zip, KEYS[3] stats hash. ARGV[1] reason,
+/// ARGV[2] reason kind, ARGV[3] retention seconds.
 /// Returns `{state, killed}`: the state after the call and 1 if this call killed it.
 /// `{"missing", 0}` when there is no such task.
 pub const KILL: &str = concat!(
@@ -130,6 +131,7 @@ redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind',
 -- needs it no more, and a worker lost before FINISH must not leak it.
 redis.call('DEL', KEYS[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('HINCRBY', KEYS[3], 'finished:killed:' .. ARGV[2], 1)
 return {'killed', 1}
 "#
 );
@@ -201,7 +203,20 @@ mod tests {
             .map(|f| f.as_str())
             .chain(crate::TaskState::ALL.iter().map(|s| s.as_str()))
             .chain([
-                "", "missing", NOT_OWNER, "TIME", "HGET", "HSET", "HDEL", "DEL", "EXPIRE", "%d",
+                "",
+                "missing",
+                NOT_OWNER,
+                "TIME",
+                "HGET",
+                "HSET",
+                "HDEL",
+                "DEL",
+                "EXPIRE",
+                "%d",
+                "HINCRBY",
+                "finished:",
+                "finished:killed:",
+                ":",
             ])
             .collect();
         for script in [CLAIM, STARTED, PROGRESS, FINISH, KILL] {

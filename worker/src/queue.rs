@@ -179,7 +179,7 @@ impl Queue {
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
         let mut inv = script.key(self.keys.task(task_id));
-        inv.key(self.keys.task_zip(task_id));
+        inv.key(self.keys.task_zip(task_id)).key(self.keys.stats());
         inv.arg(worker);
         for a in args {
             inv.arg(*a);

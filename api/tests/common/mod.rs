@@ -210,7 +210,8 @@ impl Stack {
         let redis = Redis::start_on(bind).await;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let prefix = format!("t{}", &id[..8]);
-        let worker_name = format!("test-{}", &id[..12]);
+        // The in-process worker's name, as `Stack::worker("main")` spells it.
+        let worker_name = format!("main-{prefix}");
         let tasks_dir = std::env::temp_dir().join(format!("sr-tasks-{id}"));
         let img = runtime_image();
         let mut env: HashMap<String, String> = [
@@ -270,7 +271,7 @@ impl Stack {
             worker_names: Vec::new(),
         };
         if opts.start_worker {
-            stack.start_worker(&worker_name, &[]).await;
+            stack.start_worker("main", &[]).await;
         }
         stack
     }
