@@ -1,9 +1,11 @@
 //! `GET /metrics`: Prometheus text exposition of what Redis knows about the whole
 //! deployment (every api replica reports the same numbers): jobs queued and
 //! running, live workers and their busy slots, tasks submitted and finished by
-//! state and reason. Behind the bearer token, like `/mcp`.
+//! state and reason. Behind the bearer token, like `/mcp`. Since every replica
+//! reads the same Redis, scrape one replica (or aggregate with `max`, not `sum`).
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -13,13 +15,20 @@ use crate::store::{Snapshot, Store};
 
 pub async fn handler(State(store): State<Store>) -> Response {
     let content_type = [(header::CONTENT_TYPE, "text/plain; version=0.0.4")];
-    match store.snapshot().await {
-        Ok(s) => (StatusCode::OK, content_type, render(&s)).into_response(),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics: Redis unreadable");
+    // Bounded like /healthz: a hung Redis must not hold a scrape.
+    match tokio::time::timeout(Duration::from_secs(2), store.snapshot()).await {
+        Ok(Ok(s)) => (StatusCode::OK, content_type, render(&s)).into_response(),
+        failed => {
+            let why = match failed {
+                Ok(Err(e)) => e.to_string(),
+                _ => "Redis did not answer within 2 s".to_owned(),
+            };
+            tracing::warn!(error = %why, "metrics: Redis unreadable");
+            // 200, not 503: Prometheus discards the body of a failed scrape, and
+            // this sample is the one worth recording.
             let body = "# HELP script_runner_redis_up Whether this scrape could read Redis.\n\
                         # TYPE script_runner_redis_up gauge\nscript_runner_redis_up 0\n";
-            (StatusCode::SERVICE_UNAVAILABLE, content_type, body).into_response()
+            (StatusCode::OK, content_type, body).into_response()
         }
     }
 }

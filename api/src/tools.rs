@@ -149,18 +149,24 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(
     let value = Option::<Value>::deserialize(d)?;
     let parsed = match &value {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n.as_i64().or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
-                .map(|f| f as i64)
-        }),
-        Some(Value::String(s)) => s.trim().parse().ok(),
+        Some(Value::Number(n)) => n.as_i64().or_else(|| n.as_f64().and_then(integral)),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse()
+            .ok()
+            .or_else(|| s.trim().parse().ok().and_then(integral)),
         Some(_) => None,
     };
     parsed.map(Some).ok_or_else(|| {
         let shown = value.map(|v| v.to_string()).unwrap_or_default();
         serde::de::Error::custom(format!("{name} must be a whole number, got {shown}"))
     })
+}
+
+/// A float with no fractional part as an i64, saturating: a huge timeout is
+/// then lowered to the cap like any other, rather than refused.
+fn integral(f: f64) -> Option<i64> {
+    (f.is_finite() && f.fract() == 0.0).then_some(f as i64)
 }
 
 /// Output of `get_task_status`.

@@ -208,6 +208,21 @@ async fn healthz_is_503_with_a_reason_while_redis_is_down() {
     assert_eq!(resp.status(), 503);
     let text = resp.text().await.unwrap_or_default();
     assert!(text.contains("Redis"), "{text}");
+    // Metrics still answer, so the scrape records that Redis is down.
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", stack.url))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(metrics.status(), 200);
+    assert!(
+        metrics
+            .text()
+            .await
+            .unwrap_or_default()
+            .contains("script_runner_redis_up 0\n")
+    );
     stack.shutdown().await;
 }
 
@@ -300,6 +315,16 @@ async fn numbers_as_strings_are_accepted_and_wrong_arguments_are_named() {
     .await;
     assert!(msg.contains("tail_bytes must be a whole number"), "{msg}");
 
+    // Too large for an integer: lowered to the cap like any other large value.
+    for huge in [json!(1e20), json!("99999999999999999999")] {
+        let capped = call_ok(
+            &client,
+            "run_script",
+            json!({ "runtime": "python3.13", "command_base64": cmd, "timeout_seconds": huge }),
+        )
+        .await;
+        assert_eq!(capped["timeout_seconds"], 120);
+    }
     // The schema still tells the model these are integers.
     let tools = client.list_all_tools().await.expect("tools");
     let run = tools

@@ -11,6 +11,7 @@
 //! dead worker left on this host's engine are removed; then it is forgotten.
 //!
 //! Deadlines need nothing more: a live worker enforces its own tasks' timeouts,
+//! every container enforces its own shortly after (see `sandbox::container_command`),
 //! and a dead worker's running tasks end here.
 //!
 //! It also settles this worker's own orphans: entries pending under its name that

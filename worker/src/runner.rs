@@ -227,6 +227,8 @@ async fn supervise(
     if let Err(e) = sandbox.start(container).await {
         return start_failed(e);
     }
+    // The container's own clock (its deadline) starts about now.
+    let started = Instant::now();
     // One attempt, not a retry: the container runs now and must be supervised
     // (timeout, output) even if Redis is down; only started_at is lost then.
     match ctx.queue.started(task_id, container).await {
@@ -243,7 +245,6 @@ async fn supervise(
             tracing::warn!(task_id, error = %e, "could not record the start; supervising anyway")
         }
     }
-    let started = Instant::now();
     let mut tails = Tails::new();
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -258,9 +259,10 @@ async fn supervise(
             exit = &mut wait => {
                 break match exit {
                     Ok(code) => {
+                        let ran = started.elapsed();
                         // 137 is SIGKILL; at the memory cap it is the OOM killer.
                         let oom = code == 137 && sandbox.oom_killed(container).await;
-                        End::Exited(code, oom)
+                        End::Exited { code, oom, ran }
                     }
                     Err(e) => End::Decided(Outcome::failed(
                         ReasonKind::StartFailed,
@@ -305,15 +307,19 @@ async fn supervise(
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
     }
+    let self_deadline =
+        Duration::from_secs(spec.timeout_seconds + crate::sandbox::SELF_DEADLINE_GRACE_SECONDS);
     let outcome = match end {
-        // Killed by the container's own deadline (the worker's timer was late).
-        // (`timeout -s KILL` exits 137; 124 is its usual "timed out" status.)
-        End::Exited(124 | 137, false)
-            if started.elapsed() >= Duration::from_secs(spec.timeout_seconds) =>
-        {
+        // Killed by the container's own deadline (the worker's timer was late):
+        // `timeout -s KILL` exits 137 (124 is its usual "timed out" status).
+        End::Exited {
+            code: 124 | 137,
+            oom: false,
+            ran,
+        } if ran + Duration::from_secs(1) >= self_deadline => {
             Outcome::timed_out(spec.timeout_seconds)
         }
-        End::Exited(code, oom) => {
+        End::Exited { code, oom, .. } => {
             let l = sandbox.limits();
             let caps = Caps {
                 memory_mib: l.memory_mib,
@@ -329,9 +335,10 @@ async fn supervise(
 
 /// How the supervision loop ended.
 enum End {
-    /// The container exited by itself: the reason is read from its output after
-    /// the last of it has arrived.
-    Exited(i64, bool),
+    /// The container exited by itself (with its exit code, Docker's OOM flag and
+    /// how long it ran): the reason is read from its output after the last of it
+    /// has arrived.
+    Exited { code: i64, oom: bool, ran: Duration },
     /// The worker stopped it (kill, timeout, shutdown) or lost it.
     Decided(Outcome),
 }

@@ -218,6 +218,11 @@ impl Sandbox {
             network_mode: Some(l.network.clone()),
             // Output is streamed through attach; Docker keeps no log of its own,
             // so a flood cannot fill the host's disk.
+            // docker-init as PID 1, so neither `timeout` nor the script is: the
+            // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it
+            // would defeat busybox's `timeout`, which execs the command in place),
+            // and init reaps orphaned zombies whatever the script leaves behind.
+            init: Some(true),
             log_config: Some(HostConfigLogConfig {
                 typ: Some("none".into()),
                 config: None,

@@ -629,6 +629,11 @@ impl WorkerProcess {
     }
 
     pub fn terminate(&self) {
+        // Never `kill -TERM 0`: that would signal this whole test's process group.
+        assert!(
+            self.0.is_some(),
+            "terminate() after kill(): the process is gone"
+        );
         let status = Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status();
