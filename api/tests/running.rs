@@ -299,3 +299,30 @@ async fn a_megabyte_of_output_keeps_only_a_tail_cut_on_character_boundaries() {
     assert_eq!(big["stdout_truncated"], true);
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_worker_without_its_own_runtime_map_runs_the_image_the_api_recorded() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    // No RUNTIME_IMAGES on this worker: it must not fall back to the public
+    // default (node:24-slim, which cannot be pulled here) but use what the api
+    // resolved at submit.
+    stack.start_worker("plain", &[("RUNTIME_IMAGES", "")]).await;
+    let client = stack.client().await;
+    let s = run_to_end(
+        &client,
+        "node24",
+        "node -e 'console.log(40 + 2)'",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (s["state"].as_str(), s["stdout_tail"].as_str()),
+        (Some("succeeded"), Some("42\n")),
+        "{s}"
+    );
+    stack.shutdown().await;
+}

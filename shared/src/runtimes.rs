@@ -31,10 +31,23 @@ impl RuntimeCatalog {
     /// The defaults, with `RUNTIME_IMAGES` (`name=image,name=image`) replacing or
     /// adding entries. `None` or an empty string keeps the defaults.
     pub fn from_env_value(value: Option<&str>) -> Result<RuntimeCatalog, RuntimeError> {
-        let mut images: BTreeMap<String, String> = DEFAULT_RUNTIMES
-            .iter()
-            .map(|(n, i)| ((*n).to_owned(), (*i).to_owned()))
-            .collect();
+        let mut catalog = RuntimeCatalog {
+            images: DEFAULT_RUNTIMES
+                .iter()
+                .map(|(n, i)| ((*n).to_owned(), (*i).to_owned()))
+                .collect(),
+        };
+        catalog
+            .images
+            .extend(RuntimeCatalog::overrides(value)?.images);
+        Ok(catalog)
+    }
+
+    /// Only the entries `RUNTIME_IMAGES` lists, without the defaults: what a
+    /// worker host overrides (say, a local mirror's tag) in the image the api
+    /// recorded for a task.
+    pub fn overrides(value: Option<&str>) -> Result<RuntimeCatalog, RuntimeError> {
+        let mut images = BTreeMap::new();
         for entry in value
             .unwrap_or("")
             .split(',')
@@ -102,6 +115,22 @@ mod tests {
         assert_eq!(
             c.as_ref().and_then(|c| c.image("python3.8")),
             Some("python:3.8-slim")
+        );
+    }
+
+    #[test]
+    fn overrides_hold_only_what_the_variable_lists() {
+        let o = RuntimeCatalog::overrides(Some("node24=mirror/node:24")).ok();
+        assert_eq!(
+            o.as_ref().and_then(|c| c.image("node24")),
+            Some("mirror/node:24")
+        );
+        assert_eq!(o.as_ref().and_then(|c| c.image("python3.13")), None);
+        assert_eq!(
+            RuntimeCatalog::overrides(None)
+                .ok()
+                .map(|c| c.names().count()),
+            Some(0)
         );
     }
 

@@ -60,9 +60,10 @@ pub struct Config {
     pub concurrency: usize,
     /// `TASKS_DIR`: where task workspaces live on this host (default `./tasks-data`).
     pub tasks_dir: PathBuf,
-    /// `RUNTIME_IMAGES`: runtime name to image on this host. A runtime this worker
-    /// does not list runs in the image the api recorded.
-    pub runtimes: RuntimeCatalog,
+    /// `RUNTIME_IMAGES`, without the defaults: images this host uses instead of
+    /// the one the api recorded for a task (e.g. a local mirror's tag). A runtime
+    /// not listed here runs in the recorded image.
+    pub runtime_overrides: RuntimeCatalog,
     pub limits: SandboxLimits,
     /// `ZIP_MAX_ENTRIES` / `ZIP_MAX_EXPANDED_BYTES`, enforced again at extraction.
     pub zip_limits: ZipLimits,
@@ -123,7 +124,7 @@ impl Config {
                 1024,
             )? as usize,
             tasks_dir: PathBuf::from(var("TASKS_DIR").unwrap_or_else(|| "./tasks-data".into())),
-            runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
+            runtime_overrides: RuntimeCatalog::overrides(var("RUNTIME_IMAGES").as_deref())?,
             limits: SandboxLimits {
                 memory_mib: parse_range(
                     "TASK_MEMORY_MB",

@@ -114,9 +114,10 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<
     } else {
         None
     };
+    // The api recorded the image at submit; a host may override it (a mirror).
     let image = ctx
         .config
-        .runtimes
+        .runtime_overrides
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
     let ended = match ctx
