@@ -7,9 +7,9 @@
 //! |---|---|---|
 //! | `{p}:jobs` | stream | one entry per submitted task: `task_id` |
 //! | `{p}:task:{id}` | hash | the task record (fields: [`Field`]) |
-//! | `{p}:task:{id}:zip` | string | the submitted zip, until a worker extracts it |
+//! | `{p}:task:{id}:zip` | string | the submitted zip, until the task finishes or is killed |
 //! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
-//! | `{p}:workers` | set | names of every worker that ever registered |
+//! | `{p}:workers` | set | workers that registered and have not been forgotten (a dead one is removed once it holds no job) |
 //! | `{p}:stats` | hash | counters: `submitted`, `finished:<state>:<reason_kind>` |
 
 /// The consumer group every worker joins on the jobs stream.
