@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use shared::envvar::{VarError, parse_list, parse_or, parse_range};
+use shared::envvar::{Common, VarError, parse_list, parse_or, parse_range};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -85,6 +85,7 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         // A variable set to blank counts as unset, as in most shells' `.env` use.
         let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let common = Common::from_lookup(var)?;
         let token = var("SCRIPT_RUNNER_TOKEN")
             .filter(|t| !t.is_empty())
             .ok_or(ConfigError::MissingToken)?;
@@ -113,8 +114,8 @@ impl Config {
         }
         Ok(Config {
             token,
-            redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
-            keys: Keys::new(var("REDIS_KEY_PREFIX").unwrap_or_else(|| Keys::DEFAULT_PREFIX.into())),
+            redis_url: common.redis_url,
+            keys: common.keys,
             listen_addr: parse_or(
                 "LISTEN_ADDR",
                 var("LISTEN_ADDR").as_deref(),
@@ -157,13 +158,7 @@ impl Config {
                 1,
                 10_000_000,
             )?,
-            retention_seconds: parse_range(
-                "TASK_RETENTION_SECONDS",
-                var("TASK_RETENTION_SECONDS").as_deref(),
-                86_400,
-                60,
-                365 * 86_400,
-            )?,
+            retention_seconds: common.retention_seconds,
         })
     }
 }

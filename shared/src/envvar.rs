@@ -64,6 +64,37 @@ pub fn parse_list(raw: Option<&str>, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// The settings api and worker must agree on, read the same way by both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Common {
+    /// `REDIS_URL` (default `redis://127.0.0.1:6379`).
+    pub redis_url: String,
+    /// `REDIS_KEY_PREFIX` (default `sr`).
+    pub keys: crate::Keys,
+    /// `TASK_RETENTION_SECONDS`: how long a finished task's record is kept
+    /// (default a day, 60 s to a year).
+    pub retention_seconds: u64,
+}
+
+impl Common {
+    /// `var` returns a variable's value, `None` when unset or blank.
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Common, VarError> {
+        Ok(Common {
+            redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
+            keys: crate::Keys::new(
+                var("REDIS_KEY_PREFIX").unwrap_or_else(|| crate::Keys::DEFAULT_PREFIX.into()),
+            ),
+            retention_seconds: parse_range(
+                "TASK_RETENTION_SECONDS",
+                var("TASK_RETENTION_SECONDS").as_deref(),
+                86_400,
+                60,
+                365 * 86_400,
+            )?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

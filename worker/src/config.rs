@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use shared::envvar::{VarError, parse_list, parse_or, parse_range};
+use shared::envvar::{Common, VarError, parse_list, parse_or, parse_range};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -86,6 +86,7 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         // A variable set to blank counts as unset, as in most shells' `.env` use.
         let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
+        let common = Common::from_lookup(var)?;
         let cpus_default = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -113,8 +114,8 @@ impl Config {
             .into());
         }
         Ok(Config {
-            redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
-            keys: Keys::new(var("REDIS_KEY_PREFIX").unwrap_or_else(|| Keys::DEFAULT_PREFIX.into())),
+            redis_url: common.redis_url,
+            keys: common.keys,
             worker_name,
             concurrency: parse_range(
                 "WORKER_CONCURRENCY",
@@ -184,13 +185,7 @@ impl Config {
                 var("ZIP_MAX_ENTRIES").as_deref(),
                 var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
             )?,
-            retention_seconds: parse_range(
-                "TASK_RETENTION_SECONDS",
-                var("TASK_RETENTION_SECONDS").as_deref(),
-                86_400,
-                60,
-                365 * 86_400,
-            )?,
+            retention_seconds: common.retention_seconds,
             heartbeat_ttl: std::time::Duration::from_secs(parse_range(
                 "WORKER_HEARTBEAT_SECONDS",
                 var("WORKER_HEARTBEAT_SECONDS").as_deref(),
