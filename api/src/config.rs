@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use shared::envvar::{Common, VarError, parse_list, parse_or, parse_range};
+use shared::envvar::{Common, VarError, non_blank, parse_list, parse_or, parse_range};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -83,9 +83,8 @@ impl Config {
     /// Reads variables through `get`, so tests can configure without touching the
     /// process environment.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        // A variable set to blank counts as unset, as in most shells' `.env` use.
-        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let common = Common::from_lookup(var)?;
+        let var = non_blank(get);
+        let common = Common::from_lookup(&var)?;
         let token = var("SCRIPT_RUNNER_TOKEN")
             .filter(|t| !t.is_empty())
             .ok_or(ConfigError::MissingToken)?;

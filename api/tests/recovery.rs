@@ -154,21 +154,7 @@ async fn a_stopping_worker_keeps_heartbeating_so_its_grace_period_is_honoured() 
     let leaving = stack.spawn_worker_process("leaving", &quick).await;
     // Long enough after the signal for a watcher to take a silent worker for dead
     // several times over (it needs about two heartbeat periods: 2 s).
-    let id = run(
-        &client,
-        "python3.13",
-        "echo up; sleep 10; echo done",
-        json!({}),
-    )
-    .await;
-    wait_status(
-        &client,
-        &id,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "up\n",
-    )
-    .await;
+    let id = start_until_output(&client, "echo up; sleep 10; echo done", json!({}), "up\n").await;
     // Another worker's reaper watches while the first one drains.
     stack
         .start_worker("watcher", &[("WORKER_HEARTBEAT_SECONDS", "1")])
@@ -244,19 +230,11 @@ async fn leftover_files_of_ended_tasks_are_collected_and_nothing_else_is_touched
 async fn a_redis_outage_mid_task_loses_nothing_and_the_api_says_so_meanwhile() {
     let mut stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
-    let id = run(
+    let id = start_until_output(
         &client,
-        "python3.13",
         "echo before; sleep 4; echo after",
         json!({}),
-    )
-    .await;
-    wait_status(
-        &client,
-        &id,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "before\n",
+        "before\n",
     )
     .await;
 
@@ -344,19 +322,11 @@ async fn a_task_cannot_outlive_its_timeout_even_when_its_worker_dies() {
     let mut stack = Stack::start(without_worker()).await;
     let client = stack.client().await;
     let mut worker = stack.spawn_worker_process("short-lived", &[]).await;
-    let id = run(
+    let id = start_until_output(
         &client,
-        "python3.13",
         "echo up; sleep 300",
         json!({ "timeout_seconds": 3 }),
-    )
-    .await;
-    wait_status(
-        &client,
-        &id,
-        "the task to run",
-        Duration::from_secs(60),
-        |s| s["stdout_tail"] == "up\n",
+        "up\n",
     )
     .await;
     worker.kill();

@@ -64,6 +64,12 @@ pub fn parse_list(raw: Option<&str>, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// `get` with a blank value counting as unset, as in most `.env` use: every
+/// variable then falls back to its default the same way in both binaries.
+pub fn non_blank(get: impl Fn(&str) -> Option<String>) -> impl Fn(&str) -> Option<String> {
+    move |name| get(name).filter(|v| !v.trim().is_empty())
+}
+
 /// The settings api and worker must agree on, read the same way by both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Common {

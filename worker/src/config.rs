@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use shared::envvar::{Common, VarError, parse_list, parse_or, parse_range};
+use shared::envvar::{Common, VarError, non_blank, parse_list, parse_or, parse_range};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -84,9 +84,8 @@ impl Config {
     }
 
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
-        // A variable set to blank counts as unset, as in most shells' `.env` use.
-        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let common = Common::from_lookup(var)?;
+        let var = non_blank(get);
+        let common = Common::from_lookup(&var)?;
         let cpus_default = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);

@@ -569,20 +569,30 @@ pub fn zip_of(entries: &[(&str, &str)]) -> Vec<u8> {
 /// Starts `echo <marker>; sleep 300` and waits until it is running and has
 /// printed the marker.
 pub async fn start_sleeper(client: &Client, marker: &str) -> String {
-    let id = run(
+    start_until_output(
         client,
-        "python3.13",
         &format!("echo {marker}; sleep 300"),
         json!({}),
+        &format!("{marker}\n"),
     )
-    .await;
-    let expected = format!("{marker}\n");
+    .await
+}
+
+/// Starts `command` and waits until its stdout is exactly `first_output`, so the
+/// test knows the container is up and the script well under way.
+pub async fn start_until_output(
+    client: &Client,
+    command: &str,
+    extra: Value,
+    first_output: &str,
+) -> String {
+    let id = run(client, "python3.13", command, extra).await;
     wait_status(
         client,
         &id,
-        "the sleeper to run",
+        "the task's first output",
         Duration::from_secs(60),
-        |s| s["stdout_tail"] == expected.as_str(),
+        |s| s["stdout_tail"] == first_output,
     )
     .await;
     id
