@@ -11,6 +11,9 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    // rediss:// goes through rustls, which needs a crypto provider chosen once per
+    // process; an Err only means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = Config::from_env().context("invalid configuration")?;
     let listener = tokio::net::TcpListener::bind(config.listen_addr)
         .await

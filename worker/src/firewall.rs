@@ -10,14 +10,16 @@
 //! - `SR-TASKS-FWD`, jumped to from `DOCKER-USER` (which Docker evaluates first in
 //!   `FORWARD`): a task may not reach private, link-local (169.254.0.0/16, the
 //!   metadata service), shared, loopback or multicast ranges, nor any subnet the
-//!   host is attached to, nor `TASK_BLOCKED_CIDRS`. The host's own DNS servers
+//!   host is attached to, nor the address of the Redis this worker uses (which
+//!   may be public: a central Redis serving workers on other hosts), nor
+//!   `TASK_BLOCKED_CIDRS`. The host's own DNS servers
 //!   stay reachable on port 53 so names still resolve. Everything else (the
 //!   internet) is forwarded and masqueraded as usual.
 //!
 //! Rejections answer at once (TCP reset / ICMP), so a probe fails fast instead of
 //! hanging. Traffic between tasks is already dropped by Docker (ICC off).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use tokio::process::Command;
 
@@ -46,19 +48,28 @@ pub enum FirewallError {
     Spawn(&'static str, std::io::Error),
     #[error("{cmd} failed: {stderr}")]
     Failed { cmd: String, stderr: String },
+    #[error("cannot resolve the Redis host {host:?} to block it for tasks: {error}")]
+    Resolve { host: String, error: std::io::Error },
 }
 
 /// Installs or refreshes the rules for tasks on bridge interface `bridge`.
-pub async fn install(bridge: &str, extra_blocked: &[String]) -> Result<(), FirewallError> {
+/// `redis_url` names the Redis this worker uses: its addresses are refused too.
+pub async fn install(
+    bridge: &str,
+    extra_blocked: &[String],
+    redis_url: &str,
+) -> Result<(), FirewallError> {
     let dns = nameservers().await;
     let subnets = host_subnets().await?;
-    let rules = ruleset(&dns, &subnets, extra_blocked);
+    let mut extra = redis_addresses(redis_url).await?;
+    extra.extend(extra_blocked.iter().cloned());
+    let rules = ruleset(&dns, &subnets, &extra);
     restore(&rules).await?;
     ensure_jump("INPUT", bridge, CHAIN_IN).await?;
     ensure_jump("DOCKER-USER", bridge, CHAIN_FWD).await?;
     tracing::info!(
         bridge,
-        blocked = subnets.len() + BLOCKED.len() + extra_blocked.len(),
+        blocked = subnets.len() + BLOCKED.len() + extra.len(),
         "task firewall installed"
     );
     Ok(())
@@ -160,6 +171,35 @@ async fn iptables(args: &[&str]) -> Result<String, FirewallError> {
     }
 }
 
+/// The IPv4 addresses of the Redis host in `redis_url`, as `/32` ranges (none for a
+/// Unix socket). Only the host is looked at: the URL's password is never logged.
+async fn redis_addresses(redis_url: &str) -> Result<Vec<String>, FirewallError> {
+    let Some(url) = redis::parse_redis_url(redis_url) else {
+        return Ok(Vec::new());
+    };
+    let Some(host) = url
+        .host_str()
+        .map(|h| h.trim_matches(['[', ']']).to_owned())
+    else {
+        return Ok(Vec::new());
+    };
+    let port = url.port().unwrap_or(6379);
+    let lookup = tokio::net::lookup_host((host.clone(), port)).await;
+    let addrs = match lookup {
+        Ok(addrs) => addrs,
+        Err(error) => return Err(FirewallError::Resolve { host, error }),
+    };
+    let mut nets: Vec<String> = addrs
+        .filter_map(|a| match a.ip() {
+            IpAddr::V4(v4) => Some(format!("{v4}/32")),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    nets.sort();
+    nets.dedup();
+    Ok(nets)
+}
+
 /// IPv4 name servers Docker forwards tasks' DNS queries to (they must stay
 /// reachable). With systemd-resolved, /etc/resolv.conf names only 127.0.0.53
 /// and Docker uses the upstream servers from systemd's own file instead.
@@ -237,5 +277,15 @@ mod tests {
         assert!(r.contains("-d 192.0.2.0/24 -j REJECT"));
         assert!(r.contains("-d 203.0.113.0/24 -p tcp -j REJECT"));
         assert!(r.ends_with("-j RETURN\nCOMMIT\n"));
+    }
+
+    #[tokio::test]
+    async fn the_redis_address_is_blocked_even_when_public() {
+        let nets = redis_addresses("rediss://worker:secret@203.0.113.7:6380").await;
+        assert_eq!(nets.ok(), Some(vec!["203.0.113.7/32".to_owned()]));
+        let nets = redis_addresses("redis://127.0.0.1").await;
+        assert_eq!(nets.ok(), Some(vec!["127.0.0.1/32".to_owned()]));
+        let nets = redis_addresses("redis+unix:///run/redis.sock").await;
+        assert_eq!(nets.ok(), Some(vec![]));
     }
 }

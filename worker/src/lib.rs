@@ -116,7 +116,12 @@ pub async fn run(
     let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
     sandbox.ensure_network().await?;
     if config.limits.firewall {
-        firewall::install(&config.limits.bridge, &config.limits.blocked_cidrs).await?;
+        firewall::install(
+            &config.limits.bridge,
+            &config.limits.blocked_cidrs,
+            &config.redis_url,
+        )
+        .await?;
     } else {
         tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
     }

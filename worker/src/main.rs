@@ -10,6 +10,9 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    // rediss:// goes through rustls, which needs a crypto provider chosen once per
+    // process; an Err only means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // Loaded before the runtime starts: it reads /etc/hostname, a blocking call.
     let config = Config::from_env().context("invalid configuration")?;
     tokio::runtime::Runtime::new()?.block_on(async {
