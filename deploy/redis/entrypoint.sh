@@ -1,0 +1,74 @@
+#!/bin/sh
+# Starts redis-server for script-runner, configured from the environment:
+#
+#   REDIS_API_PASSWORD, REDIS_WORKER_PASSWORD, REDIS_ADMIN_PASSWORD   (required)
+#   REDIS_KEY_PREFIX   the key prefix the api and workers use (default sr)
+#   REDIS_MAXMEMORY    memory cap (default 1gb); writes fail beyond it, nothing is evicted
+#   REDIS_TLS          on: also serve TLS on 6380 with /tls/redis.crt, /tls/redis.key
+#                      (for workers on other hosts; clients need no certificate)
+#
+# Users (the `default` user is off, so every client must log in):
+#   api     what script-runner-api sends, on keys under the prefix only
+#   worker  what script-runner-worker sends, on keys under the prefix only
+#   admin   everything: health check, ACL LOG, backups, watching live with redis-cli
+# Passwords are stored in the ACL file as SHA-256 hashes, never in clear.
+#
+# Why `default` keeps +@all although it is off: nobody can log in as an `off` user, and
+# a connection that has not logged in can send nothing but AUTH/HELLO. But Redis (up to
+# at least 8.0) replays the AOF as the default user and re-checks its ACL at every EXEC:
+# with `default` at -@all, every MULTI/EXEC block in the AOF (the effects of our Lua
+# scripts) would be silently dropped at restart. See redis/redis#14541.
+set -eu
+
+: "${REDIS_API_PASSWORD:?REDIS_API_PASSWORD is not set (see .env)}"
+: "${REDIS_WORKER_PASSWORD:?REDIS_WORKER_PASSWORD is not set (see .env)}"
+: "${REDIS_ADMIN_PASSWORD:?REDIS_ADMIN_PASSWORD is not set (see .env)}"
+prefix="${REDIS_KEY_PREFIX:-sr}"
+case "$prefix" in
+*[!A-Za-z0-9._-]* | "") echo "redis: REDIS_KEY_PREFIX must be letters, digits, '.', '-', '_'" >&2; exit 1 ;;
+esac
+
+hash() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
+
+# Sent by redis-rs and deadpool-redis on every connection or pool checkout.
+conn="+ping +unwatch +client|setinfo"
+# Lua: scripts read the clock (TIME); EVALSHA with SCRIPT LOAD on a cache miss. Not
+# +@scripting, which includes SCRIPT FLUSH and FUNCTION.
+lua="+time +evalsha +script|load"
+api_cmds="$conn $lua +eval +multi +exec +discard +xadd +xlen +xpending +hmset +hset +hget +hgetall +hincrby +set +mget +smembers +del +expire"
+worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hmset +hget +hmget +hgetall +hdel +hincrby +get +setex +exists +del +expire +sadd +srem +smembers"
+
+mkdir -p /run/redis
+umask 077
+cat >/run/redis/users.acl <<ACL
+user default off resetpass ~* &* +@all
+user api on #$(hash "$REDIS_API_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all $api_cmds
+user worker on #$(hash "$REDIS_WORKER_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all $worker_cmds
+user admin on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
+ACL
+
+set -- redis-server \
+    --bind "0.0.0.0 ::" --port 6379 --protected-mode no \
+    --aclfile /run/redis/users.acl \
+    --dir /data --appendonly yes --appendfsync everysec \
+    --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction \
+    --acllog-max-len 256 "$@"
+
+if [ "${REDIS_TLS:-off}" = on ]; then
+    for f in redis.crt redis.key; do
+        [ -r "/tls/$f" ] || { echo "redis: REDIS_TLS=on but /tls/$f is missing (deploy/setup-host.sh --remote-workers makes it)" >&2; exit 1; }
+    done
+    # The key is readable by root only on the host: hand redis its own copy.
+    mkdir -p /run/redis/tls
+    cp /tls/redis.crt /tls/redis.key /run/redis/tls/
+    set -- "$@" --tls-port 6380 --tls-cert-file /run/redis/tls/redis.crt \
+        --tls-key-file /run/redis/tls/redis.key --tls-auth-clients no \
+        --tls-protocols "TLSv1.2 TLSv1.3"
+    if [ -r /tls/ca.crt ]; then
+        cp /tls/ca.crt /run/redis/tls/
+        set -- "$@" --tls-ca-cert-file /run/redis/tls/ca.crt
+    fi
+fi
+
+chown -R redis:redis /run/redis /data
+exec setpriv --reuid=redis --regid=redis --init-groups "$@"
