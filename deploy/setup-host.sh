@@ -160,34 +160,9 @@ public_ip() {
 }
 
 make_tls() {
-    local tls="$DIR/deploy/tls" names san="" n
-    names="${TLS_NAMES:-$DOMAIN,$(public_ip)}"
-    IFS=',' read -ra list <<<"$names"
-    for n in "${list[@]}"; do
-        [[ -n "$n" ]] || continue
-        if [[ "$n" =~ ^[0-9.]+$ ]]; then san+="IP:$n,"; else san+="DNS:$n,"; fi
-    done
-    san="${san%,}"
-    if [[ -s "$tls/redis.crt" && -s "$tls/ca.crt" ]]; then
-        log "Redis TLS certificate present in $tls (kept; delete it to make a new one)"
-    else
-        log "making a private CA and a Redis certificate for $san in $tls"
-        run install -d -m 700 "$tls"
-        run openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -days 3650 \
-            -subj "/CN=script-runner Redis CA" -keyout "$tls/ca.key" -out "$tls/ca.crt" \
-            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
-        run openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
-            -subj "/CN=${list[0]}" -keyout "$tls/redis.key" -out "$tls/redis.csr"
-        if ((DRY)); then
-            printf 'would sign %s/redis.crt with the CA for %s\n' "$tls" "$san"
-        else
-            openssl x509 -req -in "$tls/redis.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" \
-                -CAcreateserial -days 825 -out "$tls/redis.crt" -extfile <(printf '%s\n' \
-                    "subjectAltName=$san" "basicConstraints=critical,CA:FALSE" \
-                    "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth") 2>/dev/null
-            chmod 600 "$tls"/*.key
-        fi
-    fi
+    local names="${TLS_NAMES:-$DOMAIN,$(public_ip)}"
+    log "Redis TLS for remote workers: certificate for $names in $DIR/deploy/tls"
+    run "$DIR/deploy/make-redis-tls.sh" "$DIR/deploy/tls" "$names"
     [[ -n "$(env_get REDIS_TLS_DIR)" ]] || env_set REDIS_TLS_DIR ./deploy/tls
     env_set COMPOSE_FILE docker-compose.yml:deploy/remote-workers.yml
 }
