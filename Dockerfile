@@ -36,7 +36,7 @@ FROM ${BINARIES} AS binaries
 FROM ${BASE_IMAGE} AS api
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin script-runner
 COPY --from=binaries /out/script-runner-api /usr/local/bin/script-runner-api
 USER script-runner
@@ -50,7 +50,7 @@ FROM ${BASE_IMAGE} AS worker
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         ca-certificates iptables iproute2 redis-tools \
-    && rm -rf /var/lib/apt/lists/*
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 COPY --from=binaries /out/script-runner-worker /usr/local/bin/script-runner-worker
 COPY deploy/worker-entrypoint.sh /usr/local/bin/worker-entrypoint.sh
 ENTRYPOINT ["/usr/local/bin/worker-entrypoint.sh"]
@@ -59,7 +59,7 @@ ENTRYPOINT ["/usr/local/bin/worker-entrypoint.sh"]
 FROM ${BASE_IMAGE} AS redis
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && mkdir -p /data && chown redis:redis /data
 COPY deploy/redis/entrypoint.sh /usr/local/bin/redis-entrypoint.sh
 VOLUME /data
@@ -70,7 +70,7 @@ ENTRYPOINT ["/usr/local/bin/redis-entrypoint.sh"]
 FROM ${BASE_IMAGE} AS caddy
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends caddy ca-certificates \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && mkdir -p /data /config && chown caddy:caddy /data /config
 ENV XDG_DATA_HOME=/data XDG_CONFIG_HOME=/config
 COPY Caddyfile /etc/caddy/Caddyfile

@@ -70,7 +70,7 @@ images() {
     local prefix tag s
     prefix="$(env_get IMAGE_PREFIX)"; prefix="${prefix:-script-runner}"
     tag="$(env_get IMAGE_TAG)"; tag="${tag:-latest}"
-    for s in api worker redis caddy; do printf '%s %s/%s\n' "$prefix/$s:$tag" "$prefix/$s" "$s"; done
+    for s in api worker redis caddy; do printf '%s %s\n' "$prefix/$s:$tag" "$prefix/$s"; done
 }
 
 # True when every service is running and, where it has a health check, healthy.

