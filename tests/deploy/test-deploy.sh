@@ -248,6 +248,8 @@ C stop worker >/dev/null
 MCP_CHECK_TASK_ID_FILE="$WORK/task2" mcp run "$MCP_URL" "$TOKEN" "$CA"
 ran_on="$(admin HGET "sr:task:$(cat "$WORK/task2")" worker)"
 [[ "$ran_on" == "$ID-w2" ]] || fail "the task ran on '$ran_on', not on the added worker"
+denied="$(admin ACL LOG)"
+[[ -z "$denied" ]] || fail "ACL LOG shows denied commands after a normal run: $denied"
 
 step "isolation: tasks on the added worker reach neither Redis (TLS, plain) nor the api"
 redis_ip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$(C ps -q redis)")"
