@@ -8,9 +8,11 @@
 #   tests/deploy/test-deploy.sh static    only the static checks
 #
 # Real part, in a throw-away clone served by a throw-away origin:
-#   1. deploy/deploy.sh --no-fetch brings the unmodified docker-compose.yml up (with
+#   1. deploy/setup-host.sh (Docker already there) writes the secrets and Redis's TLS
+#      material and brings the unmodified docker-compose.yml up (with
 #      deploy/remote-workers.yml: Redis TLS on) behind Caddy with its internal CA for
-#      a test domain on loopback; /healthz through Caddy, /metrics not public.
+#      a test domain on loopback; run again, it keeps the secrets. /healthz through
+#      Caddy, /metrics not public.
 #   2. Through Caddy with the official Python MCP SDK: a wrong token gets 401; list
 #      tools, run a Python one-liner, poll to succeeded; the record survives a Redis
 #      restart (AOF replay).
@@ -162,17 +164,12 @@ HTTPS_PORT="$(free_port)"; HTTP_PORT="$(free_port)"; REDIS_LOCAL_PORT="$(free_po
 REDIS_TLS_PORT="$(free_port)"; API_LOCAL_PORT="$(free_port)"
 HOST_IP="$(ip -4 -o route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')"
 HOST_IP="${HOST_IP:-$(hostname -I | awk '{print $1}')}"
-TOKEN="$(openssl rand -hex 32)"
-WORKER_PASSWORD="$(openssl rand -hex 24)"
-ADMIN_PASSWORD="$(openssl rand -hex 24)"
 runtimes="python3.13=$RUNTIME_IMAGE,python3.8=$RUNTIME_IMAGE,node24=$RUNTIME_IMAGE"
-deploy/make-redis-tls.sh "$WORK/tls" "$DOMAIN,$HOST_IP,127.0.0.1"
 cp .env.example "$HOST_DIR/.env"
 cat >>"$HOST_DIR/.env" <<EOT
 
 # --- deploy test ---
 COMPOSE_PROJECT_NAME=$ID
-COMPOSE_FILE=docker-compose.yml:deploy/remote-workers.yml
 IMAGE_PREFIX=$IMAGES
 BASE_IMAGE=$BASE_IMAGE
 BINARIES=prebuilt
@@ -183,12 +180,7 @@ HTTP_PORT=$HTTP_PORT
 HTTPS_PORT=$HTTPS_PORT
 REDIS_LOCAL_PORT=$REDIS_LOCAL_PORT
 REDIS_TLS_PORT=$REDIS_TLS_PORT
-REDIS_TLS_DIR=$WORK/tls
 API_LOCAL_PORT=$API_LOCAL_PORT
-SCRIPT_RUNNER_TOKEN=$TOKEN
-REDIS_API_PASSWORD=$(openssl rand -hex 24)
-REDIS_WORKER_PASSWORD=$WORKER_PASSWORD
-REDIS_ADMIN_PASSWORD=$ADMIN_PASSWORD
 TASKS_DIR=$WORK/tasks1
 TASK_NETWORK=$ID-tasks1
 TASK_BRIDGE=$ID-b1
@@ -207,10 +199,27 @@ as_user() { # as_user USER PASSWORD CMD...: a command as that ACL user (over loo
     C exec -T -e REDISCLI_AUTH="$pass" redis redis-cli --no-auth-warning --user "$user" "$@"
 }
 
-step "deploy/deploy.sh --no-fetch: build and bring up the stack"
+step "deploy/setup-host.sh: secrets, Redis TLS, build and bring up the stack (deploy.sh --no-fetch)"
+# The test's own settings (ports, names, local images) are in .env already: setup-host
+# keeps them and fills in the rest.
 start=$SECONDS
-"$HOST_DIR/deploy/deploy.sh" --no-fetch --timeout 300
+"$HOST_DIR/deploy/setup-host.sh" --domain "$DOMAIN" --remote-workers --skip-images \
+    --tls-names "$DOMAIN,$HOST_IP,127.0.0.1" --dir "$HOST_DIR" | tee "$WORK/setup1.log"
 echo "stack healthy after $((SECONDS - start)) s"
+env_of() { grep -E "^$1=" "$HOST_DIR/.env" | tail -n1 | cut -d= -f2-; }
+TOKEN="$(env_of SCRIPT_RUNNER_TOKEN)"
+WORKER_PASSWORD="$(env_of REDIS_WORKER_PASSWORD)"
+ADMIN_PASSWORD="$(env_of REDIS_ADMIN_PASSWORD)"
+((${#TOKEN} >= 32)) || fail "setup-host.sh wrote no token of at least 32 characters"
+grep -qx "  $TOKEN" "$WORK/setup1.log" || fail "setup-host.sh did not print the generated token"
+[[ "$(stat -c %a "$HOST_DIR/.env")" == 600 ]] || fail ".env is not private (mode $(stat -c %a "$HOST_DIR/.env"))"
+RCA="$HOST_DIR/deploy/tls/ca.crt"
+
+step "setup-host.sh again: idempotent, the token and passwords stay, nothing printed"
+"$HOST_DIR/deploy/setup-host.sh" --domain "$DOMAIN" --remote-workers --skip-images --dir "$HOST_DIR" >"$WORK/setup2.log"
+[[ "$(env_of SCRIPT_RUNNER_TOKEN)" == "$TOKEN" && "$(env_of REDIS_WORKER_PASSWORD)" == "$WORKER_PASSWORD" ]] \
+    || fail "a second setup-host.sh changed the secrets"
+! grep -q "$TOKEN" "$WORK/setup2.log" || fail "a second setup-host.sh printed the token again"
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep "^$IMAGES/" | grep ':latest'
 
 step "through Caddy: /healthz, no /metrics, 401 for a wrong token, a task"
@@ -236,12 +245,12 @@ add_worker() {
         SHUTDOWN_GRACE_SECONDS=5 WORKER_STOP_GRACE=20s REDIS_WORKER_PASSWORD="$1" \
         deploy/add-worker.sh "${@:2}")
 }
-expect_fail "refusing plain TCP" add_worker "$WORKER_PASSWORD" --redis "redis://$HOST_IP:$REDIS_LOCAL_PORT" --ca "$WORK/tls/ca.crt"
-expect_fail "TLS FAILED" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.0.1:$REDIS_LOCAL_PORT" --ca "$WORK/tls/ca.crt" --check
-expect_fail "UNREACHABLE" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.0.1:$(free_port)" --ca "$WORK/tls/ca.crt" --check
-expect_fail "WRONG PASSWORD" add_worker "not$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$WORK/tls/ca.crt" --check
+expect_fail "refusing plain TCP" add_worker "$WORKER_PASSWORD" --redis "redis://$HOST_IP:$REDIS_LOCAL_PORT" --ca "$RCA"
+expect_fail "TLS FAILED" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.0.1:$REDIS_LOCAL_PORT" --ca "$RCA" --check
+expect_fail "UNREACHABLE" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.0.1:$(free_port)" --ca "$RCA" --check
+expect_fail "WRONG PASSWORD" add_worker "not$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$RCA" --check
 admin ACL LOG RESET >/dev/null
-add_worker "$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$WORK/tls/ca.crt" --name "$ID-w2" --concurrency 1
+add_worker "$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$RCA" --name "$ID-w2" --concurrency 1
 tls_clients="$(admin CLIENT LIST | grep -c "laddr=[^ ]*:6380 .*user=worker" || true)"
 ((tls_clients > 0)) || fail "no worker connection on Redis's TLS port"
 C stop worker >/dev/null
