@@ -125,6 +125,14 @@ pub async fn run(
     } else {
         tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
     }
+    // A wrong password, a missing permission or an untrusted certificate does not
+    // heal by waiting: stop with the reason instead of retrying forever.
+    if let Err(e) = queue.ensure_group().await
+        && let Some(why) = e.misconfiguration()
+    {
+        tracing::error!(error = %e, "{why}");
+        return Err(e.into());
+    }
     // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
     retry("create consumer group", &stop, || queue.ensure_group()).await?;
 

@@ -24,6 +24,32 @@ pub enum QueueError {
     Corrupt(String, String),
 }
 
+impl QueueError {
+    /// What is wrong when waiting cannot help: a wrong Redis user or password, a
+    /// missing ACL permission, a TLS certificate this worker does not trust. None for
+    /// everything else (Redis down, a network blip), which is worth retrying.
+    pub fn misconfiguration(&self) -> Option<&'static str> {
+        let e = match self {
+            QueueError::Redis(e) => e,
+            QueueError::Pool(deadpool_redis::PoolError::Backend(e)) => e,
+            _ => return None,
+        };
+        match e.kind() {
+            redis::ErrorKind::AuthenticationFailed => {
+                Some("Redis refused the user or password in REDIS_URL")
+            }
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => Some(
+                "the Redis user in REDIS_URL lacks a permission the worker needs (see ACL LOG)",
+            ),
+            _ if e.to_string().contains("invalid peer certificate") => Some(
+                "Redis's TLS certificate is not trusted or does not name the host in REDIS_URL \
+                 (a private CA goes in SSL_CERT_FILE)",
+            ),
+            _ => None,
+        }
+    }
+}
+
 /// One entry read from the jobs stream.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -474,5 +500,24 @@ impl QueueError {
     /// The consumer group is gone (Redis lost its data): it must be created again.
     pub fn is_no_group(&self) -> bool {
         matches!(self, QueueError::Redis(e) if e.code() == Some("NOGROUP"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_password_stops_the_start_and_an_outage_does_not() {
+        let auth = QueueError::Redis(redis::RedisError::from((
+            redis::ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        )));
+        assert!(auth.misconfiguration().is_some());
+        let down = QueueError::Redis(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        )));
+        assert!(down.misconfiguration().is_none());
     }
 }
