@@ -392,7 +392,7 @@ async def test_wrong_token_is_rejected_by_the_sdk(stack: Stack) -> None:
     assert wrong != stack.token
     rejected: list[MCPError] = []
     # The SDK's transport runs in task groups: the 401 comes out as an MCPError
-    # nested in ExceptionGroups (STACK-NOTES: catch it with except*).
+    # nested in ExceptionGroups, hence except* (see docs/STACK.md).
     try:
         async with connect(stack, token=wrong) as client:
             await client.list_tools()
