@@ -1,15 +1,17 @@
 //! The api's view of Redis: submit a task, read one, kill one, check reachability.
 //! Key names and hash fields come from `shared`; multi-step changes are atomic
-//! (MULTI for submit, Lua for kill).
+//! Lua scripts (`shared/src/lua/`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, AsyncCommands, Script};
-use deadpool_redis::{Pool, Runtime};
-use shared::keys::{JOB_TASK_ID, STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP};
+use deadpool_redis::Pool;
+use deadpool_redis::redis::{self, AsyncCommands};
+use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP, parse_heartbeat};
+use shared::scripts::MISSING;
 use shared::task::KILLED_BY_USER_REASON;
-use shared::{Field, Keys, ReasonKind, TaskState, scripts};
+use shared::{Field, Keys, ReasonKind, TaskState};
+use support::scripts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -19,8 +21,8 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("the task store returned an unexpected value: {0}")]
     Corrupt(String),
-    #[error("could not create the Redis pool: {0}")]
-    BuildPool(String),
+    #[error(transparent)]
+    BuildPool(#[from] support::redis_pool::PoolError),
 }
 
 /// `XPENDING key group`: count, first and last pending ids, and per consumer its
@@ -88,22 +90,8 @@ pub struct Store {
 impl Store {
     pub fn new(redis_url: &str, keys: Keys) -> Result<Store, StoreError> {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
-        // bounded time instead of hanging on the pool. redis-rs's default 500 ms
-        // response timeout is too short for storing a 16 MiB zip, and a timeout
-        // after Redis applied the write would tell the client to retry a task
-        // that was in fact created; 10 s is ample and still bounded.
-        let conn_cfg = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_connection_timeout(Some(Duration::from_secs(2)));
-        let manager = deadpool_redis::Manager::new_with_config(redis_url, conn_cfg)?;
-        let pool = Pool::builder(manager)
-            .max_size(32)
-            .wait_timeout(Some(Duration::from_secs(2)))
-            .create_timeout(Some(Duration::from_secs(2)))
-            .recycle_timeout(Some(Duration::from_secs(2)))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::BuildPool(e.to_string()))?;
+        // bounded time instead of hanging on the pool.
+        let pool = support::redis_pool::build(redis_url, 32, Duration::from_secs(2))?;
         Ok(Store { pool, keys })
     }
 
@@ -152,11 +140,7 @@ impl Store {
                 .await?;
             for (name, beat) in names.into_iter().zip(beats) {
                 if let Some(beat) = beat {
-                    let running = beat
-                        .strip_prefix("running=")
-                        .and_then(|n| n.parse().ok())
-                        .unwrap_or(0);
-                    workers.insert(name, running);
+                    workers.insert(name, parse_heartbeat(&beat).unwrap_or(0));
                 }
             }
         }
@@ -181,7 +165,6 @@ impl Store {
     /// Stores the task (and its zip) and appends its job, all or nothing.
     pub async fn submit(&self, t: &NewTask<'_>) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
-        let task_key = self.keys.task(t.id);
         let fields: Vec<(&str, String)> = vec![
             (Field::State.as_str(), TaskState::Queued.as_str().to_owned()),
             (Field::Runtime.as_str(), t.runtime.to_owned()),
@@ -198,25 +181,16 @@ impl Store {
             (Field::StdoutBytes.as_str(), "0".into()),
             (Field::StderrBytes.as_str(), "0".into()),
         ];
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        pipe.hset_multiple(&task_key, &fields).ignore();
-        // created_at comes from Redis's clock, like every other timestamp.
-        pipe.cmd("EVAL")
-            .arg(concat!(
-                "local t = redis.call('TIME') ",
-                "redis.call('HSET', KEYS[1], 'created_at', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))"
-            ))
-            .arg(1)
-            .arg(&task_key)
-            .ignore();
-        if let Some(zip) = t.zip {
-            pipe.set(self.keys.task_zip(t.id), zip).ignore();
+        let mut call = scripts::SUBMIT.key(self.keys.task(t.id));
+        call.key(self.keys.task_zip(t.id))
+            .key(self.keys.stats())
+            .key(self.keys.jobs())
+            .arg(t.id)
+            .arg(t.zip.unwrap_or_default());
+        for (field, value) in &fields {
+            call.arg(*field).arg(value);
         }
-        pipe.hincr(self.keys.stats(), STAT_SUBMITTED, 1).ignore();
-        pipe.xadd(self.keys.jobs(), "*", &[(JOB_TASK_ID, t.id)])
-            .ignore();
-        let () = pipe.query_async(&mut conn).await?;
+        let _entry: String = call.invoke_async(&mut conn).await?;
         Ok(())
     }
 
@@ -245,7 +219,7 @@ impl Store {
         retention_seconds: u64,
     ) -> Result<Option<(TaskState, bool)>, StoreError> {
         let mut conn = self.pool.get().await?;
-        let (state, killed): (String, i64) = Script::new(scripts::KILL)
+        let (state, killed): (String, i64) = scripts::KILL
             .key(self.keys.task(id))
             .key(self.keys.task_zip(id))
             .key(self.keys.stats())
@@ -254,7 +228,7 @@ impl Store {
             .arg(retention_seconds)
             .invoke_async(&mut conn)
             .await?;
-        if state == "missing" {
+        if state == MISSING {
             return Ok(None);
         }
         let state = state

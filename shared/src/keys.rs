@@ -30,10 +30,6 @@ impl Keys {
         }
     }
 
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The stream the api appends jobs to and workers read from.
     pub fn jobs(&self) -> String {
         format!("{}:jobs", self.prefix)
@@ -61,6 +57,20 @@ impl Keys {
         format!("{}:stats", self.prefix)
     }
 }
+
+/// A worker's heartbeat value: how many tasks it is running, as `running=<n>`
+/// (readable in `redis-cli` and parsed by the api's metrics).
+pub fn heartbeat_value(running: usize) -> String {
+    format!("{HEARTBEAT_RUNNING}{running}")
+}
+
+/// The tasks a heartbeat value says its worker runs; `None` if it is malformed.
+pub fn parse_heartbeat(value: &str) -> Option<u64> {
+    value.strip_prefix(HEARTBEAT_RUNNING)?.parse().ok()
+}
+
+/// The prefix of a heartbeat value.
+pub const HEARTBEAT_RUNNING: &str = "running=";
 
 /// The `stats` hash field counting submitted tasks.
 pub const STAT_SUBMITTED: &str = "submitted";
@@ -159,5 +169,12 @@ mod tests {
         assert_eq!(k.task_zip("abc"), "t1:task:abc:zip");
         assert_eq!(k.worker("w"), "t1:worker:w");
         assert_eq!(Keys::default().jobs(), "sr:jobs");
+    }
+
+    #[test]
+    fn heartbeats_round_trip() {
+        assert_eq!(heartbeat_value(3), "running=3");
+        assert_eq!(parse_heartbeat(&heartbeat_value(7)), Some(7));
+        assert_eq!(parse_heartbeat("busy"), None);
     }
 }

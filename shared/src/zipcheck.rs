@@ -92,8 +92,6 @@ pub struct SafeEntry {
     /// Relative path with only normal components.
     pub path: PathBuf,
     pub is_dir: bool,
-    /// Declared uncompressed size.
-    pub size: u64,
 }
 
 const S_IFMT: u32 = 0o170_000;
@@ -150,7 +148,6 @@ pub fn check_zip(bytes: &[u8], limits: &ZipLimits) -> Result<Vec<SafeEntry>, Zip
             index,
             path,
             is_dir,
-            size,
         });
     }
     Ok(entries)
