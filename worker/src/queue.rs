@@ -10,7 +10,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig, Script};
 use shared::keys::{JOB_TASK_ID, WORKER_GROUP, heartbeat_value};
 pub use shared::scripts::TaskStateReply;
-use shared::task::Outcome;
+use shared::task::{Outcome, RecordedEnd};
 use shared::{Field, Keys};
 use support::scripts;
 
@@ -180,13 +180,8 @@ impl Queue {
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
         let entry = job.entry_id.as_bytes();
-        self.state_script(
-            &scripts::CLAIM,
-            &job.task_id,
-            &self.worker,
-            &[entry],
-        )
-        .await
+        self.state_script(&scripts::CLAIM, &job.task_id, &self.worker, &[entry])
+            .await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
@@ -389,6 +384,30 @@ impl Queue {
         Ok(())
     }
 
+    /// How the task's end was recorded, if it has ended: read when a task was
+    /// ended by someone else (`kill_task`, a reaper) while this worker ran it.
+    pub async fn recorded_end(&self, task_id: &str) -> Result<Option<RecordedEnd>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let (state, kind, reason): (Option<String>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(self.keys.task(task_id))
+                .arg(Field::State.as_str())
+                .arg(Field::ReasonKind.as_str())
+                .arg(Field::Reason.as_str())
+                .query_async(&mut conn)
+                .await?;
+        let corrupt =
+            |e: shared::task::UnknownState| QueueError::Corrupt(task_id.to_owned(), e.to_string());
+        let (Some(state), Some(kind), Some(reason)) = (state, kind, reason) else {
+            return Ok(None);
+        };
+        Ok(Some(RecordedEnd {
+            state: state.parse().map_err(corrupt)?,
+            kind: kind.parse().map_err(corrupt)?,
+            reason,
+        }))
+    }
+
     /// The task's state and the worker recorded as holding it.
     pub async fn state_and_owner(
         &self,
@@ -401,10 +420,7 @@ impl Queue {
             .arg(Field::Worker.as_str())
             .query_async(&mut conn)
             .await?;
-        Ok((
-            parse_reply(task_id, state.as_deref())?,
-            owner,
-        ))
+        Ok((parse_reply(task_id, state.as_deref())?, owner))
     }
 
     /// Says this worker is alive, for ops and the reaper.
@@ -428,7 +444,8 @@ impl Queue {
 /// A script's reply or a read `state` field (`None`: no such task), as a
 /// [`TaskStateReply`]; anything else means the record is malformed.
 fn parse_reply(task_id: &str, s: Option<&str>) -> Result<TaskStateReply, QueueError> {
-    TaskStateReply::from_field(s).map_err(|e| QueueError::Corrupt(task_id.to_owned(), e.to_string()))
+    TaskStateReply::from_field(s)
+        .map_err(|e| QueueError::Corrupt(task_id.to_owned(), e.to_string()))
 }
 
 /// A job from a stream entry, if it names a task by a well-formed task id.

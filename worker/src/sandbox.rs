@@ -16,13 +16,9 @@ use bollard::query_parameters::{
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::{Stream, StreamExt};
+use shared::task::self_deadline_seconds;
 
 use crate::config::SandboxLimits;
-
-/// A container kills its own script this long after the task's timeout, so a
-/// task outlives neither its deadline nor a worker that died (whose timer died
-/// with it). Normally the worker's own timer, at the timeout itself, acts first.
-pub const SELF_DEADLINE_GRACE_SECONDS: u64 = 5;
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
@@ -164,11 +160,10 @@ impl Sandbox {
     /// Creates (but does not start) a task's container; pulls the image once if it
     /// is missing. Returns the container id.
     ///
-    /// /workspace is a size-capped tmpfs owned by the task's user, so a task can
-    /// never fill the host's disk. The extracted zip (`source`, on the host) is
-    /// mounted read-only and copied in before the command runs. The script is
-    /// killed from inside the container shortly after `timeout_seconds` even if
-    /// this worker is gone by then.
+    /// The extracted zip (`source`, on the host) is mounted read-only and copied
+    /// into /workspace before the command runs. The script is killed from inside
+    /// the container shortly after `timeout_seconds` even if this worker is gone
+    /// by then.
     pub async fn create(
         &self,
         task_id: &str,
@@ -177,63 +172,16 @@ impl Sandbox {
         source: Option<&Path>,
         timeout_seconds: u64,
     ) -> Result<String, SandboxError> {
-        let l = &self.limits;
-        let memory = (l.memory_mib * 1024 * 1024) as i64;
-        let owner = match crate::workspace::parse_owner(&l.user) {
-            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
-            None => "mode=1777".to_owned(),
-        };
-        let tmpfs = HashMap::from([
-            (
-                "/tmp".to_owned(),
-                format!("rw,nosuid,nodev,size={}m,mode=1777", l.tmpfs_mib),
-            ),
-            (
-                "/workspace".to_owned(),
-                format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib),
-            ),
-        ]);
-        let binds = source.map(|src| vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]);
         let cmd = container_command(
             command,
             source.is_some(),
-            timeout_seconds + SELF_DEADLINE_GRACE_SECONDS,
+            self_deadline_seconds(timeout_seconds),
         );
-        let host_config = HostConfig {
-            binds,
-            memory: Some(memory),
-            // Equal to memory: no swap on top of the cap.
-            memory_swap: Some(memory),
-            nano_cpus: Some((l.cpus * 1e9) as i64),
-            pids_limit: Some(l.pids),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            readonly_rootfs: Some(true),
-            tmpfs: Some(tmpfs),
-            ulimits: Some(vec![ResourcesUlimits {
-                name: Some("nofile".into()),
-                soft: Some(l.nofile),
-                hard: Some(l.nofile),
-            }]),
-            network_mode: Some(l.network.clone()),
-            // Output is streamed through attach; Docker keeps no log of its own,
-            // so a flood cannot fill the host's disk.
-            // docker-init as PID 1, so neither `timeout` nor the script is: the
-            // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it
-            // would defeat busybox's `timeout`, which execs the command in place),
-            // and init reaps orphaned zombies whatever the script leaves behind.
-            init: Some(true),
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
-            ..Default::default()
-        };
         let body = ContainerCreateBody {
             image: Some(image.to_owned()),
             cmd: Some(cmd),
             working_dir: Some("/workspace".into()),
-            user: Some(l.user.clone()),
+            user: Some(self.limits.user.clone()),
             env: Some(vec![
                 "HOME=/tmp".into(),
                 "LANG=C.UTF-8".into(),
@@ -247,7 +195,7 @@ impl Sandbox {
             attach_stderr: Some(true),
             tty: Some(false),
             open_stdin: Some(false),
-            host_config: Some(host_config),
+            host_config: Some(self.host_config(source)),
             ..Default::default()
         };
         let opts = CreateContainerOptionsBuilder::default()
@@ -267,6 +215,62 @@ impl Sandbox {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The hardening and caps every task container gets.
+    fn host_config(&self, source: Option<&Path>) -> HostConfig {
+        let l = &self.limits;
+        let memory = (l.memory_mib * 1024 * 1024) as i64;
+        HostConfig {
+            binds: source.map(|src| vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]),
+            memory: Some(memory),
+            // Equal to memory: no swap on top of the cap.
+            memory_swap: Some(memory),
+            nano_cpus: Some((l.cpus * 1e9) as i64),
+            pids_limit: Some(l.pids),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(self.tmpfs_mounts()),
+            ulimits: Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(l.nofile),
+                hard: Some(l.nofile),
+            }]),
+            network_mode: Some(l.network.clone()),
+            // docker-init as PID 1, so neither `timeout` nor the script is: the
+            // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it
+            // would defeat busybox's `timeout`, which execs the command in place),
+            // and init reaps orphaned zombies whatever the script leaves behind.
+            init: Some(true),
+            // Output is streamed through attach; Docker keeps no log of its own,
+            // so a flood cannot fill the host's disk.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// /workspace and /tmp are size-capped tmpfs mounts (/workspace owned by the
+    /// task's user), so a task can never fill the host's disk.
+    fn tmpfs_mounts(&self) -> HashMap<String, String> {
+        let l = &self.limits;
+        let owner = match crate::workspace::parse_owner(&l.user) {
+            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
+            None => "mode=1777".to_owned(),
+        };
+        HashMap::from([
+            (
+                "/tmp".to_owned(),
+                format!("rw,nosuid,nodev,size={}m,mode=1777", l.tmpfs_mib),
+            ),
+            (
+                "/workspace".to_owned(),
+                format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib),
+            ),
+        ])
     }
 
     async fn pull(&self, image: &str) -> Result<(), SandboxError> {
