@@ -122,6 +122,9 @@ async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed()
         .spawn_worker_process("leaver", &[("SHUTDOWN_GRACE_SECONDS", "1")])
         .await;
     let id = start_sleeper(&client, "up").await;
+    // The point of the test: the task is still running when SIGTERM arrives.
+    let before = call_ok(&client, "get_task_status", json!({ "task_id": id })).await;
+    assert_eq!(before["state"], "running", "{before}");
 
     worker.terminate();
     let s = wait_status(

@@ -360,12 +360,25 @@ def anyio_backend() -> str:
 
 
 @contextlib.asynccontextmanager
-async def connect(stack: Stack, *, token: str | None = None, mode: str = "auto") -> AsyncIterator[Client]:
+async def connect(
+    stack: Stack,
+    *,
+    token: str | None = None,
+    mode: str = "auto",
+    statuses: list[int] | None = None,
+) -> AsyncIterator[Client]:
     """An SDK client on the api's /mcp with `Authorization: Bearer <token>`
-    (the stack's token unless another is given)."""
+    (the stack's token unless another is given). `statuses`, if given, collects
+    the HTTP status of every response the SDK's transport received."""
     headers = {"Authorization": f"Bearer {stack.token if token is None else token}"}
     timeout = httpx2.Timeout(30.0, read=60.0)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+
+    async def record(response: httpx2.Response) -> None:
+        if statuses is not None:
+            statuses.append(response.status_code)
+
+    hooks = {"response": [record]}
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks) as http:
         async with Client(streamable_http_client(stack.mcp_url, http_client=http), mode=mode) as client:
             yield client
 

@@ -391,16 +391,18 @@ async def test_wrong_token_is_rejected_by_the_sdk(stack: Stack) -> None:
     wrong = "0" * 64
     assert wrong != stack.token
     rejected: list[MCPError] = []
+    statuses: list[int] = []
     # The SDK's transport runs in task groups: the 401 comes out as an MCPError
-    # nested in ExceptionGroups, hence except* (see docs/STACK.md).
+    # nested in ExceptionGroups, hence except* (see docs/STACK.md). The SDK turns
+    # a 401 with a non-JSON body into a generic error (-32603), so the status is
+    # read from the HTTP client's own response hook instead.
     try:
-        async with connect(stack, token=wrong) as client:
+        async with connect(stack, token=wrong, statuses=statuses) as client:
             await client.list_tools()
     except* MCPError as group:
         rejected.extend(leaves(group))
-    # (The HTTP status does not survive: the SDK turns a 401 with a non-JSON body
-    # into a generic MCPError, code -32603 "Server returned an error response".)
     assert rejected, "connecting with a wrong bearer token should fail"
+    assert statuses and all(s == 401 for s in statuses), statuses
 
 
 @pytest.mark.parametrize(
