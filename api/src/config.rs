@@ -54,6 +54,8 @@ pub struct Config {
     pub max_command_bytes: usize,
     /// `MAX_ZIP_BYTES`: the largest decoded zip.
     pub max_zip_bytes: usize,
+    /// `MAX_STDIN_BYTES`: the largest decoded `stdin_base64`.
+    pub max_stdin_bytes: usize,
     /// `ZIP_MAX_ENTRIES` / `ZIP_MAX_EXPANDED_BYTES`: caps on what a zip may hold.
     pub zip_limits: ZipLimits,
     /// `MAX_QUEUED_TASKS`: `run_script` refuses new work while this many jobs wait.
@@ -81,10 +83,12 @@ const MAX_TIMEOUT_SECONDS: Var = Var::new("MAX_TIMEOUT_SECONDS", "3600");
 const MAX_COMMAND_BYTES: Var = Var::new("MAX_COMMAND_BYTES", "65536");
 const MAX_ZIP_BYTES: Var = Var::new("MAX_ZIP_BYTES", "16777216");
 const MAX_QUEUED_TASKS: Var = Var::new("MAX_QUEUED_TASKS", "10000");
+const MAX_STDIN_BYTES: Var = Var::new("MAX_STDIN_BYTES", "1048576");
 
 /// The api's own variables with literal defaults (besides `shared`'s common ones);
 /// README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 7] = [
+pub const VARS: [Var; 8] = [
+    MAX_STDIN_BYTES,
     LISTEN_ADDR,
     ALLOWED_HOSTS,
     DEFAULT_TIMEOUT_SECONDS,
@@ -126,6 +130,7 @@ impl Config {
             max_timeout_seconds,
             max_command_bytes: MAX_COMMAND_BYTES.range(&var, 1, 1 << 20)? as usize,
             max_zip_bytes: MAX_ZIP_BYTES.range(&var, 1, 256 << 20)? as usize,
+            max_stdin_bytes: MAX_STDIN_BYTES.range(&var, 0, 64 << 20)? as usize,
             zip_limits: ZipLimits::from_lookup(&var)?,
             max_queued_tasks: MAX_QUEUED_TASKS.range(&var, 1, 10_000_000)?,
             retention_seconds: common.retention_seconds,

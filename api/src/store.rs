@@ -8,6 +8,7 @@ use std::time::Duration;
 use deadpool_redis::Pool;
 use deadpool_redis::redis::{self, AsyncCommands};
 use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP, parse_heartbeat};
+use shared::options::Network;
 use shared::scripts::MISSING;
 use shared::task::KILLED_BY_USER_REASON;
 use shared::{Field, Keys, ReasonKind, TaskState};
@@ -56,6 +57,12 @@ pub struct NewTask<'a> {
     pub command: &'a str,
     pub timeout_seconds: u64,
     pub zip: Option<&'a [u8]>,
+    pub stdin: Option<&'a [u8]>,
+    /// Extra environment, as the JSON object stored in the record.
+    pub env_json: Option<String>,
+    pub network: Network,
+    /// How long the task index keeps an entry: the record's retention and then some.
+    pub index_horizon_ms: u64,
 }
 
 /// A task hash as read, with Redis's clock at the moment of the read.
@@ -178,15 +185,28 @@ impl Store {
                 Field::HasZip.as_str(),
                 u8::from(t.zip.is_some()).to_string(),
             ),
+            (
+                Field::HasStdin.as_str(),
+                u8::from(t.stdin.is_some()).to_string(),
+            ),
+            (Field::Network.as_str(), t.network.as_str().to_owned()),
             (Field::StdoutBytes.as_str(), "0".into()),
             (Field::StderrBytes.as_str(), "0".into()),
         ];
+        let mut fields = fields;
+        if let Some(env) = &t.env_json {
+            fields.push((Field::Env.as_str(), env.clone()));
+        }
         let mut call = scripts::SUBMIT.key(self.keys.task(t.id));
         call.key(self.keys.task_zip(t.id))
+            .key(self.keys.task_stdin(t.id))
             .key(self.keys.stats())
             .key(self.keys.jobs())
+            .key(self.keys.task_index())
             .arg(t.id)
-            .arg(t.zip.unwrap_or_default());
+            .arg(t.zip.unwrap_or_default())
+            .arg(t.stdin.unwrap_or_default())
+            .arg(t.index_horizon_ms);
         for (field, value) in &fields {
             call.arg(*field).arg(value);
         }
@@ -223,6 +243,7 @@ impl Store {
             .key(self.keys.task(id))
             .key(self.keys.task_zip(id))
             .key(self.keys.stats())
+            .key(self.keys.task_stdin(id))
             .arg(KILLED_BY_USER_REASON)
             .arg(ReasonKind::KilledByUser.as_str())
             .arg(retention_seconds)

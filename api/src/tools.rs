@@ -2,6 +2,7 @@
 //! tool result with `isError: true` and a message that says what to fix, and no
 //! task is created.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -12,6 +13,7 @@ use rmcp::model::{ContentBlock, Implementation, IntoContents, ServerCapabilities
 use rmcp::{ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use shared::options::Network;
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP, render_tail};
 use shared::time::rfc3339_ms;
 use shared::{Field, TaskState};
@@ -49,6 +51,12 @@ pub enum ToolError {
     CommandTooLong { size: usize, max: usize },
     #[error("the zip is {size} bytes; at most {max} are allowed")]
     ZipTooLarge { size: usize, max: usize },
+    #[error(
+        "stdin_base64 decodes to {size} bytes; at most {max} are allowed (put larger input in zip_base64 and redirect it)"
+    )]
+    StdinTooLarge { size: usize, max: usize },
+    #[error("{0}")]
+    Env(#[from] shared::options::EnvError),
     #[error("{0}")]
     Zip(#[from] shared::zipcheck::ZipError),
     #[error("timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s")]
@@ -97,6 +105,21 @@ pub struct RunScriptInput {
     /// lowered to the server's cap; the effective value is returned.
     #[serde(default, deserialize_with = "timeout_seconds")]
     pub timeout_seconds: Option<i64>,
+    /// Optional standard input for the script, base64-encoded (at most 1 MiB by
+    /// default). It is delivered in full, then closed, so a script reading to the
+    /// end sees EOF. Without it, stdin is empty.
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+    /// Optional environment variables for the script, e.g. {"DEBUG": "1"}. Names
+    /// are letters, digits and '_' (not starting with a digit); HOME, PATH, PWD
+    /// and names starting with SR_ or SCRIPT_RUNNER_ are reserved. At most 64
+    /// variables, 32 KiB in all.
+    #[serde(default, deserialize_with = "env_map")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// "internet" (the default: the internet is reachable, this service and
+    /// private networks are not) or "none" (no network at all).
+    #[serde(default)]
+    pub network: Option<Network>,
 }
 
 /// Output of `run_script`.
@@ -139,6 +162,32 @@ fn timeout_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>
 
 fn tail_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     whole_number("tail_bytes", d)
+}
+
+/// serde's own message for a wrong type ("invalid type: integer `1`, expected a
+/// string") names neither the argument nor the variable.
+fn env_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    use serde_json::Value;
+    let value = Option::<Value>::deserialize(d)?;
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Value::Object(map) = value else {
+        return Err(serde::de::Error::custom(format!(
+            "env must be an object of names to string values, e.g. {{\"DEBUG\": \"1\"}}; got {value}"
+        )));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            other => Err(serde::de::Error::custom(format!(
+                "env value of {k} must be a string (got {other}); quote numbers, e.g. \"1\""
+            ))),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 fn whole_number<'de, D: serde::Deserializer<'de>>(
@@ -283,6 +332,26 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
                 Some(bytes)
             }
         };
+        let stdin = match input.stdin_base64.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("stdin_base64", b64)?;
+                if bytes.len() > cfg.max_stdin_bytes {
+                    return Err(ToolError::StdinTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_stdin_bytes,
+                    });
+                }
+                Some(bytes)
+            }
+        };
+        let env_json = match input.env.as_ref().filter(|e| !e.is_empty()) {
+            None => None,
+            Some(env) => {
+                shared::options::check_env(env)?;
+                Some(serde_json::to_string(env).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+            }
+        };
         let backlog = self.store.backlog().await?;
         if backlog >= cfg.max_queued_tasks {
             return Err(ToolError::QueueFull(backlog));
@@ -296,6 +365,10 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
                 command: &command,
                 timeout_seconds,
                 zip: zip.as_deref(),
+                stdin: stdin.as_deref(),
+                env_json,
+                network: input.network.unwrap_or_default(),
+                index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
             })
             .await?;
         tracing::info!(%task_id, runtime = %input.runtime, timeout_seconds, "task queued");

@@ -12,6 +12,7 @@ use shared::scripts;
 const TASK: &str = "t:task:1";
 const ZIP: &str = "t:task:1:zip";
 const STATS: &str = "t:stats";
+const STDIN: &str = "t:task:1:stdin";
 
 async fn conn(r: &Redis) -> MultiplexedConnection {
     r.client()
@@ -29,7 +30,7 @@ async fn as_worker(
 ) -> String {
     let script = Script::new(script);
     let mut inv = script.key(TASK);
-    inv.key(ZIP).key(STATS).arg(worker);
+    inv.key(ZIP).key(STATS).key(STDIN).arg(worker);
     for a in args {
         inv.arg(*a);
     }
@@ -41,12 +42,13 @@ async fn field(c: &mut MultiplexedConnection, f: &str) -> Option<String> {
 }
 
 async fn queued_task(c: &mut MultiplexedConnection) {
-    let _: () = c.del(&[TASK, ZIP]).await.expect("del");
+    let _: () = c.del(&[TASK, ZIP, STDIN]).await.expect("del");
     let _: () = c
         .hset_multiple(TASK, &[("state", "queued"), ("runtime", "python3.13")])
         .await
         .expect("hset");
     let _: () = c.set(ZIP, "zip-bytes").await.expect("set");
+    let _: () = c.set(STDIN, "stdin-bytes").await.expect("set");
 }
 
 #[tokio::test]
@@ -125,6 +127,7 @@ async fn a_terminal_state_is_never_overwritten() {
         .key(TASK)
         .key(ZIP)
         .key(STATS)
+        .key(STDIN)
         .arg("killed by kill_task")
         .arg("killed-by-user")
         .arg(600)
@@ -134,6 +137,8 @@ async fn a_terminal_state_is_never_overwritten() {
     assert_eq!((state.as_str(), killed), ("killed", 1));
     let zip: Option<String> = c.get(ZIP).await.expect("get");
     assert_eq!(zip, None, "a killed task's zip is dropped");
+    let stdin: Option<String> = c.get(STDIN).await.expect("get");
+    assert_eq!(stdin, None, "a killed task's stdin is dropped");
 
     let finish = ["succeeded", "exited", "exited with code 0", "0", "600"];
     assert_eq!(
@@ -161,6 +166,7 @@ async fn a_terminal_state_is_never_overwritten() {
         .key(TASK)
         .key(ZIP)
         .key(STATS)
+        .key(STDIN)
         .arg("again")
         .arg("killed-by-user")
         .arg(600)

@@ -8,6 +8,8 @@
 //! | `{p}:jobs` | stream | one entry per submitted task: `task_id` |
 //! | `{p}:task:{id}` | hash | the task record (fields: [`Field`]) |
 //! | `{p}:task:{id}:zip` | string | the submitted zip, until the task finishes or is killed |
+//! | `{p}:task:{id}:stdin` | string | the submitted stdin, until the task finishes or is killed |
+//! | `{p}:tasks` | sorted set | task ids by creation time (ms), for `list_tasks` |
 //! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
 //! | `{p}:workers` | set | workers that registered and have not been forgotten (a dead one is removed once it holds no job) |
 //! | `{p}:stats` | hash | counters: `submitted`, `finished:<state>:<reason_kind>` |
@@ -41,6 +43,15 @@ impl Keys {
 
     pub fn task_zip(&self, task_id: &str) -> String {
         format!("{}:task:{task_id}:zip", self.prefix)
+    }
+
+    pub fn task_stdin(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}:stdin", self.prefix)
+    }
+
+    /// Task ids scored by creation time, newest last, for `list_tasks`.
+    pub fn task_index(&self) -> String {
+        format!("{}:tasks", self.prefix)
     }
 
     pub fn worker(&self, name: &str) -> String {
@@ -99,6 +110,12 @@ pub enum Field {
     TimeoutSeconds,
     /// `1` when a zip was submitted (then stored under `Keys::task_zip`).
     HasZip,
+    /// `1` when stdin was submitted (then stored under `Keys::task_stdin`).
+    HasStdin,
+    /// Extra environment variables, a JSON object of name to value.
+    Env,
+    /// `Network::as_str()`: `internet` or `none`.
+    Network,
     CreatedAt,
     /// When a worker claimed it.
     ClaimedAt,
@@ -135,6 +152,9 @@ impl Field {
             Field::Command => "command",
             Field::TimeoutSeconds => "timeout_seconds",
             Field::HasZip => "has_zip",
+            Field::HasStdin => "has_stdin",
+            Field::Env => "env",
+            Field::Network => "network",
             Field::CreatedAt => "created_at",
             Field::ClaimedAt => "claimed_at",
             Field::StartedAt => "started_at",

@@ -84,7 +84,10 @@ mod tests {
     use super::*;
     use crate::Field;
 
-    const ALL_FIELDS: [Field; 21] = [
+    const ALL_FIELDS: [Field; 24] = [
+        Field::HasStdin,
+        Field::Env,
+        Field::Network,
         Field::State,
         Field::Runtime,
         Field::Image,
@@ -117,7 +120,9 @@ mod tests {
             .iter()
             .map(|f| f.as_str())
             .chain(crate::TaskState::ALL.iter().map(|s| s.as_str()))
-            .chain([MISSING, NOT_OWNER, "", "%d", ":", "-", "+", "*"])
+            .chain([
+                MISSING, NOT_OWNER, "", "%d", ":", "-", "+", "*", "-inf", "(",
+            ])
             .chain([crate::keys::JOB_TASK_ID, crate::keys::STAT_SUBMITTED])
             .chain(["finished:", "finished:killed:"])
             .collect();

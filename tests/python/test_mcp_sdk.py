@@ -351,6 +351,13 @@ BAD_RUN_SCRIPT = [
     # Arguments that do not match the inputSchema are tool errors too, not protocol errors.
     pytest.param({"command_base64": DROP}, ["command_base64"], id="missing-command"),
     pytest.param({"timeout_seconds": "soon"}, ["soon"], id="timeout-not-a-number"),
+    pytest.param({"stdin_base64": "%%%"}, ["stdin_base64", "base64"], id="stdin-bad-base64"),
+    pytest.param({"stdin_base64": b64(b"x" * (1024 * 1024 + 1))}, ["stdin_base64", "at most 1048576"], id="stdin-too-large"),
+    pytest.param({"env": {"1ABC": "x"}}, ["env name", "1ABC"], id="env-bad-name"),
+    pytest.param({"env": {"PATH": "/tmp"}}, ["PATH", "reserved"], id="env-reserved"),
+    pytest.param({"env": {"SR_SECRET": "x"}}, ["SR_SECRET", "reserved"], id="env-reserved-prefix"),
+    pytest.param({"env": {"A": 1}}, ["env"], id="env-not-a-string"),
+    pytest.param({"network": "off"}, ["internet", "none"], id="network-unknown"),
 ]  # fmt: skip
 
 
@@ -434,3 +441,69 @@ async def test_healthz_is_open(stack: Stack) -> None:
     async with httpx2.AsyncClient(timeout=10) as http:
         response = await http.get(f"{stack.base_url}/healthz")
     assert response.status_code == 200, response.text
+
+
+# --------------------------------------------------------------------------- stdin, env, network
+
+
+async def test_stdin_reaches_the_script_in_full_then_eof(client: Client) -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    reader = "python3 -c 'import sys, hashlib; d = sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())'"
+    status = await run_to_end(client, "python3.13", reader, stdin_base64=b64(data))
+    import hashlib
+
+    assert status["state"] == "succeeded", status
+    assert status["stdout_tail"] == f"{len(data)} {hashlib.sha256(data).hexdigest()}\n"
+    # Without stdin_base64 the script's stdin is empty: a reader ends at once.
+    empty = await run_to_end(client, "python3.13", "wc -c")
+    assert empty["stdout_tail"].strip() == "0", empty
+    # A script that never reads its stdin is not held up by it.
+    ignored = await run_to_end(client, "python3.13", "echo ignored", stdin_base64=b64(data))
+    assert (ignored["state"], ignored["stdout_tail"]) == ("succeeded", "ignored\n"), ignored
+
+
+async def test_env_vars_are_seen_by_the_script(client: Client) -> None:
+    env = {"GREETING": "hello there", "_N": "42", "QUOTED": "a'b\"c $HOME"}
+    status = await run_to_end(client, "python3.13", 'printf "%s|%s|%s|%s" "$GREETING" "$_N" "$QUOTED" "$HOME"', env=env)
+    assert status["state"] == "succeeded", status
+    # The sandbox's own HOME stays.
+    assert status["stdout_tail"] == "hello there|42|a'b\"c $HOME|/tmp", status
+
+
+PROBE_NET = """
+import socket
+def tcp(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+def dns(name):
+    try:
+        socket.getaddrinfo(name, 80)
+        return "resolved"
+    except OSError as e:
+        return type(e).__name__
+import os
+print("ifaces", sorted(os.listdir("/sys/class/net")))
+print("default-route", any(l.split()[1] == "00000000" for l in open("/proc/net/route").readlines()[1:]))
+print("tcp", tcp("1.1.1.1", 53))
+print("dns", dns("example.com"))
+"""
+
+
+async def test_network_none_reaches_nothing_while_the_default_has_a_route(client: Client) -> None:
+    cmd = "python3 -c " + "'" + PROBE_NET.replace("'", "'\\''") + "'"
+    none = await run_to_end(client, "python3.13", cmd, network="none")
+    assert none["state"] == "succeeded", none
+    out = none["stdout_tail"]
+    assert "ifaces ['lo']" in out, out
+    assert "default-route False" in out, out
+    assert "tcp connected" not in out, out
+    assert "dns resolved" not in out, out
+    # The default network has an interface besides lo and a default route (the
+    # internet itself is not reachable from this machine, so only the route is shown).
+    internet = await run_to_end(client, "python3.13", cmd)
+    assert internet["state"] == "succeeded", internet
+    assert "default-route True" in internet["stdout_tail"], internet
+    assert "ifaces ['lo']" not in internet["stdout_tail"], internet

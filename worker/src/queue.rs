@@ -1,7 +1,7 @@
 //! The worker's view of Redis: the jobs stream (consumer group), the task hash
 //! transitions (Lua scripts from `shared`), zips and the heartbeat.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -9,6 +9,7 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig, Script};
 use shared::keys::{JOB_TASK_ID, WORKER_GROUP, heartbeat_value};
+use shared::options::Network;
 pub use shared::scripts::TaskStateReply;
 use shared::task::{Outcome, RecordedEnd};
 use shared::{Field, Keys};
@@ -41,6 +42,10 @@ pub struct TaskSpec {
     pub command: String,
     pub timeout_seconds: u64,
     pub has_zip: bool,
+    pub has_stdin: bool,
+    /// Extra environment variables, as checked by the api.
+    pub env: Vec<(String, String)>,
+    pub network: Network,
 }
 
 /// Output tails as published while a task runs.
@@ -168,7 +173,9 @@ impl Queue {
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
         let mut inv = script.key(self.keys.task(task_id));
-        inv.key(self.keys.task_zip(task_id)).key(self.keys.stats());
+        inv.key(self.keys.task_zip(task_id))
+            .key(self.keys.stats())
+            .key(self.keys.task_stdin(task_id));
         inv.arg(worker);
         for a in args {
             inv.arg(*a);
@@ -287,12 +294,33 @@ impl Queue {
                 QueueError::Corrupt(task_id.to_owned(), "bad timeout_seconds".into())
             })?,
             has_zip: f.get(Field::HasZip.as_str()).is_some_and(|v| v == "1"),
+            has_stdin: f.get(Field::HasStdin.as_str()).is_some_and(|v| v == "1"),
+            env: match f.get(Field::Env.as_str()) {
+                None => Vec::new(),
+                Some(json) => serde_json::from_str::<BTreeMap<String, String>>(json)
+                    .map_err(|e| QueueError::Corrupt(task_id.to_owned(), format!("bad env: {e}")))?
+                    .into_iter()
+                    .collect(),
+            },
+            // Records written before the field existed ran with the internet.
+            network: match f.get(Field::Network.as_str()) {
+                None => Network::Internet,
+                Some(n) => n
+                    .parse()
+                    .map_err(|e: String| QueueError::Corrupt(task_id.to_owned(), e))?,
+            },
         }))
     }
 
     pub async fn zip(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
         let mut conn = self.pool.get().await?;
         Ok(conn.get(self.keys.task_zip(task_id)).await?)
+    }
+
+    /// The task's stdin; `None` once the task ended (or if it sent none).
+    pub async fn stdin(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.get(self.keys.task_stdin(task_id)).await?)
     }
 
     /// Every worker that registered and has not been forgotten.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::queue::{Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
-use crate::sandbox::{OutputStream, Sandbox};
+use crate::sandbox::{ContainerSpec, OutputStream, Sandbox};
 use crate::workspace;
 
 /// How often a running task's tails are published and its state re-read (which
@@ -111,25 +111,34 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<
     } else {
         None
     };
+    let stdin = if spec.has_stdin {
+        match retry("read stdin", &ctx.abort, || ctx.queue.stdin(task_id)).await {
+            // Gone only if the task ended meanwhile: then it will not run anyway.
+            Ok(stdin) => Some(stdin.unwrap_or_default()),
+            Err(e) => return workspace_failed(format!("could not read the task's stdin: {e}")),
+        }
+    } else {
+        None
+    };
     // The api recorded the image at submit; a host may override it (a mirror).
     let image = ctx
         .config
         .runtime_overrides
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
-    let ended = match ctx
-        .sandbox
-        .create(
-            task_id,
-            image,
-            &spec.command,
-            source.as_deref(),
-            spec.timeout_seconds,
-        )
-        .await
-    {
+    let container_spec = ContainerSpec {
+        task_id,
+        image,
+        command: &spec.command,
+        source: source.as_deref(),
+        timeout_seconds: spec.timeout_seconds,
+        env: &spec.env,
+        network: spec.network,
+        stdin: stdin.is_some(),
+    };
+    let ended = match ctx.sandbox.create(&container_spec).await {
         Ok(container) => {
-            let ended = supervise(ctx, task_id, spec, &container).await;
+            let ended = supervise(ctx, task_id, spec, &container, stdin).await;
             ctx.sandbox.remove(&container).await;
             ended
         }
@@ -210,15 +219,21 @@ async fn supervise(
     task_id: &str,
     spec: &TaskSpec,
     container: &str,
+    stdin: Option<Vec<u8>>,
 ) -> (Outcome, Option<Tails>) {
     let sandbox = &ctx.sandbox;
     // Attached before the start, so no byte is missed.
-    let stream = match sandbox.attach(container).await {
+    let (stream, input) = match sandbox.attach(container, stdin.is_some()).await {
         Ok(o) => o,
         Err(e) => return (Outcome::start_failed(e), None),
     };
     if let Err(e) = sandbox.start(container).await {
         return (Outcome::start_failed(e), None);
+    }
+    if let (Some(input), Some(bytes)) = (input, stdin) {
+        // In the background: a script that reads slowly (or never) must not hold
+        // up supervision; the writer ends with the container at the latest.
+        tokio::spawn(feed_stdin(input, bytes, task_id.to_owned()));
     }
     // The container's own clock (its deadline) starts about now.
     let started = Instant::now();
@@ -338,6 +353,20 @@ async fn watch(
                 return End::Decided(Outcome::worker_shutdown());
             }
         }
+    }
+}
+
+/// Writes a task's stdin, then closes it, so the script sees EOF.
+async fn feed_stdin(mut input: crate::sandbox::StdinWriter, bytes: Vec<u8>, task_id: String) {
+    use tokio::io::AsyncWriteExt;
+    let written = async {
+        input.write_all(&bytes).await?;
+        input.flush().await?;
+        input.shutdown().await
+    };
+    // A script that exits without reading all of it breaks the pipe: not an error.
+    if let Err(e) = written.await {
+        tracing::debug!(task_id, error = %e, "stdin not fully delivered");
     }
 }
 

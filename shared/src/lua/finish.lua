@@ -1,6 +1,6 @@
 -- FINISH: records how a task ended, as the worker recorded as holding it.
 --
--- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash
+-- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
 -- ARGV[1] worker name
 -- ARGV[2] terminal state
 -- ARGV[3] reason kind
@@ -23,6 +23,6 @@ if st == 'queued' or st == 'running' then
   st = ARGV[2]
 end
 redis.call('HDEL', KEYS[1], 'container')
-redis.call('DEL', KEYS[2])
+redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 return st

@@ -2,7 +2,7 @@
 -- good. The worker holding a running one sees the state on its next tick and
 -- stops the container; a queued one is skipped when a worker reads it.
 --
--- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash
+-- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
 -- ARGV[1] reason      ARGV[2] reason kind   ARGV[3] retention seconds
 --
 -- Returns {state, killed}: the state after the call and 1 if this call killed
@@ -14,9 +14,9 @@ if not st then return {'missing', 0} end
 if st ~= 'queued' and st ~= 'running' then return {st, 0} end
 redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind', ARGV[2],
   'finished_at', now)
--- The zip is only read before the container starts: whoever holds the task
--- needs it no more, and a worker lost before FINISH must not leak it.
-redis.call('DEL', KEYS[2])
+-- The zip and stdin are only read before the container starts: whoever holds
+-- the task needs them no more, and a worker lost before FINISH must not leak them.
+redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'finished:killed:' .. ARGV[2], 1)
 return {'killed', 1}
