@@ -88,6 +88,65 @@ impl TaskRecord {
     }
 }
 
+/// Index entries read per round trip when listing.
+const LIST_BATCH: usize = 100;
+
+/// The fields `list` reads of each record, in `ListedTask::from_fields` order.
+const LISTED_FIELDS: [&str; 6] = [
+    Field::State.as_str(),
+    Field::Runtime.as_str(),
+    Field::Command.as_str(),
+    Field::ExitCode.as_str(),
+    Field::Reason.as_str(),
+    Field::FinishedAt.as_str(),
+];
+
+/// Where a page of `list` ended: the last task examined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    pub created_ms: i64,
+    pub task_id: String,
+}
+
+impl ListCursor {
+    /// Whether the entry (`ms`, `id`) comes after this cursor, newest first.
+    fn is_before(&self, ms: i64, id: &str) -> bool {
+        ms < self.created_ms || (ms == self.created_ms && id < self.task_id.as_str())
+    }
+}
+
+/// A task as `list_tasks` shows it.
+#[derive(Debug, Clone)]
+pub struct ListedTask {
+    pub task_id: String,
+    pub created_ms: i64,
+    pub state: TaskState,
+    pub runtime: String,
+    pub command: String,
+    pub exit_code: Option<i64>,
+    pub reason: Option<String>,
+    pub finished_ms: Option<i64>,
+}
+
+impl ListedTask {
+    /// `None` when the record is gone (expired) or has no readable state.
+    fn from_fields(task_id: String, created_ms: i64, f: Vec<Option<String>>) -> Option<ListedTask> {
+        let mut f = f.into_iter();
+        let mut next = || f.next().flatten();
+        let state = next()?.parse().ok()?;
+        Some(ListedTask {
+            task_id,
+            created_ms,
+            state,
+            runtime: next().unwrap_or_default(),
+            command: next().unwrap_or_default(),
+            exit_code: next().and_then(|c| c.parse().ok()),
+            reason: next(),
+            finished_ms: next().and_then(|c| c.parse().ok()),
+        })
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
@@ -212,6 +271,77 @@ impl Store {
         }
         let _entry: String = call.invoke_async(&mut conn).await?;
         Ok(())
+    }
+
+    /// One page of tasks, newest first, after `cursor` (the last one a previous
+    /// page ended on), keeping those `keep` accepts, at most `limit` of them.
+    /// Examines at most `max_examined` index entries, so a rare filter costs a
+    /// bounded amount per call: the page may then be short, with a cursor to go on.
+    /// Index entries whose record expired are dropped on the way.
+    pub async fn list(
+        &self,
+        cursor: Option<&ListCursor>,
+        limit: usize,
+        max_examined: usize,
+        keep: impl Fn(&ListedTask) -> bool,
+    ) -> Result<(Vec<ListedTask>, Option<ListCursor>), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let index = self.keys.task_index();
+        let mut page = Vec::new();
+        let mut last = cursor.cloned();
+        let mut examined = 0;
+        while examined < max_examined {
+            let max = last
+                .as_ref()
+                .map_or("+inf".to_owned(), |c| c.created_ms.to_string());
+            let batch: Vec<(String, i64)> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(&index)
+                .arg(&max)
+                .arg("-inf")
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(LIST_BATCH)
+                .query_async(&mut conn)
+                .await?;
+            // Equal scores come in reverse member order: skip up to the cursor.
+            let fresh: Vec<(String, i64)> = batch
+                .into_iter()
+                .filter(|(id, ms)| last.as_ref().is_none_or(|c| c.is_before(*ms, id)))
+                .collect();
+            if fresh.is_empty() {
+                return Ok((page, None));
+            }
+            let mut pipe = redis::pipe();
+            for (id, _) in &fresh {
+                pipe.cmd("HMGET")
+                    .arg(self.keys.task(id))
+                    .arg(&LISTED_FIELDS);
+            }
+            let records: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await?;
+            for ((id, ms), fields) in fresh.into_iter().zip(records) {
+                examined += 1;
+                last = Some(ListCursor {
+                    created_ms: ms,
+                    task_id: id.clone(),
+                });
+                let Some(task) = ListedTask::from_fields(id.clone(), ms, fields) else {
+                    // The record expired: its index entry goes too.
+                    let _: i64 = conn.zrem(&index, &id).await?;
+                    continue;
+                };
+                if keep(&task) {
+                    page.push(task);
+                    if page.len() == limit {
+                        return Ok((page, last));
+                    }
+                }
+                if examined == max_examined {
+                    break;
+                }
+            }
+        }
+        Ok((page, last))
     }
 
     /// The task hash, or `None` if there is no such task (or it expired).

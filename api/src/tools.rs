@@ -19,7 +19,7 @@ use shared::time::rfc3339_ms;
 use shared::{Field, TaskState};
 
 use crate::config::Config;
-use crate::store::{NewTask, Store, StoreError, TaskRecord};
+use crate::store::{ListCursor, ListedTask, NewTask, Store, StoreError, TaskRecord};
 
 /// Standard alphabet; padding optional, since models often drop it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -75,9 +75,24 @@ pub enum ToolError {
         "the service is at capacity ({0} tasks queued or running); wait for some to finish and try again"
     )]
     QueueFull(u64),
+    #[error(
+        "cursor {0:?} is not one list_tasks returned; pass next_cursor exactly as given, or omit it for the newest tasks"
+    )]
+    BadCursor(String),
+    #[error("limit must be between 1 and {MAX_LIST_LIMIT} (got {0})")]
+    BadLimit(i64),
     #[error("{0}; try again shortly")]
     Store(#[from] StoreError),
 }
+
+/// Tasks per `list_tasks` page by default, and at most.
+const DEFAULT_LIST_LIMIT: usize = 20;
+const MAX_LIST_LIMIT: usize = 100;
+/// Index entries one `list_tasks` call examines at most (a rare state filter
+/// returns a short page and a cursor rather than scanning everything).
+const MAX_LIST_EXAMINED: usize = 1000;
+/// The command's first line is shown up to this many characters.
+const LIST_COMMAND_CHARS: usize = 200;
 
 impl IntoContents for ToolError {
     fn into_contents(self) -> Vec<ContentBlock> {
@@ -162,6 +177,10 @@ fn timeout_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>
 
 fn tail_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     whole_number("tail_bytes", d)
+}
+
+fn limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("limit", d)
 }
 
 /// serde's own message for a wrong type ("invalid type: integer `1`, expected a
@@ -257,6 +276,51 @@ pub struct TaskStatus {
     pub started_at: Option<String>,
     /// When it reached its final state; null until then.
     pub finished_at: Option<String>,
+}
+
+/// Input of `list_tasks`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasksInput {
+    /// Only tasks in this state (queued, running, succeeded, failed, killed,
+    /// timed-out); all states if omitted.
+    #[serde(default)]
+    pub state: Option<TaskState>,
+    /// The next_cursor of the previous page; omit for the newest tasks.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Tasks per page, 1 to 100 (default 20).
+    #[serde(default, deserialize_with = "limit")]
+    pub limit: Option<i64>,
+}
+
+/// One task in `list_tasks`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskSummary {
+    pub task_id: String,
+    pub state: TaskState,
+    pub runtime: String,
+    /// When run_script accepted it (RFC 3339, UTC).
+    pub created_at: String,
+    /// When it reached its final state; null until then.
+    pub finished_at: Option<String>,
+    /// The container's exit code once it exited, else null.
+    pub exit_code: Option<i64>,
+    /// The sentence for a final state; null while queued or running.
+    pub reason: Option<String>,
+    /// The first line of the command (at most 200 characters).
+    pub command: String,
+}
+
+/// Output of `list_tasks`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ListTasksOutput {
+    /// Newest first.
+    pub tasks: Vec<TaskSummary>,
+    /// Pass as cursor for the next page; null when there are no more tasks. A
+    /// page may hold fewer than limit tasks (even none) when a state filter
+    /// skipped many: keep going while next_cursor is not null.
+    pub next_cursor: Option<String>,
 }
 
 /// Output of `kill_task`.
@@ -443,6 +507,70 @@ and state is its final state.",
             state,
             killed,
         }))
+    }
+
+    #[tool(
+        name = "list_tasks",
+        description = "List recent tasks, newest first: task_id, state, runtime, created and finished times, \
+exit code, reason and the first line of the command. Filter with state (e.g. \"running\" or \"failed\"); \
+page with limit (1-100, default 20) and the returned next_cursor until it is null. Use get_task_status for \
+a task's output. Tasks are kept for the server's retention period.",
+        annotations(
+            title = "List tasks",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_tasks(
+        &self,
+        Parameters(input): Parameters<ListTasksInput>,
+    ) -> Result<Json<ListTasksOutput>, ToolError> {
+        let limit = match input.limit {
+            None => DEFAULT_LIST_LIMIT,
+            Some(n) if n < 1 || n > MAX_LIST_LIMIT as i64 => return Err(ToolError::BadLimit(n)),
+            Some(n) => n as usize,
+        };
+        let cursor = input.cursor.as_deref().map(parse_cursor).transpose()?;
+        let wanted = input.state;
+        let (tasks, next) = self
+            .store
+            .list(cursor.as_ref(), limit, MAX_LIST_EXAMINED, |t| {
+                wanted.is_none_or(|w| t.state == w)
+            })
+            .await?;
+        Ok(Json(ListTasksOutput {
+            tasks: tasks.into_iter().map(summary).collect(),
+            next_cursor: next.map(|c| format!("{}.{}", c.created_ms, c.task_id)),
+        }))
+    }
+}
+
+fn parse_cursor(raw: &str) -> Result<ListCursor, ToolError> {
+    let bad = || ToolError::BadCursor(raw.chars().take(80).collect());
+    let (ms, id) = raw.trim().split_once('.').ok_or_else(bad)?;
+    Ok(ListCursor {
+        created_ms: ms.parse().map_err(|_| bad())?,
+        task_id: uuid::Uuid::parse_str(id).map_err(|_| bad())?.to_string(),
+    })
+}
+
+fn summary(t: ListedTask) -> TaskSummary {
+    let first_line = t.command.lines().next().unwrap_or_default();
+    TaskSummary {
+        reason: if t.state.is_terminal() {
+            t.reason
+        } else {
+            None
+        },
+        task_id: t.task_id,
+        state: t.state,
+        runtime: t.runtime,
+        created_at: rfc3339_ms(t.created_ms),
+        finished_at: t.finished_ms.map(rfc3339_ms),
+        exit_code: t.exit_code,
+        command: first_line.chars().take(LIST_COMMAND_CHARS).collect(),
     }
 }
 

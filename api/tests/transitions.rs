@@ -305,3 +305,47 @@ async fn requeue_moves_a_job_and_forget_spares_live_or_busy_workers() {
         c.xinfo_consumers(jobs, group).await.expect("consumers");
     assert!(consumers.consumers.is_empty());
 }
+
+#[tokio::test]
+async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let keys = shared::Keys::new("t");
+    let index = keys.task_index();
+    // An entry from long ago (1970), whose record has surely expired.
+    let _: () = c.zadd(&index, "old", 1000).await.expect("zadd");
+    let submit = Script::new(scripts::SUBMIT);
+    let entry: String = submit
+        .key(keys.task("new"))
+        .key(keys.task_zip("new"))
+        .key(keys.task_stdin("new"))
+        .key(keys.stats())
+        .key(keys.jobs())
+        .key(&index)
+        .arg("new")
+        .arg("")
+        .arg("some stdin")
+        .arg(86_400_000)
+        .arg("state")
+        .arg("queued")
+        .invoke_async(&mut c)
+        .await
+        .expect("submit");
+    assert!(entry.contains('-'), "a stream entry id: {entry}");
+    let members: Vec<String> = c.zrange(&index, 0, -1).await.expect("zrange");
+    assert_eq!(
+        members,
+        ["new"],
+        "the old entry is trimmed, the new one indexed"
+    );
+    let created: i64 = c
+        .hget(keys.task("new"), "created_at")
+        .await
+        .expect("created_at");
+    let score: f64 = c.zscore(&index, "new").await.expect("zscore");
+    assert_eq!(score as i64, created, "indexed by its created_at");
+    let stdin: Option<String> = c.get(keys.task_stdin("new")).await.expect("get");
+    assert_eq!(stdin.as_deref(), Some("some stdin"));
+    let zip: Option<String> = c.get(keys.task_zip("new")).await.expect("get");
+    assert_eq!(zip, None, "no zip given, none stored");
+}

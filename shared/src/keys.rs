@@ -144,7 +144,7 @@ pub enum Field {
 }
 
 impl Field {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Field::State => "state",
             Field::Runtime => "runtime",

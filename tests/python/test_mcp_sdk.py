@@ -26,7 +26,7 @@ from conftest import RUNTIMES, Stack, connect
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = {"run_script", "get_task_status", "kill_task"}
+TOOLS = {"run_script", "get_task_status", "kill_task", "list_tasks"}
 FINAL_STATES = {"succeeded", "failed", "killed", "timed-out"}
 STATUS_FIELDS = {
     "task_id", "state", "exit_code", "reason", "runtime", "runtime_seconds", "seconds_since_last_output",
@@ -507,3 +507,60 @@ async def test_network_none_reaches_nothing_while_the_default_has_a_route(client
     assert internet["state"] == "succeeded", internet
     assert "default-route True" in internet["stdout_tail"], internet
     assert "ifaces ['lo']" not in internet["stdout_tail"], internet
+
+
+# --------------------------------------------------------------------------- list_tasks
+
+
+async def list_all(client: Client, limit: int, **filters: Any) -> tuple[list[dict[str, Any]], int]:
+    """Every task list_tasks shows, following next_cursor; and how many pages it took."""
+    tasks: list[dict[str, Any]] = []
+    cursor = None
+    pages = 0
+    while True:
+        args: dict[str, Any] = {"limit": limit, **filters}
+        if cursor is not None:
+            args["cursor"] = cursor
+        page = await call_ok(client, "list_tasks", args)
+        pages += 1
+        assert len(page["tasks"]) <= limit, page
+        tasks.extend(page["tasks"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return tasks, pages
+        assert pages < 1000, "list_tasks never ended"
+
+
+async def test_list_tasks_newest_first_filtered_and_paged(client: Client) -> None:
+    marker = uuid.uuid4().hex[:12]
+    ids = []
+    for i in range(5):
+        command = f"echo {marker}-{i}" if i % 2 == 0 else f"exit {i}  # {marker}-{i}"
+        queued = await run(client, "python3.13", command + "\n# second line is not shown")
+        ids.append(queued["task_id"])
+        await wait_for(client, queued["task_id"])
+    everything, pages = await list_all(client, limit=2)
+    mine = [t for t in everything if marker in t["command"]]
+    assert pages >= 3, "five tasks at two a page span at least three pages"
+    assert [t["task_id"] for t in mine] == list(reversed(ids)), "newest first, none lost or repeated"
+    assert all("second line" not in t["command"] for t in mine), mine
+    assert [t["state"] for t in mine] == ["succeeded", "failed", "succeeded", "failed", "succeeded"]
+    assert mine[1]["exit_code"] == 3 and mine[1]["reason"] == "exited with code 3", mine[1]
+    assert all(t["created_at"] and t["finished_at"] for t in mine), mine
+    failed, _ = await list_all(client, limit=1, state="failed")
+    assert all(t["state"] == "failed" for t in failed), failed
+    assert [t["task_id"] for t in failed if marker in t["command"]] == [ids[3], ids[1]]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        pytest.param({"limit": 0}, "between 1 and 100", id="limit-zero"),
+        pytest.param({"limit": 101}, "between 1 and 100", id="limit-too-big"),
+        pytest.param({"cursor": "yesterday"}, "not one list_tasks returned", id="bad-cursor"),
+        pytest.param({"state": "done"}, "done", id="unknown-state"),
+    ],
+)
+async def test_list_tasks_rejects_bad_input(client: Client, arguments: dict[str, Any], expected: str) -> None:
+    message = await call_err(client, "list_tasks", arguments)
+    assert expected in message, message
