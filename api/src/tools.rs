@@ -9,8 +9,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::{DecodePaddingMode, general_purpose};
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{ContentBlock, Implementation, IntoContents, ServerCapabilities, ServerConfig};
-use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
+    DetailedTask, GetTaskParams, GetTaskResult, Implementation, IntoContents, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use shared::options::Network;
@@ -19,6 +24,7 @@ use shared::time::rfc3339_ms;
 use shared::{Field, TaskState};
 
 use crate::config::Config;
+use crate::mcp_tasks;
 use crate::store::{ListCursor, ListedTask, NewTask, Store, StoreError, TaskRecord};
 
 /// Standard alphabet; padding optional, since models often drop it.
@@ -354,6 +360,7 @@ impl ScriptRunner {
 where the optional base64 zip of source files is extracted first. Then poll get_task_status with the task_id \
 until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it. The container has \
 no access to this service, memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server).",
+        output_schema = rmcp::handler::server::common::schema_for_output::<RunScriptOutput>(),
         annotations(
             title = "Run a script",
             read_only_hint = false,
@@ -365,7 +372,8 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
     async fn run_script(
         &self,
         Parameters(input): Parameters<RunScriptInput>,
-    ) -> Result<Json<RunScriptOutput>, ToolError> {
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ToolError> {
         let cfg = &self.config;
         let image =
             cfg.runtimes
@@ -436,11 +444,23 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
             })
             .await?;
         tracing::info!(%task_id, runtime = %input.runtime, timeout_seconds, "task queued");
-        Ok(Json(RunScriptOutput {
+        // A client that declared the tasks extension gets a task handle (only now
+        // that the record exists, so tasks/get on any replica finds it).
+        if ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+        {
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(
+                self.new_mcp_task(&task_id).await?,
+            )));
+        }
+        let output = RunScriptOutput {
             task_id,
             state: TaskState::Queued,
             timeout_seconds,
-        }))
+        };
+        let value = serde_json::to_value(output).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(CallToolResult::structured(value).into())
     }
 
     #[tool(
@@ -468,12 +488,7 @@ Poll every few seconds until the state is final.",
             Some(n) if n < 0 => return Err(ToolError::BadTailBytes(n)),
             Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
         };
-        let record = self
-            .store
-            .get(&task_id)
-            .await?
-            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
-        status_from_record(task_id, &record, tail_bytes).map(Json)
+        self.status(task_id, tail_bytes).await.map(Json)
     }
 
     #[tool(
@@ -547,6 +562,47 @@ a task's output. Tasks are kept for the server's retention period.",
     }
 }
 
+impl ScriptRunner {
+    /// A task's status as `get_task_status` reports it.
+    async fn status(&self, task_id: String, tail_bytes: usize) -> Result<TaskStatus, ToolError> {
+        let record = self
+            .store
+            .get(&task_id)
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        status_from_record(task_id, &record, tail_bytes)
+    }
+
+    /// The MCP task for a task just submitted.
+    async fn new_mcp_task(&self, task_id: &str) -> Result<rmcp::model::Task, ToolError> {
+        let status = self.status(task_id.to_owned(), 0).await?;
+        Ok(self.detailed_task(status)?.task)
+    }
+
+    fn detailed_task(&self, status: TaskStatus) -> Result<DetailedTask, ToolError> {
+        let ttl_ms = self.config.retention_seconds * 1000;
+        mcp_tasks::detailed_task(status, ttl_ms)
+            .map_err(|e| ToolError::Store(StoreError::Corrupt(e.to_string())))
+    }
+
+    /// `tasks/get` and `tasks/cancel` name a task by id: a malformed or unknown
+    /// one is the protocol's invalid-params error (these are not tool calls).
+    fn task_param(raw: &str) -> Result<String, McpError> {
+        parse_task_id(raw).map_err(|e| McpError::invalid_params(e.to_string(), None))
+    }
+}
+
+/// A tool error met while answering a `tasks/*` request: unknown ids are invalid
+/// params; anything else (Redis down) is an internal error.
+fn protocol_error(e: ToolError) -> McpError {
+    match e {
+        ToolError::UnknownTask(_) | ToolError::MalformedTaskId(_) => {
+            McpError::invalid_params(e.to_string(), None)
+        }
+        other => McpError::internal_error(other.to_string(), None),
+    }
+}
+
 fn parse_cursor(raw: &str) -> Result<ListCursor, ToolError> {
     let bad = || ToolError::BadCursor(raw.chars().take(80).collect());
     let (ms, id) = raw.trim().split_once('.').ok_or_else(bad)?;
@@ -576,8 +632,52 @@ fn summary(t: ListedTask) -> TaskSummary {
 
 #[tool_handler]
 impl ServerHandler for ScriptRunner {
+    /// `tasks/get`: the task's current state from its record, on any replica.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let task_id = Self::task_param(&request.task_id)?;
+        let status = self
+            .status(task_id, DEFAULT_TAIL_BYTES)
+            .await
+            .map_err(protocol_error)?;
+        let task = self.detailed_task(status).map_err(protocol_error)?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    /// `tasks/cancel`: `kill_task`. A task already final is left as it is.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let task_id = Self::task_param(&request.task_id)?;
+        let killed = self
+            .store
+            .kill(&task_id, self.config.retention_seconds)
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        match killed {
+            None => Err(McpError::invalid_params(
+                ToolError::UnknownTask(task_id).to_string(),
+                None,
+            )),
+            Some((_, true)) => {
+                tracing::info!(%task_id, "task killed by tasks/cancel");
+                Ok(())
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("script-runner", env!("CARGO_PKG_VERSION"))
                     .with_title("script-runner: run scripts in disposable containers"),

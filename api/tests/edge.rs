@@ -88,7 +88,10 @@ async fn tools_are_listed_with_input_and_output_schemas() {
     let tools = client.list_all_tools().await.expect("list tools");
     let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
     names.sort();
-    assert_eq!(names, ["get_task_status", "kill_task", "run_script"]);
+    assert_eq!(
+        names,
+        ["get_task_status", "kill_task", "list_tasks", "run_script"]
+    );
     for t in &tools {
         assert!(
             t.description.as_ref().is_some_and(|d| d.len() > 80),

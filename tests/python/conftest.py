@@ -282,19 +282,26 @@ def _start_worker(stack: Stack) -> Service:
 
 def _start_api(stack: Stack) -> Service:
     stack.api_port = free_port()
+    return spawn_api(stack, stack.api_port, "api")
+
+
+def spawn_api(stack: Stack, port: int, name: str) -> Service:
+    """An api process on `port` against the stack's Redis (a second one makes a
+    second replica: any replica must answer for any task)."""
     env = base_env() | {
         "SCRIPT_RUNNER_TOKEN": stack.token,
         "REDIS_URL": f"redis://127.0.0.1:{stack.redis_port}",
         "REDIS_KEY_PREFIX": stack.prefix,
-        "LISTEN_ADDR": f"127.0.0.1:{stack.api_port}",
+        "LISTEN_ADDR": f"127.0.0.1:{port}",
         "RUNTIME_IMAGES": ",".join(f"{r}={IMAGE}" for r in RUNTIMES),
     }
-    service = spawn("api", [str(API_BIN)], env, stack.tmp_dir)
+    service = spawn(name, [str(API_BIN)], env, stack.tmp_dir)
+    base_url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
-        return httpx2.get(f"{stack.base_url}/healthz", timeout=2.0).status_code == 200
+        return httpx2.get(f"{base_url}/healthz", timeout=2.0).status_code == 200
 
-    wait_until(f"GET {stack.base_url}/healthz to return 200", healthy, service)
+    wait_until(f"GET {base_url}/healthz to return 200", healthy, service)
     return service
 
 

@@ -145,7 +145,7 @@ def containers_of(task_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_lists_exactly_the_three_tools(stack: Stack, mode: str) -> None:
+async def test_lists_exactly_the_four_tools(stack: Stack, mode: str) -> None:
     async with connect(stack, mode=mode) as client:
         assert client.server_info is not None and client.server_info.name == "script-runner"
         listing = await client.list_tools()
@@ -161,7 +161,9 @@ async def test_lists_exactly_the_three_tools(stack: Stack, mode: str) -> None:
             Draft202012Validator.check_schema(schema)
 
     assert set(tools["run_script"].input_schema["required"]) == {"runtime", "command_base64"}
-    assert {"zip_base64", "timeout_seconds"} <= set(tools["run_script"].input_schema["properties"])
+    assert {"zip_base64", "timeout_seconds", "stdin_base64", "env", "network"} <= set(
+        tools["run_script"].input_schema["properties"]
+    )
     assert tools["get_task_status"].input_schema["required"] == ["task_id"]
     assert "tail_bytes" in tools["get_task_status"].input_schema["properties"]
     assert tools["kill_task"].input_schema["required"] == ["task_id"]
@@ -169,6 +171,8 @@ async def test_lists_exactly_the_three_tools(stack: Stack, mode: str) -> None:
     assert set(tools["run_script"].output_schema["properties"]) == {"task_id", "state", "timeout_seconds"}
     assert STATUS_FIELDS <= set(tools["get_task_status"].output_schema["properties"])
     assert set(tools["kill_task"].output_schema["properties"]) == {"task_id", "state", "killed"}
+    assert set(tools["list_tasks"].output_schema["properties"]) == {"tasks", "next_cursor"}
+    assert tools["list_tasks"].annotations is not None and tools["list_tasks"].annotations.read_only_hint is True
 
 
 # --------------------------------------------------------------------------- running scripts
