@@ -358,8 +358,11 @@ impl ScriptRunner {
         description = "Start a shell one-liner in a fresh, isolated container and return its task_id at once \
 (state \"queued\"); it never waits for the script. The command (base64) runs as `sh -c <command>` in /workspace, \
 where the optional base64 zip of source files is extracted first. Then poll get_task_status with the task_id \
-until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it. The container has \
-no access to this service, memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server).",
+until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it, list_tasks to find \
+recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
+all; the default reaches the internet but never this service). The container has no access to this service, \
+memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server). A client that declares \
+the MCP tasks extension gets a task to poll with tasks/get instead.",
         output_schema = rmcp::handler::server::common::schema_for_output::<RunScriptOutput>(),
         annotations(
             title = "Run a script",
@@ -684,8 +687,8 @@ impl ServerHandler for ScriptRunner {
             )
             .with_instructions(format!(
                 "Runs shell one-liners in disposable, isolated containers. Call run_script (runtime, \
-                 base64 command, optional base64 zip), then poll get_task_status until the state is final; \
-                 kill_task stops a task. Runtimes: {}. Default timeout {} s, at most {} s.",
+                 base64 command, optional base64 zip, stdin, env, network), then poll get_task_status until the \
+                 state is final; kill_task stops a task; list_tasks lists recent ones. Runtimes: {}. Default timeout {} s, at most {} s.",
                 self.config.runtimes.names_list(),
                 self.config.default_timeout_seconds,
                 self.config.max_timeout_seconds
