@@ -161,14 +161,9 @@ fn timeouts(var: &impl Fn(&str) -> Option<String>) -> Result<(u64, u64), ConfigE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Config::from_lookup(|k| map.get(k).cloned())
+        Config::from_lookup(shared::envvar::lookup_of(vars))
     }
 
     const TOKEN: (&str, &str) = ("SCRIPT_RUNNER_TOKEN", "0123456789abcdef0123456789abcdef");

@@ -154,6 +154,16 @@ pub fn parse_list(raw: Option<&str>, default: &str) -> Vec<String> {
         .collect()
 }
 
+/// A lookup over fixed `(name, value)` pairs, as tests and tools configure a
+/// binary without touching the process environment.
+pub fn lookup_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let map: std::collections::HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |name| map.get(name).cloned()
+}
+
 /// `get` with a blank value counting as unset, as in most `.env` use: every
 /// variable then falls back to its default the same way in both binaries.
 pub fn non_blank(get: impl Fn(&str) -> Option<String>) -> impl Fn(&str) -> Option<String> {

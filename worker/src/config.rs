@@ -220,14 +220,9 @@ fn default_worker_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Config::from_lookup(|k| map.get(k).cloned())
+        Config::from_lookup(shared::envvar::lookup_of(vars))
     }
 
     fn refused(vars: &[(&str, &str)]) -> String {
