@@ -19,9 +19,11 @@ ARG BINARIES=build
 FROM ${RUST_IMAGE} AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# Every workspace member (Cargo.toml's `members`) must be here, or the build fails.
 COPY api api
 COPY worker worker
 COPY shared shared
+COPY support support
 RUN cargo build --release --locked --bins \
     && mkdir /out \
     && cp target/release/script-runner-api target/release/script-runner-worker /out/

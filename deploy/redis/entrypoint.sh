@@ -32,11 +32,13 @@ hash() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 
 # Sent by redis-rs and deadpool-redis on every connection or pool checkout.
 conn="+ping +unwatch +client|setinfo"
-# Lua: scripts read the clock (TIME); EVALSHA with SCRIPT LOAD on a cache miss. Not
-# +@scripting, which includes SCRIPT FLUSH and FUNCTION.
+# Lua: scripts read the clock (TIME); EVALSHA with SCRIPT LOAD on a cache miss (what
+# redis-rs's Script does). Not +@scripting, which includes SCRIPT FLUSH and FUNCTION.
+# Commands inside the scripts are checked too, so each user lists those of its scripts
+# (api: submit, kill; worker: claim, started, progress, finish, requeue, forget_worker).
 lua="+time +evalsha +script|load"
-api_cmds="$conn $lua +eval +multi +exec +discard +xadd +xlen +xpending +hmset +hset +hget +hgetall +hincrby +set +mget +smembers +del +expire"
-worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hmset +hget +hmget +hgetall +hdel +hincrby +get +setex +exists +del +expire +sadd +srem +smembers"
+api_cmds="$conn $lua +xadd +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +mget +smembers +del +expire +zadd +zrem +zremrangebyscore +zrevrangebyscore"
+worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hincrby +get +setex +exists +del +expire +sadd +srem +smembers"
 
 mkdir -p /run/redis
 umask 077

@@ -60,17 +60,16 @@ async def call(client: Client, tool: str, args: dict) -> dict:
     return sc
 
 
-async def run_task(client: Client, command: str, timeout: int = 60) -> dict:
+async def run_task(client: Client, command: str, timeout: int = 60, stdin: bytes | None = None) -> dict:
     runtime = os.environ.get("MCP_CHECK_RUNTIME", "python3.13")
-    submitted = await call(
-        client,
-        "run_script",
-        {
-            "runtime": runtime,
-            "command_base64": base64.b64encode(command.encode()).decode(),
-            "timeout_seconds": timeout,
-        },
-    )
+    args = {
+        "runtime": runtime,
+        "command_base64": base64.b64encode(command.encode()).decode(),
+        "timeout_seconds": timeout,
+    }
+    if stdin is not None:
+        args["stdin_base64"] = base64.b64encode(stdin).decode()
+    submitted = await call(client, "run_script", args)
     assert submitted["state"] == "queued", submitted
     task_id = submitted["task_id"]
     end = time.monotonic() + DEADLINE
@@ -99,10 +98,19 @@ async def main(argv: list[str]) -> None:
                 tools = sorted(t.name for t in (await client.list_tools()).tools)
                 assert {"run_script", "get_task_status", "kill_task"} <= set(tools), tools
                 print(f"mcp_check: tools {tools}")
-                status = await run_task(client, "python3 -c 'print(6 * 7)'")
+                # stdin too, so the api stores it and the worker reads it.
+                status = await run_task(
+                    client, "python3 -c 'import sys; print(int(sys.stdin.read()) * 7)'", stdin=b"6"
+                )
                 assert status["state"] == "succeeded", status
                 assert status["stdout_tail"].strip() == "42", status
                 print(f"mcp_check: task {status['task_id']} succeeded, printed 42")
+                # The other tools' Redis paths (the kill script, the task index).
+                killed = await call(client, "kill_task", {"task_id": status["task_id"]})
+                assert killed["killed"] is False and killed["state"] == "succeeded", killed
+                listed = await call(client, "list_tasks", {"limit": 5})
+                assert status["task_id"] in [t["task_id"] for t in listed["tasks"]], listed
+                print("mcp_check: kill_task and list_tasks answered")
                 if out := os.environ.get("MCP_CHECK_TASK_ID_FILE"):
                     with open(out, "w") as f:
                         f.write(status["task_id"])
