@@ -10,7 +10,8 @@
 #   prebuilt  copied from PREBUILT_DIR in the build context (target/release by default), as
 #             built by `cargo build --release` on the host. For machines that cannot pull
 #             a Rust image (like CI here) or that already built the binaries for tests.
-# BuildKit builds only the stages the target needs, so the unused source is never pulled.
+# BuildKit (Compose v2's default builder) builds only the stages the target needs, so
+# the unused source is never pulled.
 ARG BASE_IMAGE=debian:trixie-slim
 ARG RUST_IMAGE=rust:1.95-slim-trixie
 ARG BINARIES=build
@@ -24,7 +25,12 @@ COPY api api
 COPY worker worker
 COPY shared shared
 COPY support support
-RUN cargo build --release --locked --bins \
+# BuildKit cache mounts keep the crate registry (CARGO_HOME is /usr/local/cargo in the
+# official rust images) and the target directory between builds, so a deploy
+# recompiles only what changed.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins \
     && mkdir /out \
     && cp target/release/script-runner-api target/release/script-runner-worker /out/
 
