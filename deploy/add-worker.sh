@@ -149,8 +149,9 @@ docker image inspect "$(image)" >/dev/null 2>&1 || die "the worker image $(image
 
 # --- checks, from the worker image on the host network: the worker's own path -------
 in_image() {
-    docker run --rm -i --network host -v "$CA:/ca.crt:ro" -e REDISCLI_AUTH="$PASSWORD" \
-        --entrypoint "$1" "$(image)" "${@:2}"
+    # The password goes through the environment, never on a command line.
+    REDISCLI_AUTH="$PASSWORD" docker run --rm -i --network host -v "$CA:/ca.crt:ro" \
+        -e REDISCLI_AUTH --entrypoint "$1" "$(image)" "${@:2}"
 }
 check() {
     log "checking $HOST:$PORT"
@@ -195,6 +196,7 @@ add-worker: worker $NAME is live and taking tasks.
 Watch it:
   docker compose -f deploy/worker-host.yml --env-file $ENV_FILE logs -f worker
   redis-cli --tls --cacert $CA -h $HOST -p $PORT --user worker --askpass SMEMBERS $PREFIX:workers
-  on the central host: curl -s http://127.0.0.1:8080/metrics   (API_LOCAL_PORT; workers and queue)
+  on the central host (API_LOCAL_PORT, the token from its .env):
+    curl -s -H "Authorization: Bearer \$SCRIPT_RUNNER_TOKEN" http://127.0.0.1:8080/metrics | grep workers_alive
 Remove it (drains running tasks first):  deploy/add-worker.sh --remove
 EOT

@@ -78,7 +78,7 @@ services_healthy() {
     local states
     states="$(docker compose ps -a --format '{{.Service}} {{.State}} {{.Health}}')" || return 1
     [[ -n "$states" ]] || return 1
-    ! grep -vqE '^[^ ]+ running (healthy)?$' <<<"$states"
+    ! grep -vqE '^[^ ]+ running ?(healthy)?$' <<<"$states"
 }
 
 healthz_through_caddy() {

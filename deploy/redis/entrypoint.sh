@@ -50,7 +50,7 @@ user admin on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
 ACL
 
 set -- redis-server \
-    --bind "0.0.0.0 ::" --port 6379 --protected-mode no \
+    --bind "0.0.0.0 -::" --port 6379 --protected-mode no \
     --aclfile /run/redis/users.acl \
     --dir /data --appendonly yes --appendfsync everysec \
     --maxmemory "${REDIS_MAXMEMORY:-1gb}" --maxmemory-policy noeviction \

@@ -251,6 +251,10 @@ expect_fail "UNREACHABLE" add_worker "$WORKER_PASSWORD" --redis "rediss://127.0.
 expect_fail "WRONG PASSWORD" add_worker "not$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$RCA" --check
 admin ACL LOG RESET >/dev/null
 add_worker "$WORKER_PASSWORD" --redis "rediss://$HOST_IP:$REDIS_TLS_PORT" --ca "$RCA" --name "$ID-w2" --concurrency 1
+alive="$(curl -s -H "Authorization: Bearer $TOKEN" "http://127.0.0.1:$API_LOCAL_PORT/metrics" \
+    | sed -n 's/^script_runner_workers_alive \([0-9]*\)$/\1/p')"
+[[ "$alive" == 2 ]] || fail "/metrics on the api's loopback port shows ${alive:-no} live workers, not 2"
+echo "/metrics: 2 workers alive"
 tls_clients="$(admin CLIENT LIST | grep -c "laddr=[^ ]*:6380 .*user=worker" || true)"
 ((tls_clients > 0)) || fail "no worker connection on Redis's TLS port"
 C stop worker >/dev/null
