@@ -68,24 +68,14 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the token, nor the Redis password.
         f.debug_struct("Config")
-            .field("redis_url", &redacted_url(&self.redis_url))
+            .field(
+                "redis_url",
+                &support::redis_pool::redacted_url(&self.redis_url),
+            )
             .field("listen_addr", &self.listen_addr)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("runtimes", &self.runtimes)
             .finish_non_exhaustive()
-    }
-}
-
-/// `url` with its password, if any, replaced by `***`: fit for logs.
-pub fn redacted_url(url: &str) -> String {
-    match redis::parse_redis_url(url) {
-        Some(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("***"));
-            }
-            u.to_string()
-        }
-        None => "<not a Redis URL>".into(),
     }
 }
 

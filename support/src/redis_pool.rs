@@ -34,3 +34,32 @@ pub fn build(redis_url: &str, max_size: usize, wait: Duration) -> Result<Pool, P
         .build()
         .map_err(|e| PoolError::Build(e.to_string()))
 }
+
+/// `url` with its password, if any, replaced by `***`: fit for logs and `Debug`.
+pub fn redacted_url(url: &str) -> String {
+    match redis::parse_redis_url(url) {
+        Some(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+            u.to_string()
+        }
+        None => "<not a Redis URL>".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_password_is_never_shown() {
+        let shown = redacted_url("rediss://worker:hunter2secret@redis.example:6380");
+        assert_eq!(shown, "rediss://worker:***@redis.example:6380");
+        assert_eq!(
+            redacted_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(redacted_url("not a url"), "<not a Redis URL>");
+    }
+}

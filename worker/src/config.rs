@@ -48,7 +48,7 @@ pub struct SandboxLimits {
     pub blocked_cidrs: Vec<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     /// `REDIS_URL`.
     pub redis_url: String,
@@ -77,6 +77,22 @@ pub struct Config {
     /// `SHUTDOWN_GRACE_SECONDS`: on SIGTERM, how long running tasks may go on
     /// before they are killed (and recorded as such).
     pub shutdown_grace: Duration,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the Redis password.
+        f.debug_struct("Config")
+            .field(
+                "redis_url",
+                &support::redis_pool::redacted_url(&self.redis_url),
+            )
+            .field("worker_name", &self.worker_name)
+            .field("concurrency", &self.concurrency)
+            .field("tasks_dir", &self.tasks_dir)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
 }
 
 const TASKS_DIR: Var = Var::new("TASKS_DIR", "./tasks-data");
