@@ -90,6 +90,12 @@ step "caddy validate (Debian's caddy $(caddy version | cut -d' ' -f1))"
 DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1 \
     || DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile
 DOMAIN=$DOMAIN CADDY_GLOBAL_OPTIONS=local_certs caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1
+# setup-host.sh --email puts an ACME contact there.
+DOMAIN=$DOMAIN CADDY_GLOBAL_OPTIONS="email ops@example.com" caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1
+# Only /mcp and /healthz reach the api, with no encoder anywhere (no compression of streams).
+adapted="$(DOMAIN=$DOMAIN caddy adapt --adapter caddyfile --config Caddyfile 2>/dev/null)"
+grep -qF '"path":["/mcp","/healthz"]' <<<"$adapted" || fail "Caddyfile does not limit the proxy to /mcp and /healthz"
+! grep -q '"encode"' <<<"$adapted" || fail "Caddyfile compresses responses"
 
 step "workflows against GitHub's schema, and every script they name exists"
 "$VENV/bin/check-jsonschema" --builtin-schema vendor.github-workflows .github/workflows/*.yml
