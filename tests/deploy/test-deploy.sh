@@ -136,8 +136,14 @@ cleanup() {
     done
     docker network rm "$ID-tasks1" "$ID-tasks2" >/dev/null 2>&1
     rm -rf "$WORK"
-    left="$(docker ps -aq --filter "label=com.docker.compose.project=$ID" --filter "label=com.docker.compose.project=$ID-w2")"
-    [[ -z "$left" ]] || echo "deploy test: containers left behind: $left" >&2
+    # Nothing of the test may outlive it: containers, networks, volumes (images stay, as
+    # a build cache for the next run).
+    left="$(docker ps -aq --filter "label=com.docker.compose.project=$ID"; docker ps -aq --filter "label=com.docker.compose.project=$ID-w2"
+        docker network ls -q --filter "name=$ID"; docker volume ls -q --filter "name=$ID")"
+    if [[ -n "$left" ]]; then
+        echo "deploy test FAILED: left behind: $(tr '\n' ' ' <<<"$left")" >&2
+        ((rc)) || rc=1
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
