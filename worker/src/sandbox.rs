@@ -19,6 +19,7 @@ use futures_util::{Stream, StreamExt};
 use shared::task::self_deadline_seconds;
 
 use crate::config::SandboxLimits;
+use crate::metrics::{self, Op};
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
@@ -201,17 +202,17 @@ impl Sandbox {
         let opts = CreateContainerOptionsBuilder::default()
             .name(&format!("sr-{task_id}"))
             .build();
-        match self
+        let create = self
             .docker
-            .create_container(Some(opts.clone()), body.clone())
-            .await
-        {
+            .create_container(Some(opts.clone()), body.clone());
+        match metrics::docker(Op::Create, create).await {
             Ok(r) => Ok(r.id),
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
             }) => {
                 self.pull(image).await?;
-                Ok(self.docker.create_container(Some(opts), body).await?.id)
+                let create = self.docker.create_container(Some(opts), body);
+                Ok(metrics::docker(Op::Create, create).await?.id)
             }
             Err(e) => Err(e.into()),
         }
@@ -296,11 +297,12 @@ impl Sandbox {
             .stream(true)
             .logs(false)
             .build();
-        Ok(self.docker.attach_container(id, Some(opts)).await?.output)
+        let attach = self.docker.attach_container(id, Some(opts));
+        Ok(metrics::docker(Op::Attach, attach).await?.output)
     }
 
     pub async fn start(&self, id: &str) -> Result<(), SandboxError> {
-        Ok(self.docker.start_container(id, None).await?)
+        Ok(metrics::docker(Op::Start, self.docker.start_container(id, None)).await?)
     }
 
     /// Waits for the container to exit; returns its exit code.
@@ -344,7 +346,8 @@ impl Sandbox {
             .force(true)
             .v(true)
             .build();
-        if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
+        let remove = self.docker.remove_container(id, Some(opts));
+        if let Err(e) = metrics::docker(Op::Remove, remove).await {
             tracing::warn!(container = id, error = %e, "could not remove task container");
         }
     }
