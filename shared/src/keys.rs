@@ -31,6 +31,11 @@ impl Keys {
         }
     }
 
+    /// The prefix every key starts with (`REDIS_KEY_PREFIX`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The stream the api appends jobs to and workers read from.
     pub fn jobs(&self) -> String {
         format!("{}:jobs", self.prefix)
