@@ -112,7 +112,7 @@ pub async fn run(
     });
     let ctx = prepare(config, &stop).await?;
     let metrics_server = match ctx.config.metrics_addr {
-        Some(addr) => Some(metrics::serve(addr).await?),
+        Some(addr) => Some(metrics::serve(addr, ctx.sandbox.metrics().clone()).await?),
         None => None,
     };
     let slots = Slots {
@@ -157,9 +157,9 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     sandbox.ensure_network().await?;
     if config.limits.firewall {
         firewall::install(&config.limits.bridge, &config.limits.blocked_cidrs).await?;
-        metrics::set_firewall(true);
+        sandbox.metrics().set_firewall(true);
     } else {
-        metrics::set_firewall(false);
+        sandbox.metrics().set_firewall(false);
         tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
     }
     // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
@@ -339,7 +339,8 @@ async fn heartbeat(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
     let host = host_name();
     let version = env!("CARGO_PKG_VERSION");
-    metrics::set_identity(ctx.queue.worker(), &host, version, ctx.config.concurrency);
+    let metrics = ctx.sandbox.metrics();
+    metrics.set_identity(ctx.queue.worker(), &host, version, ctx.config.concurrency);
     let mut every = tokio::time::interval(ttl / 3);
     loop {
         tokio::select! {

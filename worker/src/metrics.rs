@@ -5,14 +5,14 @@
 //!
 //! What the whole deployment does (queue, outcomes) is the api's `/metrics`,
 //! read from Redis; these are what only the worker's host can see. The numbers
-//! are per process (one worker per process in production; tests that run several
-//! workers in one process see their sum).
+//! belong to one worker (its `Sandbox` holds them), so several workers in one
+//! process (as in the tests) each report their own.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Upper bounds (seconds) for Docker call latencies.
@@ -118,138 +118,150 @@ struct Identity {
     slots: usize,
 }
 
-static METRICS: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
-    Mutex::new(Registry {
-        latency: [Op::Create, Op::Start, Op::Remove]
-            .into_iter()
-            .map(|op| (op, Histogram::new(DOCKER_BUCKETS)))
-            .collect(),
-        errors: Op::ALL.into_iter().map(|op| (op, 0)).collect(),
-        run: BTreeMap::new(),
-        firewall: None,
-        identity: None,
-    })
-});
+/// One worker's metrics; clones share them.
+#[derive(Debug, Clone)]
+pub struct Metrics(Arc<Mutex<Registry>>);
 
-/// Only ever held for an update or a render, never across an await.
-fn registry() -> MutexGuard<'static, Registry> {
-    METRICS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Runs a Docker call, timing it (create, start, remove) and counting its error.
-pub async fn docker<T, E>(op: Op, call: impl Future<Output = Result<T, E>>) -> Result<T, E> {
-    let t = Instant::now();
-    let r = call.await;
-    let took = t.elapsed();
-    let mut m = registry();
-    if let Some(h) = m.latency.get_mut(&op) {
-        h.observe(took);
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics(Arc::new(Mutex::new(Registry {
+            latency: [Op::Create, Op::Start, Op::Remove]
+                .into_iter()
+                .map(|op| (op, Histogram::new(DOCKER_BUCKETS)))
+                .collect(),
+            errors: Op::ALL.into_iter().map(|op| (op, 0)).collect(),
+            run: BTreeMap::new(),
+            firewall: None,
+            identity: None,
+        })))
     }
-    if r.is_err() {
-        *m.errors.entry(op).or_default() += 1;
+}
+
+impl Metrics {
+    /// Only ever held for an update or a render, never across an await.
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    r
-}
 
-/// A task's container ran for `ran` (start to exit or kill).
-pub fn task_ran(runtime: &str, ran: Duration) {
-    registry()
-        .run
-        .entry(runtime.to_owned())
-        .or_insert_with(|| Histogram::new(RUN_BUCKETS))
-        .observe(ran);
-}
+    /// Runs a Docker call, timing it (create, start, remove) and counting its error.
+    pub async fn docker<T, E>(
+        &self,
+        op: Op,
+        call: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let t = Instant::now();
+        let r = call.await;
+        let took = t.elapsed();
+        let mut m = self.registry();
+        if let Some(h) = m.latency.get_mut(&op) {
+            h.observe(took);
+        }
+        if r.is_err() {
+            *m.errors.entry(op).or_default() += 1;
+        }
+        r
+    }
 
-/// Whether the task firewall was installed at start (`TASK_FIREWALL`).
-pub fn set_firewall(installed: bool) {
-    registry().firewall = Some(installed);
-}
+    /// A task's container ran for `ran` (start to exit or kill).
+    pub fn task_ran(&self, runtime: &str, ran: Duration) {
+        self.registry()
+            .run
+            .entry(runtime.to_owned())
+            .or_insert_with(|| Histogram::new(RUN_BUCKETS))
+            .observe(ran);
+    }
 
-pub fn set_identity(worker: &str, host: &str, version: &str, slots: usize) {
-    registry().identity = Some(Identity {
-        worker: worker.to_owned(),
-        host: host.to_owned(),
-        version: version.to_owned(),
-        slots,
-    });
-}
+    /// Whether the task firewall was installed at start (`TASK_FIREWALL`).
+    pub fn set_firewall(&self, installed: bool) {
+        self.registry().firewall = Some(installed);
+    }
 
-/// The Prometheus text exposition of everything above.
-pub fn render() -> String {
-    let m = registry().clone();
-    let mut out = String::new();
-    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
-    if let Some(id) = &m.identity {
+    pub fn set_identity(&self, worker: &str, host: &str, version: &str, slots: usize) {
+        self.registry().identity = Some(Identity {
+            worker: worker.to_owned(),
+            host: host.to_owned(),
+            version: version.to_owned(),
+            slots,
+        });
+    }
+
+    /// The Prometheus text exposition of everything above.
+    pub fn render(&self) -> String {
+        let m = self.registry().clone();
+        let mut out = String::new();
+        let head = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        if let Some(id) = &m.identity {
+            head(
+                &mut out,
+                "script_runner_worker_info",
+                "gauge",
+                "This worker: name, host and version (always 1).",
+            );
+            let _ = writeln!(
+                out,
+                "script_runner_worker_info{{worker=\"{}\",host=\"{}\",version=\"{}\"}} 1",
+                escape(&id.worker),
+                escape(&id.host),
+                escape(&id.version)
+            );
+            head(
+                &mut out,
+                "script_runner_worker_slots",
+                "gauge",
+                "Tasks this worker runs at once at most (WORKER_CONCURRENCY).",
+            );
+            let _ = writeln!(out, "script_runner_worker_slots {}", id.slots);
+        }
+        if let Some(on) = m.firewall {
+            head(
+                &mut out,
+                "script_runner_worker_firewall_enabled",
+                "gauge",
+                "1 if the task firewall was installed at start, 0 if TASK_FIREWALL=off.",
+            );
+            let _ = writeln!(
+                out,
+                "script_runner_worker_firewall_enabled {}",
+                u8::from(on)
+            );
+        }
+        for (op, h) in &m.latency {
+            let name = format!("script_runner_worker_container_{}_seconds", op.as_str());
+            head(
+                &mut out,
+                &name,
+                "histogram",
+                &format!(
+                    "Time the Docker engine took to {} a task container.",
+                    op.as_str()
+                ),
+            );
+            h.render(&mut out, &name, "");
+        }
+        let run = "script_runner_worker_task_run_seconds";
         head(
             &mut out,
-            "script_runner_worker_info",
-            "gauge",
-            "This worker: name, host and version (always 1).",
-        );
-        let _ = writeln!(
-            out,
-            "script_runner_worker_info{{worker=\"{}\",host=\"{}\",version=\"{}\"}} 1",
-            escape(&id.worker),
-            escape(&id.host),
-            escape(&id.version)
-        );
-        head(
-            &mut out,
-            "script_runner_worker_slots",
-            "gauge",
-            "Tasks this worker runs at once at most (WORKER_CONCURRENCY).",
-        );
-        let _ = writeln!(out, "script_runner_worker_slots {}", id.slots);
-    }
-    if let Some(on) = m.firewall {
-        head(
-            &mut out,
-            "script_runner_worker_firewall_enabled",
-            "gauge",
-            "1 if the task firewall was installed at start, 0 if TASK_FIREWALL=off.",
-        );
-        let _ = writeln!(
-            out,
-            "script_runner_worker_firewall_enabled {}",
-            u8::from(on)
-        );
-    }
-    for (op, h) in &m.latency {
-        let name = format!("script_runner_worker_container_{}_seconds", op.as_str());
-        head(
-            &mut out,
-            &name,
+            run,
             "histogram",
-            &format!(
-                "Time the Docker engine took to {} a task container.",
-                op.as_str()
-            ),
+            "How long task containers ran, from start to exit or kill, by runtime.",
         );
-        h.render(&mut out, &name, "");
+        for (runtime, h) in &m.run {
+            h.render(&mut out, run, &format!("runtime=\"{}\"", escape(runtime)));
+        }
+        let errors = "script_runner_worker_docker_errors_total";
+        head(
+            &mut out,
+            errors,
+            "counter",
+            "Docker API calls that failed, by call.",
+        );
+        for (op, n) in &m.errors {
+            let _ = writeln!(out, "{errors}{{op=\"{}\"}} {n}", op.as_str());
+        }
+        out
     }
-    let run = "script_runner_worker_task_run_seconds";
-    head(
-        &mut out,
-        run,
-        "histogram",
-        "How long task containers ran, from start to exit or kill, by runtime.",
-    );
-    for (runtime, h) in &m.run {
-        h.render(&mut out, run, &format!("runtime=\"{}\"", escape(runtime)));
-    }
-    let errors = "script_runner_worker_docker_errors_total";
-    head(
-        &mut out,
-        errors,
-        "counter",
-        "Docker API calls that failed, by call.",
-    );
-    for (op, n) in &m.errors {
-        let _ = writeln!(out, "{errors}{{op=\"{}\"}} {n}", op.as_str());
-    }
-    out
 }
 
 /// Label values may not contain a raw backslash, quote or newline.
@@ -268,19 +280,22 @@ pub struct ServeError {
 
 /// Binds `addr` and serves `GET /metrics` there until the handle is aborted.
 /// Binding fails at start, so a worker never runs without the metrics asked for.
-pub async fn serve(addr: SocketAddr) -> Result<tokio::task::JoinHandle<()>, ServeError> {
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Metrics,
+) -> Result<tokio::task::JoinHandle<()>, ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|error| ServeError { addr, error })?;
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(|| async {
+        axum::routing::get(move || async move {
             (
                 [(
                     axum::http::header::CONTENT_TYPE,
                     "text/plain; version=0.0.4",
                 )],
-                render(),
+                metrics.render(),
             )
         }),
     );
@@ -328,11 +343,12 @@ mod tests {
 
     #[tokio::test]
     async fn docker_calls_are_timed_and_their_errors_counted() {
-        let before = registry().errors[&Op::Attach];
-        let _ = docker(Op::Attach, async { Err::<(), _>("boom") }).await;
-        let _ = docker(Op::Start, async { Ok::<_, ()>(()) }).await;
-        assert_eq!(registry().errors[&Op::Attach], before + 1);
-        let text = render();
+        let m = Metrics::default();
+        let _ = m.docker(Op::Attach, async { Err::<(), _>("boom") }).await;
+        let _ = m.docker(Op::Start, async { Ok::<_, ()>(()) }).await;
+        let text = m.render();
+        assert!(text.contains("script_runner_worker_docker_errors_total{op=\"attach\"} 1\n"));
+        assert!(text.contains("script_runner_worker_container_start_seconds_count 1\n"));
         assert!(text.contains("script_runner_worker_docker_errors_total{op=\"attach\"}"));
         assert!(text.contains("# TYPE script_runner_worker_container_start_seconds histogram"));
     }

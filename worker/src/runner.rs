@@ -240,7 +240,7 @@ async fn supervise(
         }
     };
     output.drain(&mut tails).await;
-    crate::metrics::task_ran(&spec.runtime, started.elapsed());
+    sandbox.metrics().task_ran(&spec.runtime, started.elapsed());
     let outcome = match end {
         End::Exited(exit) => {
             let l = sandbox.limits();

@@ -19,7 +19,7 @@ use futures_util::{Stream, StreamExt};
 use shared::task::self_deadline_seconds;
 
 use crate::config::SandboxLimits;
-use crate::metrics::{self, Op};
+use crate::metrics::{Metrics, Op};
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
@@ -74,6 +74,7 @@ pub struct Sandbox {
     docker: Docker,
     limits: SandboxLimits,
     worker: String,
+    metrics: Metrics,
 }
 
 impl Sandbox {
@@ -89,11 +90,17 @@ impl Sandbox {
             docker,
             limits,
             worker,
+            metrics: Metrics::default(),
         })
     }
 
     pub fn limits(&self) -> &SandboxLimits {
         &self.limits
+    }
+
+    /// This worker's metrics (Docker calls are recorded here).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Creates the tasks' bridge network if it does not exist, with a fixed bridge
@@ -205,14 +212,14 @@ impl Sandbox {
         let create = self
             .docker
             .create_container(Some(opts.clone()), body.clone());
-        match metrics::docker(Op::Create, create).await {
+        match self.metrics.docker(Op::Create, create).await {
             Ok(r) => Ok(r.id),
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
             }) => {
                 self.pull(image).await?;
                 let create = self.docker.create_container(Some(opts), body);
-                Ok(metrics::docker(Op::Create, create).await?.id)
+                Ok(self.metrics.docker(Op::Create, create).await?.id)
             }
             Err(e) => Err(e.into()),
         }
@@ -298,11 +305,14 @@ impl Sandbox {
             .logs(false)
             .build();
         let attach = self.docker.attach_container(id, Some(opts));
-        Ok(metrics::docker(Op::Attach, attach).await?.output)
+        Ok(self.metrics.docker(Op::Attach, attach).await?.output)
     }
 
     pub async fn start(&self, id: &str) -> Result<(), SandboxError> {
-        Ok(metrics::docker(Op::Start, self.docker.start_container(id, None)).await?)
+        Ok(self
+            .metrics
+            .docker(Op::Start, self.docker.start_container(id, None))
+            .await?)
     }
 
     /// Waits for the container to exit; returns its exit code.
@@ -347,7 +357,7 @@ impl Sandbox {
             .v(true)
             .build();
         let remove = self.docker.remove_container(id, Some(opts));
-        if let Err(e) = metrics::docker(Op::Remove, remove).await {
+        if let Err(e) = self.metrics.docker(Op::Remove, remove).await {
             tracing::warn!(container = id, error = %e, "could not remove task container");
         }
     }
