@@ -43,11 +43,25 @@ fn ops_options(metrics_port: u16) -> Options {
     }
 }
 
-/// Runs the ctl with this stack's Redis and prefix, and nothing else.
+/// A Redis URL for a user that may only read (`+@read +time`), as the README
+/// says is enough for the ctl; made on first use.
+async fn read_only_url(stack: &Stack) -> String {
+    let mut r = stack.redis_conn().await;
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "ops", "on", ">ops-pass", "~*", "resetchannels"])
+        .arg(&["-@all", "+@read", "+time"])
+        .query_async(&mut r)
+        .await
+        .expect("ACL SETUSER");
+    format!("redis://ops:ops-pass@127.0.0.1:{}", stack.redis.port)
+}
+
+/// Runs the ctl with this stack's Redis (as a read-only user) and prefix, and
+/// nothing else.
 async fn ctl(stack: &Stack, args: &[&str]) -> Output {
     let mut cmd = tokio::process::Command::new(ctl_bin());
     cmd.env_clear()
-        .env("REDIS_URL", stack.redis.url())
+        .env("REDIS_URL", read_only_url(stack).await)
         .env("REDIS_KEY_PREFIX", &stack.prefix)
         .args(args)
         .kill_on_drop(true);
@@ -287,7 +301,7 @@ async fn top_shows_a_worker_and_a_running_task_in_a_real_terminal() {
         "-y",
         "50",
         "-e",
-        &format!("REDIS_URL={}", stack.redis.url()),
+        &format!("REDIS_URL={}", read_only_url(&stack).await),
         "-e",
         &format!("REDIS_KEY_PREFIX={}", stack.prefix),
         &format!("{} top --interval 0.5", ctl_bin()),
