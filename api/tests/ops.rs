@@ -118,18 +118,45 @@ async fn status_and_task_report_what_the_tasks_did() {
     run_to_end(&client, "python3.13", "exit 3", json!({})).await;
     let killed = start_sleeper(&client, "first").await;
     call_ok(&client, "kill_task", json!({ "task_id": killed })).await;
+    // A chatty task first (the older stream entry), then a silent one.
+    let chatty = run(
+        &client,
+        "python3.13",
+        "while true; do echo .; sleep 0.2; done",
+        json!({}),
+    )
+    .await;
+    wait_status(
+        &client,
+        &chatty,
+        "the chatty task's output",
+        Duration::from_secs(60),
+        |s| s["stdout_bytes"].as_u64().is_some_and(|n| n > 0),
+    )
+    .await;
     let sleeper = start_sleeper(&client, "second").await;
 
-    // Three ended, one running on the only worker (1 of its 2 slots busy).
+    // Three ended; two running on the only worker (both its slots busy), the
+    // silent one clearly silent longer than the chatty one.
     let worker = stack.worker_name.clone();
+    let silence = |s: &Value, id: &str| -> Option<f64> {
+        s["running"]
+            .as_array()?
+            .iter()
+            .find(|t| t["task_id"] == id)?["seconds_since_last_output"]
+            .as_f64()
+    };
     let status = wait_until(
-        "ctl status to show the worker busy with the sleeper and three ended tasks",
+        "ctl status to show the worker busy with both tasks, the sleeper silent, and three ended tasks",
         Duration::from_secs(30),
         || async {
             let s = ctl_json(&stack, &["status", "--json"]).await;
             let w = &s["workers"][0];
-            let ready =
-                w["name"] == worker.as_str() && w["slots_busy"] == 1 && finished(&s).len() == 3;
+            let silent = silence(&s, &sleeper)? > silence(&s, &chatty)? + 1.0;
+            let ready = w["name"] == worker.as_str()
+                && w["slots_busy"] == 2
+                && finished(&s).len() == 3
+                && silent;
             ready.then_some(s)
         },
     )
@@ -142,7 +169,7 @@ async fn status_and_task_report_what_the_tasks_did() {
     );
     assert_eq!(w["alive"], true);
     assert_eq!(w["slots_total"], 2);
-    assert_eq!(w["jobs_held"], 1);
+    assert_eq!(w["jobs_held"], 2);
     assert_eq!(w["version"], env!("CARGO_PKG_VERSION"));
     assert!(w["host"].as_str().is_some_and(|h| !h.is_empty()), "{w}");
     let ago = w["last_heartbeat_seconds_ago"]
@@ -151,11 +178,13 @@ async fn status_and_task_report_what_the_tasks_did() {
     assert!((0.0..=3.0).contains(&ago), "{w}");
     assert_eq!(
         status["queue"],
-        json!({ "waiting": 0, "held": 1, "in_stream": 1 })
+        json!({ "waiting": 0, "held": 2, "in_stream": 2 })
     );
     let running = status["running"].as_array().expect("running");
-    assert_eq!(running.len(), 1, "{status}");
-    assert_eq!(running[0]["task_id"], sleeper.as_str());
+    assert_eq!(running.len(), 2, "{status}");
+    // The stuck-looking one first, though its job is the newer one.
+    assert_eq!(running[0]["task_id"], sleeper.as_str(), "{status}");
+    assert_eq!(running[1]["task_id"], chatty.as_str(), "{status}");
     assert_eq!(running[0]["state"], "running");
     assert_eq!(running[0]["worker"], worker.as_str());
     assert_eq!(running[0]["runtime"], "python3.13");
@@ -165,7 +194,6 @@ async fn status_and_task_report_what_the_tasks_did() {
             .as_f64()
             .is_some_and(|s| s >= 0.0)
     );
-    assert!(running[0]["seconds_since_last_output"].as_f64().is_some());
     assert_eq!(
         finished(&status),
         owned(&[
@@ -181,6 +209,7 @@ async fn status_and_task_report_what_the_tasks_did() {
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains(&sleeper) && text.contains(&worker), "{text}");
     assert!(text.contains("Finished in the last hour: 3"), "{text}");
+    call_ok(&client, "kill_task", json!({ "task_id": chatty })).await;
 
     // One task's record and tails.
     let t = ctl_json(&stack, &["task", &ok_id, "--json"]).await;
@@ -232,13 +261,13 @@ async fn status_and_task_report_what_the_tasks_did() {
     // The sleeper killed: nothing runs, and the hour counts it.
     call_ok(&client, "kill_task", json!({ "task_id": sleeper })).await;
     let status = wait_until(
-        "ctl status to show the second kill and nothing running",
+        "ctl status to show the kills and nothing running",
         Duration::from_secs(30),
         || async {
             let s = ctl_json(&stack, &["status", "--json"]).await;
             (s["running"].as_array().is_some_and(Vec::is_empty)
                 && s["queue"]["held"] == 0
-                && s["finished_last_hour_total"] == 5)
+                && s["finished_last_hour_total"] == 6)
                 .then_some(s)
         },
     )
@@ -247,7 +276,7 @@ async fn status_and_task_report_what_the_tasks_did() {
         finished(&status),
         owned(&[
             ("failed/exited", 1),
-            ("killed/killed-by-user", 2),
+            ("killed/killed-by-user", 3),
             ("succeeded/exited", 2)
         ])
     );
