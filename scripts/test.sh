@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
-# Sets up what it needs, idempotently: redis-server and debootstrap (apt), the MCP
+# Sets up what it needs, idempotently: redis-server, debootstrap and tmux (apt), the MCP
 # Python SDK and pytest (pip, into .venv), and the runtime image the tasks run in
 # (built locally by scripts/build-test-image.sh). Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# api/tests/ops.rs drives `script-runner-ctl top` in a real terminal.
+command -v tmux >/dev/null || need_apt+=(tmux)
 if ((${#need_apt[@]})); then
     echo "test.sh: installing ${need_apt[*]}"
     SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
