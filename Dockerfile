@@ -25,12 +25,13 @@ COPY api api
 COPY worker worker
 COPY shared shared
 COPY support support
+COPY ctl ctl
 # BuildKit cache mounts keep the crate registry (CARGO_HOME is /usr/local/cargo in the
 # official rust images) and the target directory between builds, so a deploy
 # recompiles only what changed.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bins \
+    cargo build --release --locked -p script-runner-api -p script-runner-worker \
     && mkdir /out \
     && cp target/release/script-runner-api target/release/script-runner-worker /out/
 

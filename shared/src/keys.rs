@@ -13,6 +13,7 @@
 //! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
 //! | `{p}:workers` | set | workers that registered and have not been forgotten (a dead one is removed once it holds no job) |
 //! | `{p}:stats` | hash | counters: `submitted`, `finished:<state>:<reason_kind>` |
+//! | `{p}:stats:{minute}` | hash with TTL | tasks finished in that Unix minute: `<state>:<reason_kind>` |
 
 /// The consumer group every worker joins on the jobs stream.
 pub const WORKER_GROUP: &str = "workers";
@@ -30,6 +31,11 @@ impl Keys {
         Keys {
             prefix: prefix.into(),
         }
+    }
+
+    /// The prefix every key starts with (`REDIS_KEY_PREFIX`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// The stream the api appends jobs to and workers read from.
@@ -67,21 +73,103 @@ impl Keys {
     pub fn stats(&self) -> String {
         format!("{}:stats", self.prefix)
     }
+
+    /// Tasks finished during Unix minute `minute` (seconds / 60, Redis's clock),
+    /// fields `<state>:<reason_kind>`. Written by the FINISH and KILL scripts as
+    /// `KEYS[3] .. ':' .. minute`, i.e. the stats key with the minute appended;
+    /// they expire after `STATS_MINUTE_TTL_SECONDS`.
+    pub fn stats_minute(&self, minute: u64) -> String {
+        format!("{}:{minute}", self.stats())
+    }
 }
 
-/// A worker's heartbeat value: how many tasks it is running, as `running=<n>`
-/// (readable in `redis-cli` and parsed by the api's metrics).
+/// A worker's heartbeat value, as `key=value` words separated by spaces:
+/// `running=<n> slots=<n> host=<h> version=<v> ttl=<s>` (readable in
+/// `redis-cli`). Only `running=` is required, and it comes first: the first
+/// heartbeats were `running=<n>` alone, and they still parse.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Heartbeat {
+    /// Tasks the worker is running.
+    pub running: u64,
+    /// Its `WORKER_CONCURRENCY`.
+    pub slots: Option<u64>,
+    /// The host it runs on.
+    pub host: Option<String>,
+    /// The worker's version.
+    pub version: Option<String>,
+    /// The TTL the key was set with, in seconds: with the key's remaining TTL
+    /// it tells how long ago the heartbeat was written, by Redis's clock.
+    pub ttl_seconds: Option<u64>,
+}
+
+impl Heartbeat {
+    /// The value stored in `Keys::worker`. Spaces and `=` in the host or
+    /// version are replaced by `_`, so the value always parses back.
+    pub fn to_value(&self) -> String {
+        let clean = |s: &str| s.replace(|c: char| c.is_whitespace() || c == '=', "_");
+        let mut v = format!("{HEARTBEAT_RUNNING}{}", self.running);
+        if let Some(n) = self.slots {
+            v.push_str(&format!(" slots={n}"));
+        }
+        if let Some(h) = &self.host {
+            v.push_str(&format!(" host={}", clean(h)));
+        }
+        if let Some(ver) = &self.version {
+            v.push_str(&format!(" version={}", clean(ver)));
+        }
+        if let Some(t) = self.ttl_seconds {
+            v.push_str(&format!(" ttl={t}"));
+        }
+        v
+    }
+
+    /// Parses a value written by any version of the worker; `None` if it does
+    /// not start with a well-formed `running=<n>`. Unknown words are skipped, so
+    /// a newer worker may add some.
+    pub fn parse(value: &str) -> Option<Heartbeat> {
+        let mut words = value.split_whitespace();
+        let running = words
+            .next()?
+            .strip_prefix(HEARTBEAT_RUNNING)?
+            .parse()
+            .ok()?;
+        let mut hb = Heartbeat {
+            running,
+            ..Heartbeat::default()
+        };
+        for word in words {
+            match word.split_once('=') {
+                Some(("slots", n)) => hb.slots = n.parse().ok(),
+                Some(("host", h)) => hb.host = Some(h.to_owned()),
+                Some(("version", v)) => hb.version = Some(v.to_owned()),
+                Some(("ttl", t)) => hb.ttl_seconds = t.parse().ok(),
+                _ => {}
+            }
+        }
+        Some(hb)
+    }
+}
+
+/// A heartbeat value that says only how many tasks run (`running=<n>`).
 pub fn heartbeat_value(running: usize) -> String {
-    format!("{HEARTBEAT_RUNNING}{running}")
+    Heartbeat {
+        running: running as u64,
+        ..Heartbeat::default()
+    }
+    .to_value()
 }
 
 /// The tasks a heartbeat value says its worker runs; `None` if it is malformed.
 pub fn parse_heartbeat(value: &str) -> Option<u64> {
-    value.strip_prefix(HEARTBEAT_RUNNING)?.parse().ok()
+    Heartbeat::parse(value).map(|h| h.running)
 }
 
-/// The prefix of a heartbeat value.
+/// The first word of a heartbeat value.
 pub const HEARTBEAT_RUNNING: &str = "running=";
+
+/// How long a per-minute finished counter (`Keys::stats_minute`) lives, in
+/// seconds: long enough for any "last hour" read.
+pub const STATS_MINUTE_TTL_SECONDS: u64 = 7200;
 
 /// The `stats` hash field counting submitted tasks.
 pub const STAT_SUBMITTED: &str = "submitted";
@@ -196,5 +284,45 @@ mod tests {
         assert_eq!(heartbeat_value(3), "running=3");
         assert_eq!(parse_heartbeat(&heartbeat_value(7)), Some(7));
         assert_eq!(parse_heartbeat("busy"), None);
+        assert_eq!(parse_heartbeat("running=x slots=2"), None);
+    }
+
+    #[test]
+    fn full_heartbeats_round_trip_and_old_ones_still_parse() {
+        let hb = Heartbeat {
+            running: 2,
+            slots: Some(4),
+            host: Some("web 1=a".into()),
+            version: Some("0.1.0".into()),
+            ttl_seconds: Some(15),
+        };
+        let v = hb.to_value();
+        assert_eq!(v, "running=2 slots=4 host=web_1_a version=0.1.0 ttl=15");
+        let back = Heartbeat::parse(&v).expect("parses");
+        assert_eq!(back.host.as_deref(), Some("web_1_a"));
+        assert_eq!(
+            (back.running, back.slots, back.ttl_seconds),
+            (2, Some(4), Some(15))
+        );
+        // What the api's metrics read, from the new format and the old.
+        assert_eq!(parse_heartbeat(&v), Some(2));
+        assert_eq!(
+            Heartbeat::parse("running=3"),
+            Some(Heartbeat {
+                running: 3,
+                ..Heartbeat::default()
+            })
+        );
+        // Words a newer worker may add are skipped.
+        assert_eq!(
+            Heartbeat::parse("running=1 pool=3 slots=2").and_then(|h| h.slots),
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn minute_counters_hang_off_the_stats_key() {
+        let k = Keys::new("t1");
+        assert_eq!(k.stats_minute(29_000_000), "t1:stats:29000000");
     }
 }

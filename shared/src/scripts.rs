@@ -124,7 +124,7 @@ mod tests {
                 MISSING, NOT_OWNER, "", "%d", ":", "-", "+", "*", "-inf", "(",
             ])
             .chain([crate::keys::JOB_TASK_ID, crate::keys::STAT_SUBMITTED])
-            .chain(["finished:", "finished:killed:"])
+            .chain(["finished:", "finished:killed:", "killed:"])
             .collect();
         let is_command = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_uppercase());
         for script in ALL {
@@ -163,6 +163,21 @@ mod tests {
     fn the_finished_counter_prefix_is_the_one_metrics_read() {
         assert!(FINISH.contains(&format!("'{}'", crate::keys::STAT_FINISHED_PREFIX)));
         assert!(KILL.contains(&format!("'{}killed:'", crate::keys::STAT_FINISHED_PREFIX)));
+    }
+
+    /// The per-minute counters ops read (`Keys::stats_minute`) are the stats key
+    /// with the minute appended, kept as long as `STATS_MINUTE_TTL_SECONDS`.
+    #[test]
+    fn the_minute_counters_are_where_ops_read_them() {
+        let ttl = format!(
+            "'EXPIRE', minute, {}",
+            crate::keys::STATS_MINUTE_TTL_SECONDS
+        );
+        for script in [FINISH, KILL] {
+            assert!(script.contains("local minute = KEYS[3] .. ':' .. string.format('%d', math.floor(tonumber(t[1]) / 60))"));
+            assert!(script.contains(&ttl), "{script}");
+        }
+        assert_eq!(crate::Keys::new("p").stats_minute(7), "p:stats:7");
     }
 
     #[test]

@@ -86,6 +86,17 @@ docker compose -f deploy/worker-host.yml --env-file "$WORK/worker.env" config -q
 # A missing secret is an error, not an empty password.
 expect_fail "required variable (REDIS_[A-Z]+_PASSWORD|SCRIPT_RUNNER_TOKEN|DOMAIN)" docker compose --env-file /dev/null config -q
 
+step "the Dockerfile's build stage copies every workspace member"
+# A member missing there breaks BINARIES=build (real hosts) while CI, on prebuilt
+# binaries, stays green: this happened twice as crates were added.
+members="$(sed -n 's/^members = \[\(.*\)\]/\1/p' Cargo.toml | tr -d '" ' | tr ',' ' ')"
+[[ -n "$members" ]] || fail "cannot read the workspace members from Cargo.toml"
+for m in $members; do
+    grep -qx "COPY $m $m" Dockerfile || fail "Dockerfile's build stage does not COPY workspace member $m"
+    grep -qx "!$m/" .dockerignore || fail ".dockerignore keeps workspace member $m out of the build context"
+done
+echo "members: $members"
+
 step "caddy validate (Debian's caddy $(caddy version | cut -d' ' -f1))"
 DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1 \
     || DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile

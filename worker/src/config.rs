@@ -77,6 +77,9 @@ pub struct Config {
     /// `SHUTDOWN_GRACE_SECONDS`: on SIGTERM, how long running tasks may go on
     /// before they are killed (and recorded as such).
     pub shutdown_grace: Duration,
+    /// `WORKER_METRICS_ADDR`: where to serve the worker's Prometheus metrics
+    /// (`GET /metrics`); `None` (the default, empty) serves none.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for Config {
@@ -109,10 +112,11 @@ const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");
 const TASK_BLOCKED_CIDRS: Var = Var::new("TASK_BLOCKED_CIDRS", "");
 const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15");
 const SHUTDOWN_GRACE_SECONDS: Var = Var::new("SHUTDOWN_GRACE_SECONDS", "30");
+const WORKER_METRICS_ADDR: Var = Var::new("WORKER_METRICS_ADDR", "");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 14] = [
+pub const VARS: [Var; 15] = [
     TASKS_DIR,
     TASK_MEMORY_MB,
     TASK_CPUS,
@@ -127,6 +131,7 @@ pub const VARS: [Var; 14] = [
     TASK_BLOCKED_CIDRS,
     WORKER_HEARTBEAT_SECONDS,
     SHUTDOWN_GRACE_SECONDS,
+    WORKER_METRICS_ADDR,
 ];
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ less the NUL).
@@ -168,6 +173,13 @@ impl Config {
             retention_seconds: common.retention_seconds,
             heartbeat_ttl: Duration::from_secs(WORKER_HEARTBEAT_SECONDS.range(&var, 1, 3600)?),
             shutdown_grace: Duration::from_secs(SHUTDOWN_GRACE_SECONDS.range(&var, 0, 86_400)?),
+            metrics_addr: match WORKER_METRICS_ADDR.get(&var).trim() {
+                "" => None,
+                _ => Some(WORKER_METRICS_ADDR.parse(
+                    &var,
+                    "a listen address such as 0.0.0.0:9464 (or empty: no metrics)",
+                )?),
+            },
         })
     }
 }
@@ -254,6 +266,14 @@ mod tests {
         assert_eq!(c.limits.bridge, "sr-tasks0");
         assert_eq!(c.limits.user, "65534:65534");
         assert!(c.limits.firewall);
+        assert_eq!(c.metrics_addr, None);
+    }
+
+    #[test]
+    fn the_metrics_address_is_an_address() {
+        let c = load(&[("WORKER_METRICS_ADDR", "127.0.0.1:9464")]).expect("valid");
+        assert_eq!(c.metrics_addr, Some(([127, 0, 0, 1], 9464).into()));
+        assert!(refused(&[("WORKER_METRICS_ADDR", ":9464")]).starts_with("WORKER_METRICS_ADDR="));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod firewall;
+pub mod metrics;
 pub mod queue;
 pub mod reaper;
 pub mod runner;
@@ -39,6 +40,8 @@ pub enum WorkerError {
     Sandbox(#[from] SandboxError),
     #[error("task firewall: {0}")]
     Firewall(#[from] firewall::FirewallError),
+    #[error(transparent)]
+    Metrics(#[from] metrics::ServeError),
     #[error("TASKS_DIR {path}: {error}")]
     TasksDir { path: String, error: std::io::Error },
 }
@@ -108,6 +111,10 @@ pub async fn run(
         }
     });
     let ctx = prepare(config, &stop).await?;
+    let metrics_server = match ctx.config.metrics_addr {
+        Some(addr) => Some(metrics::serve(addr, ctx.sandbox.metrics().clone()).await?),
+        None => None,
+    };
     let slots = Slots {
         free: Arc::new(Semaphore::new(ctx.config.concurrency)),
         runners: TaskTracker::new(),
@@ -131,6 +138,9 @@ pub async fn run(
     drain(&ctx, &slots).await;
     heartbeat_stop.cancel();
     let _ = heartbeat.await;
+    if let Some(server) = metrics_server {
+        server.abort();
+    }
     Ok(())
 }
 
@@ -152,7 +162,9 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
             &config.redis_url,
         )
         .await?;
+        sandbox.metrics().set_firewall(true);
     } else {
+        sandbox.metrics().set_firewall(false);
         tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
     }
     // A wrong password, a missing permission or an untrusted certificate does not
@@ -338,6 +350,10 @@ async fn settle(ctx: &Ctx, job: Job, lost: Outcome) -> Result<(), QueueError> {
 
 async fn heartbeat(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
+    let host = host_name();
+    let version = env!("CARGO_PKG_VERSION");
+    let metrics = ctx.sandbox.metrics();
+    metrics.set_identity(ctx.queue.worker(), &host, version, ctx.config.concurrency);
     let mut every = tokio::time::interval(ttl / 3);
     loop {
         tokio::select! {
@@ -346,11 +362,26 @@ async fn heartbeat(ctx: Ctx, slots: Slots, stop: CancellationToken) {
         }
         // The runners, not the used slots: the job reader holds a slot during
         // every blocking read, so an idle worker would count one.
-        let running = slots.runners.len();
-        if let Err(e) = ctx.queue.heartbeat(ttl, running).await {
+        let beat = shared::keys::Heartbeat {
+            running: slots.runners.len() as u64,
+            slots: Some(ctx.config.concurrency as u64),
+            host: Some(host.clone()),
+            version: Some(version.to_owned()),
+            ttl_seconds: Some(ttl.as_secs()),
+        };
+        if let Err(e) = ctx.queue.heartbeat(ttl, &beat).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
     }
+}
+
+/// This host's name, for ops (the heartbeat, the metrics).
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 async fn prepare_tasks_dir(dir: &std::path::Path) -> Result<std::path::PathBuf, WorkerError> {

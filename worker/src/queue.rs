@@ -8,7 +8,7 @@ use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig, Script};
-use shared::keys::{JOB_TASK_ID, WORKER_GROUP, heartbeat_value};
+use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::options::Network;
 pub use shared::scripts::TaskStateReply;
 use shared::task::{Outcome, RecordedEnd};
@@ -478,12 +478,12 @@ impl Queue {
     }
 
     /// Says this worker is alive, for ops and the reaper.
-    pub async fn heartbeat(&self, ttl: Duration, running: usize) -> Result<(), QueueError> {
+    pub async fn heartbeat(&self, ttl: Duration, beat: &Heartbeat) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
         let () = redis::pipe()
             .set_ex(
                 self.keys.worker(&self.worker),
-                heartbeat_value(running),
+                beat.to_value(),
                 ttl.as_secs(),
             )
             .ignore()

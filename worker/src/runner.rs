@@ -255,6 +255,7 @@ async fn supervise(
         }
     };
     output.drain(&mut tails).await;
+    sandbox.metrics().task_ran(&spec.runtime, started.elapsed());
     let outcome = match end {
         End::Exited(exit) => {
             let l = sandbox.limits();

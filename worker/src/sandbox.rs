@@ -20,6 +20,7 @@ use shared::options::Network;
 use shared::task::self_deadline_seconds;
 
 use crate::config::SandboxLimits;
+use crate::metrics::{Metrics, Op};
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
@@ -91,6 +92,7 @@ pub struct Sandbox {
     docker: Docker,
     limits: SandboxLimits,
     worker: String,
+    metrics: Metrics,
 }
 
 impl Sandbox {
@@ -106,11 +108,17 @@ impl Sandbox {
             docker,
             limits,
             worker,
+            metrics: Metrics::default(),
         })
     }
 
     pub fn limits(&self) -> &SandboxLimits {
         &self.limits
+    }
+
+    /// This worker's metrics (Docker calls are recorded here).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Creates the tasks' bridge network if it does not exist, with a fixed bridge
@@ -220,17 +228,17 @@ impl Sandbox {
         let opts = CreateContainerOptionsBuilder::default()
             .name(&format!("sr-{}", spec.task_id))
             .build();
-        match self
+        let create = self
             .docker
-            .create_container(Some(opts.clone()), body.clone())
-            .await
-        {
+            .create_container(Some(opts.clone()), body.clone());
+        match self.metrics.docker(Op::Create, create).await {
             Ok(r) => Ok(r.id),
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
             }) => {
                 self.pull(spec.image).await?;
-                Ok(self.docker.create_container(Some(opts), body).await?.id)
+                let create = self.docker.create_container(Some(opts), body);
+                Ok(self.metrics.docker(Op::Create, create).await?.id)
             }
             Err(e) => Err(e.into()),
         }
@@ -325,12 +333,16 @@ impl Sandbox {
             .stream(true)
             .logs(false)
             .build();
-        let attached = self.docker.attach_container(id, Some(opts)).await?;
+        let attach = self.docker.attach_container(id, Some(opts));
+        let attached = self.metrics.docker(Op::Attach, attach).await?;
         Ok((attached.output, stdin.then_some(attached.input)))
     }
 
     pub async fn start(&self, id: &str) -> Result<(), SandboxError> {
-        Ok(self.docker.start_container(id, None).await?)
+        Ok(self
+            .metrics
+            .docker(Op::Start, self.docker.start_container(id, None))
+            .await?)
     }
 
     /// Waits for the container to exit; returns its exit code.
@@ -374,7 +386,8 @@ impl Sandbox {
             .force(true)
             .v(true)
             .build();
-        if let Err(e) = self.docker.remove_container(id, Some(opts)).await {
+        let remove = self.docker.remove_container(id, Some(opts));
+        if let Err(e) = self.metrics.docker(Op::Remove, remove).await {
             tracing::warn!(container = id, error = %e, "could not remove task container");
         }
     }

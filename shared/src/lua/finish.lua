@@ -8,6 +8,9 @@
 -- ARGV[5] exit code ('' for none)
 -- ARGV[6] retention seconds for the record
 --
+-- Also counts the end in the per-minute hash `KEYS[3]:<unix minute>` (field
+-- '<state>:<reason kind>', expiring after 2 h) that ops read for "the last hour".
+--
 -- Returns the state the task ends in: ARGV[2], or the terminal state it already
 -- had (a kill that came first wins, and is never overwritten); 'missing'.
 local t = redis.call('TIME')
@@ -20,6 +23,9 @@ if st == 'queued' or st == 'running' then
     'finished_at', now)
   if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'exit_code', ARGV[5]) end
   redis.call('HINCRBY', KEYS[3], 'finished:' .. ARGV[2] .. ':' .. ARGV[3], 1)
+  local minute = KEYS[3] .. ':' .. string.format('%d', math.floor(tonumber(t[1]) / 60))
+  redis.call('HINCRBY', minute, ARGV[2] .. ':' .. ARGV[3], 1)
+  redis.call('EXPIRE', minute, 7200)
   st = ARGV[2]
 end
 redis.call('HDEL', KEYS[1], 'container')

@@ -5,6 +5,9 @@
 -- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
 -- ARGV[1] reason      ARGV[2] reason kind   ARGV[3] retention seconds
 --
+-- Also counts the kill in the per-minute hash `KEYS[3]:<unix minute>` (field
+-- 'killed:<reason kind>', expiring after 2 h) that ops read for "the last hour".
+--
 -- Returns {state, killed}: the state after the call and 1 if this call killed
 -- it; {'missing', 0} when there is no such task.
 local t = redis.call('TIME')
@@ -19,4 +22,7 @@ redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind',
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'finished:killed:' .. ARGV[2], 1)
+local minute = KEYS[3] .. ':' .. string.format('%d', math.floor(tonumber(t[1]) / 60))
+redis.call('HINCRBY', minute, 'killed:' .. ARGV[2], 1)
+redis.call('EXPIRE', minute, 7200)
 return {'killed', 1}

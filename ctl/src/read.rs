@@ -1,0 +1,595 @@
+//! Everything the ctl reads from Redis, as plain data (serialisable for `--json`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use redis::AsyncCommands;
+use redis::streams::StreamRangeReply;
+use serde::Serialize;
+use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
+use shared::tail::render_tail;
+use shared::time::rfc3339_ms;
+use shared::{Field, Keys, TaskState};
+
+use crate::{Config, CtlError};
+
+/// At most this many registered workers are read.
+pub const MAX_WORKERS: usize = 1000;
+/// At most this many running tasks (pending stream entries) are read.
+pub const MAX_RUNNING: usize = 1000;
+/// "The last hour": the current minute and the 59 before it.
+pub const HOUR_MINUTES: u64 = 60;
+
+/// The whole deployment at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// Redis's clock when this was read (RFC 3339).
+    pub at: String,
+    pub workers: Vec<WorkerView>,
+    pub queue: QueueView,
+    /// Running tasks, the longest silent first (the stuck-looking ones).
+    pub running: Vec<RunningTask>,
+    /// True when there were more than `MAX_RUNNING` to read.
+    pub running_truncated: bool,
+    /// Tasks that ended in the last hour (60 whole minutes by Redis's clock),
+    /// by state and reason kind.
+    pub finished_last_hour: Vec<FinishedCount>,
+    pub finished_last_hour_total: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WorkerView {
+    pub name: String,
+    /// Its heartbeat key exists.
+    pub alive: bool,
+    pub host: Option<String>,
+    /// Tasks it runs (from its heartbeat).
+    pub slots_busy: Option<u64>,
+    /// Its `WORKER_CONCURRENCY` (from its heartbeat; absent from old workers).
+    pub slots_total: Option<u64>,
+    /// Seconds since its last heartbeat (from the key's TTL, Redis's clock).
+    pub last_heartbeat_seconds_ago: Option<f64>,
+    pub version: Option<String>,
+    /// Jobs pending under its name in the stream.
+    pub jobs_held: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct QueueView {
+    /// Jobs waiting for a worker with a free slot.
+    pub waiting: u64,
+    /// Jobs a worker has read and not finished.
+    pub held: u64,
+    /// Entries in the stream (waiting + held).
+    pub in_stream: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RunningTask {
+    pub task_id: String,
+    /// `running`, or `queued` for a job a worker has just read and not yet claimed.
+    pub state: String,
+    pub worker: Option<String>,
+    pub runtime: Option<String>,
+    /// Seconds since its container started; null before that.
+    pub runtime_seconds: Option<f64>,
+    /// Seconds since its last output byte (since the start if none); null before the start.
+    pub seconds_since_last_output: Option<f64>,
+    pub timeout_seconds: Option<u64>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FinishedCount {
+    pub state: String,
+    pub reason_kind: String,
+    pub count: u64,
+}
+
+/// One task's record, as `task ID` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskView {
+    pub task_id: String,
+    pub state: String,
+    pub reason: Option<String>,
+    pub reason_kind: Option<String>,
+    pub exit_code: Option<i64>,
+    pub runtime: Option<String>,
+    pub image: Option<String>,
+    pub command: Option<String>,
+    pub worker: Option<String>,
+    pub timeout_seconds: Option<u64>,
+    pub created_at: Option<String>,
+    pub claimed_at: Option<String>,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    pub runtime_seconds: Option<f64>,
+    pub seconds_since_last_output: Option<f64>,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Seconds until the record expires; null while it has no TTL (queued, running).
+    pub expires_in_seconds: Option<i64>,
+    /// The raw stored tails, for `--follow` (not in the JSON).
+    #[serde(skip)]
+    pub raw_stdout: Vec<u8>,
+    #[serde(skip)]
+    pub raw_stderr: Vec<u8>,
+}
+
+impl TaskView {
+    pub fn is_terminal(&self) -> bool {
+        self.state
+            .parse::<TaskState>()
+            .map(TaskState::is_terminal)
+            .unwrap_or(true)
+    }
+}
+
+/// `XPENDING key group`: count, first and last ids, and (consumer, count) pairs.
+type PendingSummary = (
+    u64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
+
+/// Fields read for each running task, in this order.
+const RUNNING_FIELDS: [Field; 8] = [
+    Field::State,
+    Field::Worker,
+    Field::Runtime,
+    Field::StartedAt,
+    Field::LastOutputAt,
+    Field::TimeoutSeconds,
+    Field::StdoutBytes,
+    Field::StderrBytes,
+];
+
+#[derive(Clone)]
+pub struct Reader {
+    pool: Pool,
+    keys: Keys,
+}
+
+impl Reader {
+    pub fn new(config: &Config) -> Result<Reader, CtlError> {
+        Ok(Reader {
+            pool: support::redis_pool::build(&config.redis_url, 2, Duration::from_secs(3))?,
+            keys: config.keys.clone(),
+        })
+    }
+
+    async fn now_ms(conn: &mut deadpool_redis::Connection) -> Result<i64, CtlError> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    pub async fn status(&self) -> Result<Status, CtlError> {
+        let mut conn = self.pool.get().await?;
+        let now_ms = Reader::now_ms(&mut conn).await?;
+        let in_stream: u64 = conn.xlen(self.keys.jobs()).await?;
+        // Before any worker made the group, nothing is pending.
+        let summary: Result<PendingSummary, _> = redis::cmd("XPENDING")
+            .arg(self.keys.jobs())
+            .arg(WORKER_GROUP)
+            .query_async(&mut conn)
+            .await;
+        let (held, per_worker) = match summary {
+            Ok((n, _, _, consumers)) => {
+                let per: HashMap<String, u64> = consumers
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(c, n)| (c, n.parse().unwrap_or(0)))
+                    .collect();
+                (n, per)
+            }
+            Err(e) if e.code() == Some("NOGROUP") => (0, HashMap::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let workers = self.workers(&mut conn, &per_worker).await?;
+        let (running, running_truncated) = if held > 0 {
+            self.running(&mut conn, now_ms).await?
+        } else {
+            (Vec::new(), false)
+        };
+        let finished = self.finished_last_hour(&mut conn, now_ms).await?;
+        let total = finished.iter().map(|f| f.count).sum();
+        Ok(Status {
+            at: rfc3339_ms(now_ms),
+            workers,
+            queue: QueueView {
+                waiting: in_stream.saturating_sub(held),
+                held,
+                in_stream,
+            },
+            running,
+            running_truncated,
+            finished_last_hour: finished,
+            finished_last_hour_total: total,
+        })
+    }
+
+    /// Registered workers (`SSCAN`, bounded) and their heartbeats.
+    async fn workers(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        held: &HashMap<String, u64>,
+    ) -> Result<Vec<WorkerView>, CtlError> {
+        let mut names: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(self.keys.workers())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(100)
+                .query_async(conn)
+                .await?;
+            names.extend(batch);
+            cursor = next;
+            if cursor == 0 || names.len() >= MAX_WORKERS {
+                break;
+            }
+        }
+        names.sort();
+        names.dedup();
+        names.truncate(MAX_WORKERS);
+        // A worker holding jobs but missing from the registry is still shown.
+        for name in held.keys() {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = names.iter().map(|n| self.keys.worker(n)).collect();
+        let beats: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.pttl(k);
+        }
+        let ttls: Vec<i64> = pipe.query_async(conn).await?;
+        Ok(names
+            .into_iter()
+            .zip(beats)
+            .zip(ttls)
+            .map(|((name, beat), pttl)| {
+                worker_view(
+                    name.clone(),
+                    beat.as_deref(),
+                    pttl,
+                    held.get(&name).copied().unwrap_or(0),
+                )
+            })
+            .collect())
+    }
+
+    /// The tasks behind the stream's pending entries, read in three pipelined
+    /// round trips; the longest silent first.
+    async fn running(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        now_ms: i64,
+    ) -> Result<(Vec<RunningTask>, bool), CtlError> {
+        let jobs = self.keys.jobs();
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&jobs)
+            .arg(WORKER_GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(MAX_RUNNING + 1)
+            .query_async(conn)
+            .await?;
+        let truncated = pending.len() > MAX_RUNNING;
+        let pending = &pending[..pending.len().min(MAX_RUNNING)];
+        if pending.is_empty() {
+            return Ok((Vec::new(), false));
+        }
+        let mut pipe = redis::pipe();
+        for (id, ..) in pending {
+            pipe.cmd("XRANGE").arg(&jobs).arg(id).arg(id);
+        }
+        let entries: Vec<StreamRangeReply> = pipe.query_async(conn).await?;
+        let mut ids: Vec<(String, String)> = Vec::new();
+        for ((_, consumer, ..), entry) in pending.iter().zip(entries) {
+            if let Some(task_id) = entry.ids.first().and_then(|e| e.get::<String>(JOB_TASK_ID)) {
+                ids.push((task_id, consumer.clone()));
+            }
+        }
+        let mut pipe = redis::pipe();
+        for (task_id, _) in &ids {
+            let mut cmd = redis::cmd("HMGET");
+            cmd.arg(self.keys.task(task_id));
+            for f in RUNNING_FIELDS {
+                cmd.arg(f.as_str());
+            }
+            pipe.add_command(cmd);
+        }
+        let records: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
+        let mut running: Vec<RunningTask> = ids
+            .into_iter()
+            .zip(records)
+            .filter_map(|((task_id, consumer), r)| running_task(task_id, consumer, &r, now_ms))
+            .collect();
+        sort_stuck_first(&mut running);
+        Ok((running, truncated))
+    }
+
+    async fn finished_last_hour(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        now_ms: i64,
+    ) -> Result<Vec<FinishedCount>, CtlError> {
+        let minute = (now_ms.max(0) as u64) / 60_000;
+        let mut pipe = redis::pipe();
+        for m in minute.saturating_sub(HOUR_MINUTES - 1)..=minute {
+            pipe.hgetall(self.keys.stats_minute(m));
+        }
+        let hashes: Vec<HashMap<String, u64>> = pipe.query_async(conn).await?;
+        Ok(sum_minutes(&hashes))
+    }
+
+    /// One task's record with Redis's clock; `NoSuchTask` if there is none.
+    pub async fn task(&self, task_id: &str, tail_bytes: usize) -> Result<TaskView, CtlError> {
+        let mut conn = self.pool.get().await?;
+        let key = self.keys.task(task_id);
+        let (fields, (secs, micros), ttl): (HashMap<String, Vec<u8>>, (i64, i64), i64) =
+            redis::pipe()
+                .hgetall(&key)
+                .cmd("TIME")
+                .ttl(&key)
+                .query_async(&mut conn)
+                .await?;
+        if fields.is_empty() {
+            return Err(CtlError::NoSuchTask(task_id.to_owned()));
+        }
+        Ok(task_view(
+            task_id,
+            &fields,
+            secs * 1000 + micros / 1000,
+            ttl,
+            tail_bytes,
+        ))
+    }
+}
+
+/// A worker as its heartbeat (`beat`, if alive) and the key's remaining TTL show it.
+pub fn worker_view(name: String, beat: Option<&str>, pttl_ms: i64, jobs_held: u64) -> WorkerView {
+    let hb = beat.and_then(Heartbeat::parse);
+    let ago = hb.as_ref().and_then(|h| {
+        let ttl = h.ttl_seconds? as i64 * 1000;
+        (pttl_ms >= 0).then(|| ((ttl - pttl_ms).max(0) as f64) / 1000.0)
+    });
+    WorkerView {
+        name,
+        alive: beat.is_some(),
+        host: hb.as_ref().and_then(|h| h.host.clone()),
+        slots_busy: hb.as_ref().map(|h| h.running),
+        slots_total: hb.as_ref().and_then(|h| h.slots),
+        last_heartbeat_seconds_ago: ago,
+        version: hb.as_ref().and_then(|h| h.version.clone()),
+        jobs_held,
+    }
+}
+
+/// A running task from its `RUNNING_FIELDS`; `None` if its record is gone or
+/// it has already ended (its job not yet acknowledged).
+fn running_task(
+    task_id: String,
+    consumer: String,
+    r: &[Option<String>],
+    now_ms: i64,
+) -> Option<RunningTask> {
+    let get = |f: Field| {
+        RUNNING_FIELDS
+            .iter()
+            .position(|x| *x == f)
+            .and_then(|i| r.get(i))
+            .and_then(Option::as_deref)
+    };
+    let int = |f: Field| get(f).and_then(|v| v.parse::<i64>().ok());
+    let state = get(Field::State)?;
+    if state.parse::<TaskState>().ok()?.is_terminal() {
+        return None;
+    }
+    let started = int(Field::StartedAt);
+    let secs = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    Some(RunningTask {
+        task_id,
+        state: state.to_owned(),
+        worker: get(Field::Worker).map(str::to_owned).or(Some(consumer)),
+        runtime: get(Field::Runtime).map(str::to_owned),
+        runtime_seconds: started.map(|s| secs(now_ms - s)),
+        seconds_since_last_output: started
+            .map(|s| secs(now_ms - int(Field::LastOutputAt).unwrap_or(s))),
+        timeout_seconds: int(Field::TimeoutSeconds).map(|t| t.max(0) as u64),
+        stdout_bytes: int(Field::StdoutBytes).unwrap_or(0).max(0) as u64,
+        stderr_bytes: int(Field::StderrBytes).unwrap_or(0).max(0) as u64,
+    })
+}
+
+/// The longest silent first; tasks not started yet last; ties by id.
+pub fn sort_stuck_first(tasks: &mut [RunningTask]) {
+    tasks.sort_by(|a, b| {
+        let silent = |t: &RunningTask| t.seconds_since_last_output.unwrap_or(-1.0);
+        silent(b)
+            .total_cmp(&silent(a))
+            .then_with(|| a.task_id.cmp(&b.task_id))
+    });
+}
+
+/// Per-minute counter hashes (fields `<state>:<reason_kind>`) summed.
+pub fn sum_minutes(hashes: &[HashMap<String, u64>]) -> Vec<FinishedCount> {
+    let mut sums: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for h in hashes {
+        for (field, n) in h {
+            if let Some((state, kind)) = field.split_once(':') {
+                *sums.entry((state.to_owned(), kind.to_owned())).or_default() += n;
+            }
+        }
+    }
+    sums.into_iter()
+        .map(|((state, reason_kind), count)| FinishedCount {
+            state,
+            reason_kind,
+            count,
+        })
+        .collect()
+}
+
+/// A task record as `task` shows it; times as `get_task_status` computes them.
+pub fn task_view(
+    task_id: &str,
+    f: &HashMap<String, Vec<u8>>,
+    now_ms: i64,
+    ttl: i64,
+    tail_bytes: usize,
+) -> TaskView {
+    let bytes = |x: Field| f.get(x.as_str()).map(Vec::as_slice);
+    let text = |x: Field| bytes(x).map(|b| String::from_utf8_lossy(b).into_owned());
+    let int = |x: Field| text(x).and_then(|s| s.parse::<i64>().ok());
+    let started = int(Field::StartedAt);
+    let finished = int(Field::FinishedAt);
+    let secs = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    let stdout_bytes = int(Field::StdoutBytes).unwrap_or(0).max(0) as u64;
+    let stderr_bytes = int(Field::StderrBytes).unwrap_or(0).max(0) as u64;
+    let raw_stdout = bytes(Field::StdoutTail).unwrap_or_default().to_vec();
+    let raw_stderr = bytes(Field::StderrTail).unwrap_or_default().to_vec();
+    let out = render_tail(&raw_stdout, tail_bytes, stdout_bytes);
+    let err = render_tail(&raw_stderr, tail_bytes, stderr_bytes);
+    let end = finished.unwrap_or(now_ms);
+    TaskView {
+        task_id: task_id.to_owned(),
+        state: text(Field::State).unwrap_or_default(),
+        reason: text(Field::Reason),
+        reason_kind: text(Field::ReasonKind),
+        exit_code: int(Field::ExitCode),
+        runtime: text(Field::Runtime),
+        image: text(Field::Image),
+        command: text(Field::Command),
+        worker: text(Field::Worker),
+        timeout_seconds: int(Field::TimeoutSeconds).map(|t| t.max(0) as u64),
+        created_at: int(Field::CreatedAt).map(rfc3339_ms),
+        claimed_at: int(Field::ClaimedAt).map(rfc3339_ms),
+        started_at: started.map(rfc3339_ms),
+        finished_at: finished.map(rfc3339_ms),
+        runtime_seconds: started.map(|s| secs(end - s)),
+        seconds_since_last_output: started
+            .map(|s| secs(end - int(Field::LastOutputAt).unwrap_or(s))),
+        stdout_bytes,
+        stderr_bytes,
+        stdout_tail: out.text,
+        stderr_tail: err.text,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+        expires_in_seconds: (ttl >= 0).then_some(ttl),
+        raw_stdout,
+        raw_stderr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str, silent: Option<f64>) -> RunningTask {
+        RunningTask {
+            task_id: id.into(),
+            state: "running".into(),
+            worker: None,
+            runtime: None,
+            runtime_seconds: silent,
+            seconds_since_last_output: silent,
+            timeout_seconds: None,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_longest_silent_come_first_and_unstarted_last() {
+        let mut t = vec![task("a", Some(1.0)), task("b", None), task("c", Some(90.0))];
+        sort_stuck_first(&mut t);
+        let order: Vec<&str> = t.iter().map(|t| t.task_id.as_str()).collect();
+        assert_eq!(order, ["c", "a", "b"]);
+    }
+
+    #[test]
+    fn minutes_are_summed_by_state_and_kind() {
+        let m1 = HashMap::from([
+            ("succeeded:exited".to_owned(), 2),
+            ("killed:killed-by-user".to_owned(), 1),
+        ]);
+        let m2 = HashMap::from([("succeeded:exited".to_owned(), 3), ("junk".to_owned(), 9)]);
+        let sums = sum_minutes(&[m1, m2]);
+        assert_eq!(
+            sums,
+            vec![
+                FinishedCount {
+                    state: "killed".into(),
+                    reason_kind: "killed-by-user".into(),
+                    count: 1
+                },
+                FinishedCount {
+                    state: "succeeded".into(),
+                    reason_kind: "exited".into(),
+                    count: 5
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn heartbeat_age_comes_from_the_keys_ttl() {
+        let w = worker_view(
+            "w".into(),
+            Some("running=1 slots=4 host=h version=1 ttl=15"),
+            12_000,
+            1,
+        );
+        assert_eq!(w.last_heartbeat_seconds_ago, Some(3.0));
+        assert_eq!((w.slots_busy, w.slots_total), (Some(1), Some(4)));
+        // An old worker's heartbeat: busy slots only, no age.
+        let old = worker_view("o".into(), Some("running=2"), 9_000, 0);
+        assert_eq!(
+            (
+                old.slots_busy,
+                old.slots_total,
+                old.last_heartbeat_seconds_ago
+            ),
+            (Some(2), None, None)
+        );
+        let dead = worker_view("d".into(), None, -2, 0);
+        assert!(!dead.alive);
+    }
+
+    #[test]
+    fn a_running_task_reads_its_silence_from_last_output() {
+        let r: Vec<Option<String>> = vec![
+            Some("running".into()),
+            Some("w1".into()),
+            Some("python3.13".into()),
+            Some("1000".into()),
+            Some("4000".into()),
+            Some("60".into()),
+            Some("12".into()),
+            None,
+        ];
+        let t = running_task("t".into(), "w1".into(), &r, 11_000).expect("running");
+        assert_eq!(
+            (t.runtime_seconds, t.seconds_since_last_output),
+            (Some(10.0), Some(7.0))
+        );
+        assert_eq!((t.stdout_bytes, t.stderr_bytes), (12, 0));
+        let mut ended = r.clone();
+        ended[0] = Some("succeeded".into());
+        assert!(running_task("t".into(), "w1".into(), &ended, 11_000).is_none());
+    }
+}
