@@ -11,6 +11,9 @@
 #   api     what script-runner-api sends, on keys under the prefix only
 #   worker  what script-runner-worker sends, on keys under the prefix only
 #   admin   everything: health check, ACL LOG, backups, watching live with redis-cli
+#   ops     (only when REDIS_OPS_PASSWORD is set) reads only, under the prefix: what
+#           script-runner-ctl needs (+@read +time, and CLIENT SETINFO, which redis-rs
+#           sends on connecting: without it every connection adds to ACL LOG)
 # Passwords are stored in the ACL file as SHA-256 hashes, never in clear.
 #
 # Why `default` keeps +@all although it is off: nobody can log in as an `off` user, and
@@ -48,6 +51,10 @@ user api on #$(hash "$REDIS_API_PASSWORD") resetkeys ~${prefix}:* resetchannels 
 user worker on #$(hash "$REDIS_WORKER_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all $worker_cmds
 user admin on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
 ACL
+if [ -n "${REDIS_OPS_PASSWORD:-}" ]; then
+    echo "user ops on #$(hash "$REDIS_OPS_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all +@read +time +ping +client|setinfo" \
+        >>/run/redis/users.acl
+fi
 
 set -- redis-server \
     --bind "0.0.0.0 -::" --port 6379 --protected-mode no \

@@ -162,7 +162,7 @@ trap cleanup EXIT
 step "images: base $BASE_IMAGE, runtime $RUNTIME_IMAGE, binaries from target/debug"
 BASE_IMAGE="$BASE_IMAGE" ./scripts/build-base-image.sh
 TEST_RUNTIME_IMAGE="$RUNTIME_IMAGE" ./scripts/build-test-image.sh
-[[ -x target/debug/script-runner-api && -x target/debug/script-runner-worker ]] \
+[[ -x target/debug/script-runner-api && -x target/debug/script-runner-worker && -x target/debug/script-runner-ctl ]] \
     || cargo build --bins
 
 step "an origin holding this tree, and the host's clone of it"
@@ -311,6 +311,16 @@ for user in api worker; do
     done
     echo "user $user: refused FLUSHALL, CONFIG, KEYS, SCRIPT FLUSH, ACL, keys outside sr:*"
 done
+OPS_PASSWORD="$(env_of REDIS_OPS_PASSWORD)"
+out="$(as_user ops "$OPS_PASSWORD" SET sr:x 1 2>&1 || true)"
+grep -q NOPERM <<<"$out" || fail "user ops was not refused a write: $out"
+admin ACL LOG RESET >/dev/null
+REDIS_URL="redis://ops:$OPS_PASSWORD@127.0.0.1:$REDIS_LOCAL_PORT" target/debug/script-runner-ctl status \
+    | tee "$WORK/ctl.out" | head -n 5
+grep -q "$ID-w2" "$WORK/ctl.out" || fail "script-runner-ctl status as ops does not show the added worker"
+denied="$(admin ACL LOG)"
+[[ -z "$denied" ]] || fail "script-runner-ctl as ops was denied commands: $denied"
+echo "user ops: refused a write; script-runner-ctl status runs as ops with no denial"
 out="$(as_user worker "$WORKER_PASSWORD" EXISTS sr:workers)"
 [[ "$out" =~ ^[01]$ ]] || fail "the worker user cannot use its own keys: $out"
 
