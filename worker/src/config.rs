@@ -129,7 +129,7 @@ impl Config {
                 memory_mib: parse_range(
                     "TASK_MEMORY_MB",
                     var("TASK_MEMORY_MB").as_deref(),
-                    512,
+                    1024,
                     16,
                     1 << 20,
                 )?,
@@ -151,7 +151,7 @@ impl Config {
                 tmpfs_mib: parse_range(
                     "TASK_TMPFS_MB",
                     var("TASK_TMPFS_MB").as_deref(),
-                    64,
+                    256,
                     1,
                     1 << 16,
                 )?,
@@ -161,7 +161,7 @@ impl Config {
                 disk_mib: parse_range(
                     "TASK_DISK_MB",
                     var("TASK_DISK_MB").as_deref(),
-                    256,
+                    512,
                     1,
                     1 << 20,
                 )?,

@@ -326,6 +326,7 @@ async fn supervise(
                 memory_mib: l.memory_mib,
                 pids: l.pids,
                 disk_mib: l.disk_mib,
+                tmpfs_mib: l.tmpfs_mib,
             };
             Outcome::exited(code, oom, &tails.stderr.to_vec(), caps)
         }
