@@ -331,10 +331,11 @@ async fn a_python_project_installs_wheels_with_pip_user_and_loads_compiled_code(
         .expect("fixture");
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
-    // `greet` is a console script in ~/.local/bin, run by name.
+    // `greet` is a console script in ~/.local/bin, run by name; pip's cache is
+    // under $HOME.
     let command = format!(
         "pip install --user ./wheels/*.whl && python -m unittest -v && greet && \
-         {PRINT_PEAK_MEMORY}"
+         pip cache dir && {PRINT_PEAK_MEMORY}"
     );
     let started = Instant::now();
     let s = run_to_end_within(
@@ -351,6 +352,8 @@ async fn a_python_project_installs_wheels_with_pip_user_and_loads_compiled_code(
         started.elapsed(),
     );
     assert_unittest_passed(&s, 3);
+    let out = s["stdout_tail"].as_str().unwrap_or_default();
+    assert!(out.lines().any(|l| l == "/tmp/.cache/pip"), "{out}");
     stack.shutdown().await;
 }
 
