@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use shared::envvar::{Common, VarError, non_blank, parse_list, parse_or, parse_range};
+use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -54,6 +54,8 @@ pub struct Config {
     pub max_command_bytes: usize,
     /// `MAX_ZIP_BYTES`: the largest decoded zip.
     pub max_zip_bytes: usize,
+    /// `MAX_STDIN_BYTES`: the largest decoded `stdin_base64`.
+    pub max_stdin_bytes: usize,
     /// `ZIP_MAX_ENTRIES` / `ZIP_MAX_EXPANDED_BYTES`: caps on what a zip may hold.
     pub zip_limits: ZipLimits,
     /// `MAX_QUEUED_TASKS`: `run_script` refuses new work while this many jobs wait.
@@ -74,6 +76,28 @@ impl std::fmt::Debug for Config {
     }
 }
 
+const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
+const ALLOWED_HOSTS: Var = Var::new("ALLOWED_HOSTS", "localhost,127.0.0.1,::1");
+const DEFAULT_TIMEOUT_SECONDS: Var = Var::new("DEFAULT_TIMEOUT_SECONDS", "300");
+const MAX_TIMEOUT_SECONDS: Var = Var::new("MAX_TIMEOUT_SECONDS", "3600");
+const MAX_COMMAND_BYTES: Var = Var::new("MAX_COMMAND_BYTES", "65536");
+const MAX_ZIP_BYTES: Var = Var::new("MAX_ZIP_BYTES", "16777216");
+const MAX_QUEUED_TASKS: Var = Var::new("MAX_QUEUED_TASKS", "10000");
+const MAX_STDIN_BYTES: Var = Var::new("MAX_STDIN_BYTES", "1048576");
+
+/// The api's own variables with literal defaults (besides `shared`'s common ones);
+/// README.md and `.env.example` are checked against them.
+pub const VARS: [Var; 8] = [
+    MAX_STDIN_BYTES,
+    LISTEN_ADDR,
+    ALLOWED_HOSTS,
+    DEFAULT_TIMEOUT_SECONDS,
+    MAX_TIMEOUT_SECONDS,
+    MAX_COMMAND_BYTES,
+    MAX_ZIP_BYTES,
+    MAX_QUEUED_TASKS,
+];
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -85,81 +109,53 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let var = non_blank(get);
         let common = Common::from_lookup(&var)?;
-        let token = var("SCRIPT_RUNNER_TOKEN")
-            .filter(|t| !t.is_empty())
-            .ok_or(ConfigError::MissingToken)?;
+        let token = var("SCRIPT_RUNNER_TOKEN").ok_or(ConfigError::MissingToken)?;
         if token.chars().count() < MIN_TOKEN_LEN {
             return Err(ConfigError::ShortToken(token.chars().count()));
         }
-        let default_timeout_seconds = parse_range(
-            "DEFAULT_TIMEOUT_SECONDS",
-            var("DEFAULT_TIMEOUT_SECONDS").as_deref(),
-            300,
-            1,
-            86_400,
-        )?;
-        let max_timeout_seconds = parse_range(
-            "MAX_TIMEOUT_SECONDS",
-            var("MAX_TIMEOUT_SECONDS").as_deref(),
-            3600,
-            1,
-            86_400,
-        )?;
-        if default_timeout_seconds > max_timeout_seconds {
-            return Err(ConfigError::DefaultAboveMax {
-                default: default_timeout_seconds,
-                max: max_timeout_seconds,
-            });
+        let (default_timeout_seconds, max_timeout_seconds) = timeouts(&var)?;
+        let allowed_hosts = parse_list(Some(&ALLOWED_HOSTS.get(&var)), "");
+        // An empty list would make rmcp accept every Host: refuse it instead.
+        if allowed_hosts.is_empty() {
+            return Err(ConfigError::NoAllowedHosts);
         }
         Ok(Config {
             token,
             redis_url: common.redis_url,
             keys: common.keys,
-            listen_addr: parse_or(
-                "LISTEN_ADDR",
-                var("LISTEN_ADDR").as_deref(),
-                SocketAddr::from(([0, 0, 0, 0], 8080)),
-                "an address and port such as 0.0.0.0:8080",
-            )?,
-            allowed_hosts: match parse_list(
-                var("ALLOWED_HOSTS").as_deref(),
-                "localhost,127.0.0.1,::1",
-            ) {
-                // An empty list would make rmcp accept every Host: refuse it instead.
-                hosts if hosts.is_empty() => return Err(ConfigError::NoAllowedHosts),
-                hosts => hosts,
-            },
+            listen_addr: LISTEN_ADDR.parse(&var, "an address and port such as 0.0.0.0:8080")?,
+            allowed_hosts,
             runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
             default_timeout_seconds,
             max_timeout_seconds,
-            max_command_bytes: parse_range(
-                "MAX_COMMAND_BYTES",
-                var("MAX_COMMAND_BYTES").as_deref(),
-                65_536,
-                1,
-                1 << 20,
-            )? as usize,
-            max_zip_bytes: parse_range(
-                "MAX_ZIP_BYTES",
-                var("MAX_ZIP_BYTES").as_deref(),
-                16 << 20,
-                1,
-                256 << 20,
-            )? as usize,
-            zip_limits: ZipLimits::from_env_values(
-                var("ZIP_MAX_ENTRIES").as_deref(),
-                var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
-            )?,
-            max_queued_tasks: parse_range(
-                "MAX_QUEUED_TASKS",
-                var("MAX_QUEUED_TASKS").as_deref(),
-                10_000,
-                1,
-                10_000_000,
-            )?,
+            max_command_bytes: MAX_COMMAND_BYTES.range(&var, 1, 1 << 20)? as usize,
+            max_zip_bytes: MAX_ZIP_BYTES.range(&var, 1, 256 << 20)? as usize,
+            max_stdin_bytes: MAX_STDIN_BYTES.range(&var, 0, 64 << 20)? as usize,
+            zip_limits: ZipLimits::from_lookup(&var)?,
+            max_queued_tasks: MAX_QUEUED_TASKS.range(&var, 1, 10_000_000)?,
             retention_seconds: common.retention_seconds,
         })
     }
+}
+
+/// `DEFAULT_TIMEOUT_SECONDS` and `MAX_TIMEOUT_SECONDS`. An operator who lowers
+/// only the cap below the default timeout gets the default lowered to the cap
+/// (with a warning), not a refusal; setting both in conflict is refused.
+fn timeouts(var: &impl Fn(&str) -> Option<String>) -> Result<(u64, u64), ConfigError> {
+    let max = MAX_TIMEOUT_SECONDS.range(var, 1, 86_400)?;
+    let default = DEFAULT_TIMEOUT_SECONDS.range(var, 1, 86_400)?;
+    if default <= max {
+        return Ok((default, max));
+    }
+    if var(DEFAULT_TIMEOUT_SECONDS.name).is_some() {
+        return Err(ConfigError::DefaultAboveMax { default, max });
+    }
+    tracing::warn!(
+        max_timeout_seconds = max,
+        "MAX_TIMEOUT_SECONDS is below the default timeout ({default} s): \
+         the default timeout is lowered to {max} s"
+    );
+    Ok((max, max))
 }
 
 #[cfg(test)]
@@ -229,5 +225,15 @@ mod tests {
             ("MAX_TIMEOUT_SECONDS", "60"),
         ]);
         assert!(matches!(e, Err(ConfigError::DefaultAboveMax { .. })));
+        let e = load(&[TOKEN, ("REDIS_KEY_PREFIX", "prod:eu")])
+            .err()
+            .map(|e| e.to_string());
+        assert!(e.is_some_and(|m| m.starts_with("REDIS_KEY_PREFIX=\"prod:eu\"")));
+    }
+
+    #[test]
+    fn lowering_only_the_cap_lowers_the_default_timeout_to_it() {
+        let c = load(&[TOKEN, ("MAX_TIMEOUT_SECONDS", "60")]).expect("config");
+        assert_eq!((c.default_timeout_seconds, c.max_timeout_seconds), (60, 60));
     }
 }

@@ -5,6 +5,7 @@
 //! the config and binds. Tests start it on port 0.
 
 pub mod config;
+pub mod mcp_tasks;
 mod metrics;
 pub mod store;
 pub mod tools;
@@ -58,8 +59,10 @@ pub async fn run(
 pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, StoreError> {
     let config = Arc::new(config);
     let store = Store::new(&config.redis_url, config.keys.clone())?;
-    // base64 makes the zip 4/3 larger; leave room for the JSON-RPC envelope and command.
-    let max_body = config.max_zip_bytes / 3 * 4 + config.max_command_bytes * 2 + (1 << 20);
+    // Base64 is 4/3 of the bytes; the rest (env, JSON framing) fits in 1 MiB.
+    let max_body = (config.max_zip_bytes + config.max_stdin_bytes) / 3 * 4
+        + config.max_command_bytes * 2
+        + (1 << 20);
     let mcp_config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)

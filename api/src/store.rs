@@ -1,15 +1,18 @@
 //! The api's view of Redis: submit a task, read one, kill one, check reachability.
 //! Key names and hash fields come from `shared`; multi-step changes are atomic
-//! (MULTI for submit, Lua for kill).
+//! Lua scripts (`shared/src/lua/`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use deadpool_redis::redis::{self, AsyncCommands, Script};
-use deadpool_redis::{Pool, Runtime};
-use shared::keys::{JOB_TASK_ID, STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP};
+use deadpool_redis::Pool;
+use deadpool_redis::redis::{self, AsyncCommands};
+use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP, parse_heartbeat};
+use shared::options::Network;
+use shared::scripts::MISSING;
 use shared::task::KILLED_BY_USER_REASON;
-use shared::{Field, Keys, ReasonKind, TaskState, scripts};
+use shared::{Field, Keys, ReasonKind, TaskState};
+use support::scripts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -19,8 +22,8 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("the task store returned an unexpected value: {0}")]
     Corrupt(String),
-    #[error("could not create the Redis pool: {0}")]
-    BuildPool(String),
+    #[error(transparent)]
+    BuildPool(#[from] support::redis_pool::PoolError),
 }
 
 /// `XPENDING key group`: count, first and last pending ids, and per consumer its
@@ -54,6 +57,12 @@ pub struct NewTask<'a> {
     pub command: &'a str,
     pub timeout_seconds: u64,
     pub zip: Option<&'a [u8]>,
+    pub stdin: Option<&'a [u8]>,
+    /// Extra environment, as the JSON object stored in the record.
+    pub env_json: Option<String>,
+    pub network: Network,
+    /// How long the task index keeps an entry: the record's retention and then some.
+    pub index_horizon_ms: u64,
 }
 
 /// A task hash as read, with Redis's clock at the moment of the read.
@@ -79,6 +88,65 @@ impl TaskRecord {
     }
 }
 
+/// Index entries read per round trip when listing.
+const LIST_BATCH: usize = 100;
+
+/// The fields `list` reads of each record, in `ListedTask::from_fields` order.
+const LISTED_FIELDS: [&str; 6] = [
+    Field::State.as_str(),
+    Field::Runtime.as_str(),
+    Field::Command.as_str(),
+    Field::ExitCode.as_str(),
+    Field::Reason.as_str(),
+    Field::FinishedAt.as_str(),
+];
+
+/// Where a page of `list` ended: the last task examined.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    pub created_ms: i64,
+    pub task_id: String,
+}
+
+impl ListCursor {
+    /// Whether the entry (`ms`, `id`) comes after this cursor, newest first.
+    fn is_before(&self, ms: i64, id: &str) -> bool {
+        ms < self.created_ms || (ms == self.created_ms && id < self.task_id.as_str())
+    }
+}
+
+/// A task as `list_tasks` shows it.
+#[derive(Debug, Clone)]
+pub struct ListedTask {
+    pub task_id: String,
+    pub created_ms: i64,
+    pub state: TaskState,
+    pub runtime: String,
+    pub command: String,
+    pub exit_code: Option<i64>,
+    pub reason: Option<String>,
+    pub finished_ms: Option<i64>,
+}
+
+impl ListedTask {
+    /// `None` when the record is gone (expired) or has no readable state.
+    fn from_fields(task_id: String, created_ms: i64, f: Vec<Option<String>>) -> Option<ListedTask> {
+        let mut f = f.into_iter();
+        let mut next = || f.next().flatten();
+        let state = next()?.parse().ok()?;
+        Some(ListedTask {
+            task_id,
+            created_ms,
+            state,
+            runtime: next().unwrap_or_default(),
+            command: next().unwrap_or_default(),
+            exit_code: next().and_then(|c| c.parse().ok()),
+            reason: next(),
+            finished_ms: next().and_then(|c| c.parse().ok()),
+        })
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
@@ -88,22 +156,8 @@ pub struct Store {
 impl Store {
     pub fn new(redis_url: &str, keys: Keys) -> Result<Store, StoreError> {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
-        // bounded time instead of hanging on the pool. redis-rs's default 500 ms
-        // response timeout is too short for storing a 16 MiB zip, and a timeout
-        // after Redis applied the write would tell the client to retry a task
-        // that was in fact created; 10 s is ample and still bounded.
-        let conn_cfg = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_connection_timeout(Some(Duration::from_secs(2)));
-        let manager = deadpool_redis::Manager::new_with_config(redis_url, conn_cfg)?;
-        let pool = Pool::builder(manager)
-            .max_size(32)
-            .wait_timeout(Some(Duration::from_secs(2)))
-            .create_timeout(Some(Duration::from_secs(2)))
-            .recycle_timeout(Some(Duration::from_secs(2)))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::BuildPool(e.to_string()))?;
+        // bounded time instead of hanging on the pool.
+        let pool = support::redis_pool::build(redis_url, 32, Duration::from_secs(2))?;
         Ok(Store { pool, keys })
     }
 
@@ -152,11 +206,7 @@ impl Store {
                 .await?;
             for (name, beat) in names.into_iter().zip(beats) {
                 if let Some(beat) = beat {
-                    let running = beat
-                        .strip_prefix("running=")
-                        .and_then(|n| n.parse().ok())
-                        .unwrap_or(0);
-                    workers.insert(name, running);
+                    workers.insert(name, parse_heartbeat(&beat).unwrap_or(0));
                 }
             }
         }
@@ -181,7 +231,6 @@ impl Store {
     /// Stores the task (and its zip) and appends its job, all or nothing.
     pub async fn submit(&self, t: &NewTask<'_>) -> Result<(), StoreError> {
         let mut conn = self.pool.get().await?;
-        let task_key = self.keys.task(t.id);
         let fields: Vec<(&str, String)> = vec![
             (Field::State.as_str(), TaskState::Queued.as_str().to_owned()),
             (Field::Runtime.as_str(), t.runtime.to_owned()),
@@ -195,29 +244,104 @@ impl Store {
                 Field::HasZip.as_str(),
                 u8::from(t.zip.is_some()).to_string(),
             ),
+            (
+                Field::HasStdin.as_str(),
+                u8::from(t.stdin.is_some()).to_string(),
+            ),
+            (Field::Network.as_str(), t.network.as_str().to_owned()),
             (Field::StdoutBytes.as_str(), "0".into()),
             (Field::StderrBytes.as_str(), "0".into()),
         ];
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        pipe.hset_multiple(&task_key, &fields).ignore();
-        // created_at comes from Redis's clock, like every other timestamp.
-        pipe.cmd("EVAL")
-            .arg(concat!(
-                "local t = redis.call('TIME') ",
-                "redis.call('HSET', KEYS[1], 'created_at', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))"
-            ))
-            .arg(1)
-            .arg(&task_key)
-            .ignore();
-        if let Some(zip) = t.zip {
-            pipe.set(self.keys.task_zip(t.id), zip).ignore();
+        let mut fields = fields;
+        if let Some(env) = &t.env_json {
+            fields.push((Field::Env.as_str(), env.clone()));
         }
-        pipe.hincr(self.keys.stats(), STAT_SUBMITTED, 1).ignore();
-        pipe.xadd(self.keys.jobs(), "*", &[(JOB_TASK_ID, t.id)])
-            .ignore();
-        let () = pipe.query_async(&mut conn).await?;
+        let mut call = scripts::SUBMIT.key(self.keys.task(t.id));
+        call.key(self.keys.task_zip(t.id))
+            .key(self.keys.task_stdin(t.id))
+            .key(self.keys.stats())
+            .key(self.keys.jobs())
+            .key(self.keys.task_index())
+            .arg(t.id)
+            .arg(t.zip.unwrap_or_default())
+            .arg(t.stdin.unwrap_or_default())
+            .arg(t.index_horizon_ms);
+        for (field, value) in &fields {
+            call.arg(*field).arg(value);
+        }
+        let _entry: String = call.invoke_async(&mut conn).await?;
         Ok(())
+    }
+
+    /// One page of tasks, newest first, after `cursor` (the last one a previous
+    /// page ended on), keeping those `keep` accepts, at most `limit` of them.
+    /// Examines at most `max_examined` index entries, so a rare filter costs a
+    /// bounded amount per call: the page may then be short, with a cursor to go on.
+    /// Index entries whose record expired are dropped on the way.
+    pub async fn list(
+        &self,
+        cursor: Option<&ListCursor>,
+        limit: usize,
+        max_examined: usize,
+        keep: impl Fn(&ListedTask) -> bool,
+    ) -> Result<(Vec<ListedTask>, Option<ListCursor>), StoreError> {
+        let mut conn = self.pool.get().await?;
+        let index = self.keys.task_index();
+        let mut page = Vec::new();
+        let mut last = cursor.cloned();
+        let mut examined = 0;
+        while examined < max_examined {
+            let max = last
+                .as_ref()
+                .map_or("+inf".to_owned(), |c| c.created_ms.to_string());
+            let batch: Vec<(String, i64)> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(&index)
+                .arg(&max)
+                .arg("-inf")
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(LIST_BATCH)
+                .query_async(&mut conn)
+                .await?;
+            // Equal scores come in reverse member order: skip up to the cursor.
+            let fresh: Vec<(String, i64)> = batch
+                .into_iter()
+                .filter(|(id, ms)| last.as_ref().is_none_or(|c| c.is_before(*ms, id)))
+                .collect();
+            if fresh.is_empty() {
+                return Ok((page, None));
+            }
+            let mut pipe = redis::pipe();
+            for (id, _) in &fresh {
+                pipe.cmd("HMGET")
+                    .arg(self.keys.task(id))
+                    .arg(&LISTED_FIELDS);
+            }
+            let records: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await?;
+            for ((id, ms), fields) in fresh.into_iter().zip(records) {
+                examined += 1;
+                last = Some(ListCursor {
+                    created_ms: ms,
+                    task_id: id.clone(),
+                });
+                let Some(task) = ListedTask::from_fields(id.clone(), ms, fields) else {
+                    // The record expired: its index entry goes too.
+                    let _: i64 = conn.zrem(&index, &id).await?;
+                    continue;
+                };
+                if keep(&task) {
+                    page.push(task);
+                    if page.len() == limit {
+                        return Ok((page, last));
+                    }
+                }
+                if examined == max_examined {
+                    break;
+                }
+            }
+        }
+        Ok((page, last))
     }
 
     /// The task hash, or `None` if there is no such task (or it expired).
@@ -245,16 +369,17 @@ impl Store {
         retention_seconds: u64,
     ) -> Result<Option<(TaskState, bool)>, StoreError> {
         let mut conn = self.pool.get().await?;
-        let (state, killed): (String, i64) = Script::new(scripts::KILL)
+        let (state, killed): (String, i64) = scripts::KILL
             .key(self.keys.task(id))
             .key(self.keys.task_zip(id))
             .key(self.keys.stats())
+            .key(self.keys.task_stdin(id))
             .arg(KILLED_BY_USER_REASON)
             .arg(ReasonKind::KilledByUser.as_str())
             .arg(retention_seconds)
             .invoke_async(&mut conn)
             .await?;
-        if state == "missing" {
+        if state == MISSING {
             return Ok(None);
         }
         let state = state

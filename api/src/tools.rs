@@ -2,22 +2,30 @@
 //! tool result with `isError: true` and a message that says what to fix, and no
 //! task is created.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::{DecodePaddingMode, general_purpose};
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{ContentBlock, Implementation, IntoContents, ServerCapabilities, ServerConfig};
-use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
+    DetailedTask, GetTaskParams, GetTaskResult, Implementation, IntoContents, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use shared::options::Network;
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP, render_tail};
 use shared::time::rfc3339_ms;
 use shared::{Field, TaskState};
 
 use crate::config::Config;
-use crate::store::{NewTask, Store, StoreError, TaskRecord};
+use crate::mcp_tasks;
+use crate::store::{ListCursor, ListedTask, NewTask, Store, StoreError, TaskRecord};
 
 /// Standard alphabet; padding optional, since models often drop it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -49,6 +57,12 @@ pub enum ToolError {
     CommandTooLong { size: usize, max: usize },
     #[error("the zip is {size} bytes; at most {max} are allowed")]
     ZipTooLarge { size: usize, max: usize },
+    #[error(
+        "stdin_base64 decodes to {size} bytes; at most {max} are allowed (put larger input in zip_base64 and redirect it)"
+    )]
+    StdinTooLarge { size: usize, max: usize },
+    #[error("{0}")]
+    Env(#[from] shared::options::EnvError),
     #[error("{0}")]
     Zip(#[from] shared::zipcheck::ZipError),
     #[error("timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s")]
@@ -67,9 +81,24 @@ pub enum ToolError {
         "the service is at capacity ({0} tasks queued or running); wait for some to finish and try again"
     )]
     QueueFull(u64),
+    #[error(
+        "cursor {0:?} is not one list_tasks returned; pass next_cursor exactly as given, or omit it for the newest tasks"
+    )]
+    BadCursor(String),
+    #[error("limit must be between 1 and {MAX_LIST_LIMIT} (got {0})")]
+    BadLimit(i64),
     #[error("{0}; try again shortly")]
     Store(#[from] StoreError),
 }
+
+/// Tasks per `list_tasks` page by default, and at most.
+const DEFAULT_LIST_LIMIT: usize = 20;
+const MAX_LIST_LIMIT: usize = 100;
+/// Index entries one `list_tasks` call examines at most (a rare state filter
+/// returns a short page and a cursor rather than scanning everything).
+const MAX_LIST_EXAMINED: usize = 1000;
+/// The command's first line is shown up to this many characters.
+const LIST_COMMAND_CHARS: usize = 200;
 
 impl IntoContents for ToolError {
     fn into_contents(self) -> Vec<ContentBlock> {
@@ -97,6 +126,21 @@ pub struct RunScriptInput {
     /// lowered to the server's cap; the effective value is returned.
     #[serde(default, deserialize_with = "timeout_seconds")]
     pub timeout_seconds: Option<i64>,
+    /// Optional standard input for the script, base64-encoded (at most 1 MiB by
+    /// default). It is delivered in full, then closed, so a script reading to the
+    /// end sees EOF. Without it, stdin is empty.
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+    /// Optional environment variables for the script, e.g. {"DEBUG": "1"}. Names
+    /// are letters, digits and '_' (not starting with a digit); HOME, PATH, PWD
+    /// and names starting with SR_ or SCRIPT_RUNNER_ are reserved. At most 64
+    /// variables, 32 KiB in all.
+    #[serde(default, deserialize_with = "env_map")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// "internet" (the default: the internet is reachable, this service and
+    /// private networks are not) or "none" (no network at all).
+    #[serde(default)]
+    pub network: Option<Network>,
 }
 
 /// Output of `run_script`.
@@ -139,6 +183,36 @@ fn timeout_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>
 
 fn tail_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     whole_number("tail_bytes", d)
+}
+
+fn limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("limit", d)
+}
+
+/// serde's own message for a wrong type ("invalid type: integer `1`, expected a
+/// string") names neither the argument nor the variable.
+fn env_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    use serde_json::Value;
+    let value = Option::<Value>::deserialize(d)?;
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Value::Object(map) = value else {
+        return Err(serde::de::Error::custom(format!(
+            "env must be an object of names to string values, e.g. {{\"DEBUG\": \"1\"}}; got {value}"
+        )));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            other => Err(serde::de::Error::custom(format!(
+                "env value of {k} must be a string (got {other}); quote numbers, e.g. \"1\""
+            ))),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 fn whole_number<'de, D: serde::Deserializer<'de>>(
@@ -210,6 +284,51 @@ pub struct TaskStatus {
     pub finished_at: Option<String>,
 }
 
+/// Input of `list_tasks`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasksInput {
+    /// Only tasks in this state (queued, running, succeeded, failed, killed,
+    /// timed-out); all states if omitted.
+    #[serde(default)]
+    pub state: Option<TaskState>,
+    /// The next_cursor of the previous page; omit for the newest tasks.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Tasks per page, 1 to 100 (default 20).
+    #[serde(default, deserialize_with = "limit")]
+    pub limit: Option<i64>,
+}
+
+/// One task in `list_tasks`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskSummary {
+    pub task_id: String,
+    pub state: TaskState,
+    pub runtime: String,
+    /// When run_script accepted it (RFC 3339, UTC).
+    pub created_at: String,
+    /// When it reached its final state; null until then.
+    pub finished_at: Option<String>,
+    /// The container's exit code once it exited, else null.
+    pub exit_code: Option<i64>,
+    /// The sentence for a final state; null while queued or running.
+    pub reason: Option<String>,
+    /// The first line of the command (at most 200 characters).
+    pub command: String,
+}
+
+/// Output of `list_tasks`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ListTasksOutput {
+    /// Newest first.
+    pub tasks: Vec<TaskSummary>,
+    /// Pass as cursor for the next page; null when there are no more tasks. A
+    /// page may hold fewer than limit tasks (even none) when a state filter
+    /// skipped many: keep going while next_cursor is not null.
+    pub next_cursor: Option<String>,
+}
+
 /// Output of `kill_task`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct KillOutput {
@@ -239,8 +358,12 @@ impl ScriptRunner {
         description = "Start a shell one-liner in a fresh, isolated container and return its task_id at once \
 (state \"queued\"); it never waits for the script. The command (base64) runs as `sh -c <command>` in /workspace, \
 where the optional base64 zip of source files is extracted first. Then poll get_task_status with the task_id \
-until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it. The container has \
-no access to this service, memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server).",
+until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it, list_tasks to find \
+recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
+all; the default reaches the internet but never this service). The container has no access to this service, \
+memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server). A client that declares \
+the MCP tasks extension gets a task to poll with tasks/get instead.",
+        output_schema = rmcp::handler::server::common::schema_for_output::<RunScriptOutput>(),
         annotations(
             title = "Run a script",
             read_only_hint = false,
@@ -252,7 +375,8 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
     async fn run_script(
         &self,
         Parameters(input): Parameters<RunScriptInput>,
-    ) -> Result<Json<RunScriptOutput>, ToolError> {
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ToolError> {
         let cfg = &self.config;
         let image =
             cfg.runtimes
@@ -283,6 +407,26 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
                 Some(bytes)
             }
         };
+        let stdin = match input.stdin_base64.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("stdin_base64", b64)?;
+                if bytes.len() > cfg.max_stdin_bytes {
+                    return Err(ToolError::StdinTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_stdin_bytes,
+                    });
+                }
+                Some(bytes)
+            }
+        };
+        let env_json = match input.env.as_ref().filter(|e| !e.is_empty()) {
+            None => None,
+            Some(env) => {
+                shared::options::check_env(env)?;
+                Some(serde_json::to_string(env).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+            }
+        };
         let backlog = self.store.backlog().await?;
         if backlog >= cfg.max_queued_tasks {
             return Err(ToolError::QueueFull(backlog));
@@ -296,14 +440,30 @@ no access to this service, memory/CPU/process caps and a wall-clock timeout (def
                 command: &command,
                 timeout_seconds,
                 zip: zip.as_deref(),
+                stdin: stdin.as_deref(),
+                env_json,
+                network: input.network.unwrap_or_default(),
+                index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
             })
             .await?;
         tracing::info!(%task_id, runtime = %input.runtime, timeout_seconds, "task queued");
-        Ok(Json(RunScriptOutput {
+        // A client that declared the tasks extension gets a task handle (only now
+        // that the record exists, so tasks/get on any replica finds it).
+        if ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+        {
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(
+                self.new_mcp_task(&task_id).await?,
+            )));
+        }
+        let output = RunScriptOutput {
             task_id,
             state: TaskState::Queued,
             timeout_seconds,
-        }))
+        };
+        let value = serde_json::to_value(output).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        Ok(CallToolResult::structured(value).into())
     }
 
     #[tool(
@@ -331,12 +491,7 @@ Poll every few seconds until the state is final.",
             Some(n) if n < 0 => return Err(ToolError::BadTailBytes(n)),
             Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
         };
-        let record = self
-            .store
-            .get(&task_id)
-            .await?
-            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
-        status_from_record(task_id, &record, tail_bytes).map(Json)
+        self.status(task_id, tail_bytes).await.map(Json)
     }
 
     #[tool(
@@ -371,20 +526,169 @@ and state is its final state.",
             killed,
         }))
     }
+
+    #[tool(
+        name = "list_tasks",
+        description = "List recent tasks, newest first: task_id, state, runtime, created and finished times, \
+exit code, reason and the first line of the command. Filter with state (e.g. \"running\" or \"failed\"); \
+page with limit (1-100, default 20) and the returned next_cursor until it is null. Use get_task_status for \
+a task's output. Tasks are kept for the server's retention period.",
+        annotations(
+            title = "List tasks",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_tasks(
+        &self,
+        Parameters(input): Parameters<ListTasksInput>,
+    ) -> Result<Json<ListTasksOutput>, ToolError> {
+        let limit = match input.limit {
+            None => DEFAULT_LIST_LIMIT,
+            Some(n) if n < 1 || n > MAX_LIST_LIMIT as i64 => return Err(ToolError::BadLimit(n)),
+            Some(n) => n as usize,
+        };
+        let cursor = input.cursor.as_deref().map(parse_cursor).transpose()?;
+        let wanted = input.state;
+        let (tasks, next) = self
+            .store
+            .list(cursor.as_ref(), limit, MAX_LIST_EXAMINED, |t| {
+                wanted.is_none_or(|w| t.state == w)
+            })
+            .await?;
+        Ok(Json(ListTasksOutput {
+            tasks: tasks.into_iter().map(summary).collect(),
+            next_cursor: next.map(|c| format!("{}.{}", c.created_ms, c.task_id)),
+        }))
+    }
+}
+
+impl ScriptRunner {
+    /// A task's status as `get_task_status` reports it.
+    async fn status(&self, task_id: String, tail_bytes: usize) -> Result<TaskStatus, ToolError> {
+        let record = self
+            .store
+            .get(&task_id)
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        status_from_record(task_id, &record, tail_bytes)
+    }
+
+    /// The MCP task for a task just submitted.
+    async fn new_mcp_task(&self, task_id: &str) -> Result<rmcp::model::Task, ToolError> {
+        let status = self.status(task_id.to_owned(), 0).await?;
+        Ok(self.detailed_task(status)?.task)
+    }
+
+    fn detailed_task(&self, status: TaskStatus) -> Result<DetailedTask, ToolError> {
+        let ttl_ms = self.config.retention_seconds * 1000;
+        mcp_tasks::detailed_task(status, ttl_ms)
+            .map_err(|e| ToolError::Store(StoreError::Corrupt(e.to_string())))
+    }
+
+    /// `tasks/get` and `tasks/cancel` name a task by id: a malformed or unknown
+    /// one is the protocol's invalid-params error (these are not tool calls).
+    fn task_param(raw: &str) -> Result<String, McpError> {
+        parse_task_id(raw).map_err(|e| McpError::invalid_params(e.to_string(), None))
+    }
+}
+
+/// A tool error met while answering a `tasks/*` request: unknown ids are invalid
+/// params; anything else (Redis down) is an internal error.
+fn protocol_error(e: ToolError) -> McpError {
+    match e {
+        ToolError::UnknownTask(_) | ToolError::MalformedTaskId(_) => {
+            McpError::invalid_params(e.to_string(), None)
+        }
+        other => McpError::internal_error(other.to_string(), None),
+    }
+}
+
+fn parse_cursor(raw: &str) -> Result<ListCursor, ToolError> {
+    let bad = || ToolError::BadCursor(raw.chars().take(80).collect());
+    let (ms, id) = raw.trim().split_once('.').ok_or_else(bad)?;
+    Ok(ListCursor {
+        created_ms: ms.parse().map_err(|_| bad())?,
+        task_id: uuid::Uuid::parse_str(id).map_err(|_| bad())?.to_string(),
+    })
+}
+
+fn summary(t: ListedTask) -> TaskSummary {
+    let first_line = t.command.lines().next().unwrap_or_default();
+    TaskSummary {
+        reason: if t.state.is_terminal() {
+            t.reason
+        } else {
+            None
+        },
+        task_id: t.task_id,
+        state: t.state,
+        runtime: t.runtime,
+        created_at: rfc3339_ms(t.created_ms),
+        finished_at: t.finished_ms.map(rfc3339_ms),
+        exit_code: t.exit_code,
+        command: first_line.chars().take(LIST_COMMAND_CHARS).collect(),
+    }
 }
 
 #[tool_handler]
 impl ServerHandler for ScriptRunner {
+    /// `tasks/get`: the task's current state from its record, on any replica.
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let task_id = Self::task_param(&request.task_id)?;
+        let status = self
+            .status(task_id, DEFAULT_TAIL_BYTES)
+            .await
+            .map_err(protocol_error)?;
+        let task = self.detailed_task(status).map_err(protocol_error)?;
+        Ok(GetTaskResult::new(task))
+    }
+
+    /// `tasks/cancel`: `kill_task`. A task already final is left as it is.
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let task_id = Self::task_param(&request.task_id)?;
+        let killed = self
+            .store
+            .kill(&task_id, self.config.retention_seconds)
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        match killed {
+            None => Err(McpError::invalid_params(
+                ToolError::UnknownTask(task_id).to_string(),
+                None,
+            )),
+            Some((_, true)) => {
+                tracing::info!(%task_id, "task killed by tasks/cancel");
+                Ok(())
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("script-runner", env!("CARGO_PKG_VERSION"))
                     .with_title("script-runner: run scripts in disposable containers"),
             )
             .with_instructions(format!(
                 "Runs shell one-liners in disposable, isolated containers. Call run_script (runtime, \
-                 base64 command, optional base64 zip), then poll get_task_status until the state is final; \
-                 kill_task stops a task. Runtimes: {}. Default timeout {} s, at most {} s.",
+                 base64 command, optional base64 zip, stdin, env, network), then poll get_task_status until the \
+                 state is final; kill_task stops a task; list_tasks lists recent ones. Runtimes: {}. Default timeout {} s, at most {} s.",
                 self.config.runtimes.names_list(),
                 self.config.default_timeout_seconds,
                 self.config.max_timeout_seconds

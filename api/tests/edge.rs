@@ -88,7 +88,10 @@ async fn tools_are_listed_with_input_and_output_schemas() {
     let tools = client.list_all_tools().await.expect("list tools");
     let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
     names.sort();
-    assert_eq!(names, ["get_task_status", "kill_task", "run_script"]);
+    assert_eq!(
+        names,
+        ["get_task_status", "kill_task", "list_tasks", "run_script"]
+    );
     for t in &tools {
         assert!(
             t.description.as_ref().is_some_and(|d| d.len() > 80),
@@ -359,6 +362,19 @@ async fn metrics_report_the_queue_the_workers_and_every_outcome_behind_the_token
     let anonymous = reqwest::get(&url).await.expect("metrics");
     assert_eq!(anonymous.status(), 401);
     let http = reqwest::Client::new();
+    // The idle count must come from a heartbeat written after the work ended,
+    // not one left from before it started: drop the current one and wait for
+    // the next (the worker is absent from the metrics until it comes).
+    wait_until(
+        "the kill to be recorded",
+        Duration::from_secs(30),
+        || async {
+            let s = call_ok(&client, "get_task_status", json!({ "task_id": sleeper })).await;
+            (s["state"] == "killed").then_some(())
+        },
+    )
+    .await;
+    stack.drop_heartbeat("main").await;
     let text = wait_until("the metrics to show every outcome and an idle worker", Duration::from_secs(30), || async {
         let resp = http.get(&url).header("authorization", format!("Bearer {TOKEN}")).send().await.ok()?;
         let text = resp.text().await.ok()?;

@@ -68,7 +68,7 @@ async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() 
     wait_container_gone(&running).await;
     // And forgot the dead worker once it held nothing.
     let redis = stack.redis.client();
-    let (workers_key, dead) = (format!("{}:workers", stack.prefix), stack.worker("doomed"));
+    let (workers_key, dead) = (stack.keys().workers(), stack.worker("doomed"));
     wait_until(
         "the dead worker to be forgotten",
         Duration::from_secs(30),
@@ -122,6 +122,9 @@ async fn sigterm_gives_running_tasks_the_grace_period_then_records_them_killed()
         .spawn_worker_process("leaver", &[("SHUTDOWN_GRACE_SECONDS", "1")])
         .await;
     let id = start_sleeper(&client, "up").await;
+    // The point of the test: the task is still running when SIGTERM arrives.
+    let before = call_ok(&client, "get_task_status", json!({ "task_id": id })).await;
+    assert_eq!(before["state"], "running", "{before}");
 
     worker.terminate();
     let s = wait_status(
@@ -290,7 +293,7 @@ async fn a_job_read_but_never_run_by_a_live_worker_is_put_back_and_runs() {
         .group("workers", stack.worker("keeper"))
         .count(1);
     let read: redis::streams::StreamReadReply = r
-        .xread_options(&[format!("{}:jobs", stack.prefix)], &[">"], &opts)
+        .xread_options(&[stack.keys().jobs()], &[">"], &opts)
         .await
         .expect("read");
     assert_eq!(

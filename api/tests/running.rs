@@ -247,7 +247,7 @@ async fn kill_task_on_a_queued_task_means_it_never_starts() {
     // Its job left the stream (the last task's is acknowledged just after its
     // final state is written, so wait for it).
     let redis = stack.redis.client();
-    let jobs = format!("{}:jobs", stack.prefix);
+    let jobs = stack.keys().jobs();
     wait_until("the stream to empty", Duration::from_secs(30), || {
         let (redis, jobs) = (redis.clone(), jobs.clone());
         async move {

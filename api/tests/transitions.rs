@@ -12,6 +12,7 @@ use shared::scripts;
 const TASK: &str = "t:task:1";
 const ZIP: &str = "t:task:1:zip";
 const STATS: &str = "t:stats";
+const STDIN: &str = "t:task:1:stdin";
 
 async fn conn(r: &Redis) -> MultiplexedConnection {
     r.client()
@@ -29,7 +30,7 @@ async fn as_worker(
 ) -> String {
     let script = Script::new(script);
     let mut inv = script.key(TASK);
-    inv.key(ZIP).key(STATS).arg(worker);
+    inv.key(ZIP).key(STATS).key(STDIN).arg(worker);
     for a in args {
         inv.arg(*a);
     }
@@ -41,12 +42,13 @@ async fn field(c: &mut MultiplexedConnection, f: &str) -> Option<String> {
 }
 
 async fn queued_task(c: &mut MultiplexedConnection) {
-    let _: () = c.del(&[TASK, ZIP]).await.expect("del");
+    let _: () = c.del(&[TASK, ZIP, STDIN]).await.expect("del");
     let _: () = c
         .hset_multiple(TASK, &[("state", "queued"), ("runtime", "python3.13")])
         .await
         .expect("hset");
     let _: () = c.set(ZIP, "zip-bytes").await.expect("set");
+    let _: () = c.set(STDIN, "stdin-bytes").await.expect("set");
 }
 
 #[tokio::test]
@@ -125,6 +127,7 @@ async fn a_terminal_state_is_never_overwritten() {
         .key(TASK)
         .key(ZIP)
         .key(STATS)
+        .key(STDIN)
         .arg("killed by kill_task")
         .arg("killed-by-user")
         .arg(600)
@@ -134,6 +137,8 @@ async fn a_terminal_state_is_never_overwritten() {
     assert_eq!((state.as_str(), killed), ("killed", 1));
     let zip: Option<String> = c.get(ZIP).await.expect("get");
     assert_eq!(zip, None, "a killed task's zip is dropped");
+    let stdin: Option<String> = c.get(STDIN).await.expect("get");
+    assert_eq!(stdin, None, "a killed task's stdin is dropped");
 
     let finish = ["succeeded", "exited", "exited with code 0", "0", "600"];
     assert_eq!(
@@ -161,6 +166,7 @@ async fn a_terminal_state_is_never_overwritten() {
         .key(TASK)
         .key(ZIP)
         .key(STATS)
+        .key(STDIN)
         .arg("again")
         .arg("killed-by-user")
         .arg(600)
@@ -298,4 +304,48 @@ async fn requeue_moves_a_job_and_forget_spares_live_or_busy_workers() {
     let consumers: redis::streams::StreamInfoConsumersReply =
         c.xinfo_consumers(jobs, group).await.expect("consumers");
     assert!(consumers.consumers.is_empty());
+}
+
+#[tokio::test]
+async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let keys = shared::Keys::new("t");
+    let index = keys.task_index();
+    // An entry from long ago (1970), whose record has surely expired.
+    let _: () = c.zadd(&index, "old", 1000).await.expect("zadd");
+    let submit = Script::new(scripts::SUBMIT);
+    let entry: String = submit
+        .key(keys.task("new"))
+        .key(keys.task_zip("new"))
+        .key(keys.task_stdin("new"))
+        .key(keys.stats())
+        .key(keys.jobs())
+        .key(&index)
+        .arg("new")
+        .arg("")
+        .arg("some stdin")
+        .arg(86_400_000)
+        .arg("state")
+        .arg("queued")
+        .invoke_async(&mut c)
+        .await
+        .expect("submit");
+    assert!(entry.contains('-'), "a stream entry id: {entry}");
+    let members: Vec<String> = c.zrange(&index, 0, -1).await.expect("zrange");
+    assert_eq!(
+        members,
+        ["new"],
+        "the old entry is trimmed, the new one indexed"
+    );
+    let created: i64 = c
+        .hget(keys.task("new"), "created_at")
+        .await
+        .expect("created_at");
+    let score: f64 = c.zscore(&index, "new").await.expect("zscore");
+    assert_eq!(score as i64, created, "indexed by its created_at");
+    let stdin: Option<String> = c.get(keys.task_stdin("new")).await.expect("get");
+    assert_eq!(stdin.as_deref(), Some("some stdin"));
+    let zip: Option<String> = c.get(keys.task_zip("new")).await.expect("get");
+    assert_eq!(zip, None, "no zip given, none stored");
 }

@@ -23,6 +23,96 @@ impl VarError {
     }
 }
 
+/// A configuration variable and its default, declared once: the code parses the
+/// default from here, and a test checks that README.md's table and
+/// `.env.example` state the same value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Var {
+    pub name: &'static str,
+    /// The default as an operator would write it; `""` means unset (empty).
+    pub default: &'static str,
+}
+
+impl Var {
+    pub const fn new(name: &'static str, default: &'static str) -> Var {
+        Var { name, default }
+    }
+
+    /// The value `var` gives (`None`: unset or blank), else the default.
+    pub fn get(&self, var: &impl Fn(&str) -> Option<String>) -> String {
+        var(self.name).unwrap_or_else(|| self.default.to_owned())
+    }
+
+    /// The value parsed as `T`; `expected` says what is allowed.
+    pub fn parse<T: FromStr>(
+        &self,
+        var: &impl Fn(&str) -> Option<String>,
+        expected: &str,
+    ) -> Result<T, VarError> {
+        let v = self.get(var);
+        v.trim()
+            .parse()
+            .map_err(|_| VarError::new(self.name, &v, expected))
+    }
+
+    /// A whole number in `min..=max`.
+    pub fn range(
+        &self,
+        var: &impl Fn(&str) -> Option<String>,
+        min: u64,
+        max: u64,
+    ) -> Result<u64, VarError> {
+        let expected = format!("a whole number from {min} to {max}");
+        let v: u64 = self.parse(var, &expected)?;
+        if (min..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(VarError::new(self.name, &v.to_string(), expected))
+        }
+    }
+
+    /// A name of 1 to `max_len` characters from `A-Z a-z 0-9 . _ -`, which is
+    /// safe as a Redis key part, a Docker name and a Linux interface name.
+    pub fn name_value(
+        &self,
+        var: &impl Fn(&str) -> Option<String>,
+        max_len: usize,
+    ) -> Result<String, VarError> {
+        let v = self.get(var);
+        let ok = (1..=max_len).contains(&v.len())
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric());
+        if ok {
+            Ok(v)
+        } else {
+            Err(VarError::new(
+                self.name,
+                &v,
+                format!(
+                    "1 to {max_len} characters from letters, digits, '.', '_' and '-', \
+                     starting with a letter or digit"
+                ),
+            ))
+        }
+    }
+}
+
+pub const REDIS_URL: Var = Var::new("REDIS_URL", "redis://127.0.0.1:6379");
+pub const REDIS_KEY_PREFIX: Var = Var::new("REDIS_KEY_PREFIX", crate::Keys::DEFAULT_PREFIX);
+pub const TASK_RETENTION_SECONDS: Var = Var::new("TASK_RETENTION_SECONDS", "86400");
+pub const ZIP_MAX_ENTRIES: Var = Var::new("ZIP_MAX_ENTRIES", "10000");
+pub const ZIP_MAX_EXPANDED_BYTES: Var = Var::new("ZIP_MAX_EXPANDED_BYTES", "268435456");
+
+/// The variables both binaries read, with literal defaults.
+pub const COMMON_VARS: [Var; 5] = [
+    REDIS_URL,
+    REDIS_KEY_PREFIX,
+    TASK_RETENTION_SECONDS,
+    ZIP_MAX_ENTRIES,
+    ZIP_MAX_EXPANDED_BYTES,
+];
+
 /// `raw` parsed as `T`, or `default` when unset or blank.
 pub fn parse_or<T: FromStr>(
     name: &str,
@@ -86,17 +176,11 @@ impl Common {
     /// `var` returns a variable's value, `None` when unset or blank.
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Common, VarError> {
         Ok(Common {
-            redis_url: var("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
-            keys: crate::Keys::new(
-                var("REDIS_KEY_PREFIX").unwrap_or_else(|| crate::Keys::DEFAULT_PREFIX.into()),
-            ),
-            retention_seconds: parse_range(
-                "TASK_RETENTION_SECONDS",
-                var("TASK_RETENTION_SECONDS").as_deref(),
-                86_400,
-                60,
-                365 * 86_400,
-            )?,
+            redis_url: REDIS_URL.get(&var),
+            // Every key is `<prefix>:...`: a ':' or a glob character in the
+            // prefix would let two deployments' keys (and SCANs) meet.
+            keys: crate::Keys::new(REDIS_KEY_PREFIX.name_value(&var, 64)?),
+            retention_seconds: TASK_RETENTION_SECONDS.range(&var, 60, 365 * 86_400)?,
         })
     }
 }
@@ -117,6 +201,20 @@ mod tests {
             Some("X=\"0\" is not valid: a whole number from 1 to 10")
         );
         assert!(parse_range("X", Some("ten"), 5, 1, 10).is_err());
+    }
+
+    #[test]
+    fn names_are_checked_for_length_and_characters() {
+        let set = |v: &'static str| move |_: &str| Some(v.to_owned());
+        assert_eq!(
+            REDIS_KEY_PREFIX.name_value(&|_: &str| None, 64),
+            Ok("sr".to_owned())
+        );
+        assert!(REDIS_KEY_PREFIX.name_value(&set("a:b"), 64).is_err());
+        assert!(REDIS_KEY_PREFIX.name_value(&set("sr*"), 64).is_err());
+        assert!(REDIS_KEY_PREFIX.name_value(&set("-x"), 64).is_err());
+        let long = REDIS_KEY_PREFIX.name_value(&set("abcdefghijklmnop"), 15);
+        assert!(long.is_err_and(|e| e.expected.starts_with("1 to 15 characters")));
     }
 
     #[test]

@@ -8,6 +8,8 @@
 //! | `{p}:jobs` | stream | one entry per submitted task: `task_id` |
 //! | `{p}:task:{id}` | hash | the task record (fields: [`Field`]) |
 //! | `{p}:task:{id}:zip` | string | the submitted zip, until the task finishes or is killed |
+//! | `{p}:task:{id}:stdin` | string | the submitted stdin, until the task finishes or is killed |
+//! | `{p}:tasks` | sorted set | task ids by creation time (ms), for `list_tasks` |
 //! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
 //! | `{p}:workers` | set | workers that registered and have not been forgotten (a dead one is removed once it holds no job) |
 //! | `{p}:stats` | hash | counters: `submitted`, `finished:<state>:<reason_kind>` |
@@ -30,10 +32,6 @@ impl Keys {
         }
     }
 
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The stream the api appends jobs to and workers read from.
     pub fn jobs(&self) -> String {
         format!("{}:jobs", self.prefix)
@@ -45,6 +43,15 @@ impl Keys {
 
     pub fn task_zip(&self, task_id: &str) -> String {
         format!("{}:task:{task_id}:zip", self.prefix)
+    }
+
+    pub fn task_stdin(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}:stdin", self.prefix)
+    }
+
+    /// Task ids scored by creation time, newest last, for `list_tasks`.
+    pub fn task_index(&self) -> String {
+        format!("{}:tasks", self.prefix)
     }
 
     pub fn worker(&self, name: &str) -> String {
@@ -61,6 +68,20 @@ impl Keys {
         format!("{}:stats", self.prefix)
     }
 }
+
+/// A worker's heartbeat value: how many tasks it is running, as `running=<n>`
+/// (readable in `redis-cli` and parsed by the api's metrics).
+pub fn heartbeat_value(running: usize) -> String {
+    format!("{HEARTBEAT_RUNNING}{running}")
+}
+
+/// The tasks a heartbeat value says its worker runs; `None` if it is malformed.
+pub fn parse_heartbeat(value: &str) -> Option<u64> {
+    value.strip_prefix(HEARTBEAT_RUNNING)?.parse().ok()
+}
+
+/// The prefix of a heartbeat value.
+pub const HEARTBEAT_RUNNING: &str = "running=";
 
 /// The `stats` hash field counting submitted tasks.
 pub const STAT_SUBMITTED: &str = "submitted";
@@ -89,6 +110,12 @@ pub enum Field {
     TimeoutSeconds,
     /// `1` when a zip was submitted (then stored under `Keys::task_zip`).
     HasZip,
+    /// `1` when stdin was submitted (then stored under `Keys::task_stdin`).
+    HasStdin,
+    /// Extra environment variables, a JSON object of name to value.
+    Env,
+    /// `Network::as_str()`: `internet` or `none`.
+    Network,
     CreatedAt,
     /// When a worker claimed it.
     ClaimedAt,
@@ -117,7 +144,7 @@ pub enum Field {
 }
 
 impl Field {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Field::State => "state",
             Field::Runtime => "runtime",
@@ -125,6 +152,9 @@ impl Field {
             Field::Command => "command",
             Field::TimeoutSeconds => "timeout_seconds",
             Field::HasZip => "has_zip",
+            Field::HasStdin => "has_stdin",
+            Field::Env => "env",
+            Field::Network => "network",
             Field::CreatedAt => "created_at",
             Field::ClaimedAt => "claimed_at",
             Field::StartedAt => "started_at",
@@ -159,5 +189,12 @@ mod tests {
         assert_eq!(k.task_zip("abc"), "t1:task:abc:zip");
         assert_eq!(k.worker("w"), "t1:worker:w");
         assert_eq!(Keys::default().jobs(), "sr:jobs");
+    }
+
+    #[test]
+    fn heartbeats_round_trip() {
+        assert_eq!(heartbeat_value(3), "running=3");
+        assert_eq!(parse_heartbeat(&heartbeat_value(7)), Some(7));
+        assert_eq!(parse_heartbeat("busy"), None);
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod envvar;
 pub mod keys;
+pub mod options;
 pub mod runtimes;
 pub mod scripts;
 pub mod tail;

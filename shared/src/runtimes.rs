@@ -79,10 +79,6 @@ impl RuntimeCatalog {
         self.images.keys().map(String::as_str)
     }
 
-    pub fn images(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.images.iter().map(|(n, i)| (n.as_str(), i.as_str()))
-    }
-
     /// `node24, python3.13, ...` for error messages and tool descriptions.
     pub fn names_list(&self) -> String {
         self.names().collect::<Vec<_>>().join(", ")

@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +92,9 @@ pub enum ReasonKind {
     OutOfMemory,
     /// The container could not be created or started (e.g. the image is missing).
     StartFailed,
+    /// The container started, then the worker lost track of it (the engine
+    /// stopped answering about it, or it was removed from outside).
+    ContainerLost,
     /// The workspace could not be prepared (e.g. the zip could not be extracted).
     WorkspaceFailed,
     /// The worker that held the task stopped heartbeating.
@@ -106,6 +110,21 @@ pub enum ReasonKind {
 }
 
 impl ReasonKind {
+    pub const ALL: [ReasonKind; 12] = [
+        ReasonKind::Exited,
+        ReasonKind::TimedOut,
+        ReasonKind::KilledByUser,
+        ReasonKind::OutOfMemory,
+        ReasonKind::StartFailed,
+        ReasonKind::ContainerLost,
+        ReasonKind::WorkspaceFailed,
+        ReasonKind::WorkerLost,
+        ReasonKind::WorkerRestarted,
+        ReasonKind::WorkerShutdown,
+        ReasonKind::DiskFull,
+        ReasonKind::ProcessLimit,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ReasonKind::Exited => "exited",
@@ -113,6 +132,7 @@ impl ReasonKind {
             ReasonKind::KilledByUser => "killed-by-user",
             ReasonKind::OutOfMemory => "out-of-memory",
             ReasonKind::StartFailed => "start-failed",
+            ReasonKind::ContainerLost => "container-lost",
             ReasonKind::WorkspaceFailed => "workspace-failed",
             ReasonKind::WorkerLost => "worker-lost",
             ReasonKind::WorkerRestarted => "worker-restarted",
@@ -123,8 +143,85 @@ impl ReasonKind {
     }
 }
 
+impl FromStr for ReasonKind {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ReasonKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
 /// The sentence shown to clients for a kill requested through `kill_task`.
 pub const KILLED_BY_USER_REASON: &str = "killed by kill_task";
+
+/// A container kills its own script this long after the task's timeout, so a
+/// task outlives neither its deadline nor a worker that died (whose timer died
+/// with it). Normally the worker's own timer, at the timeout itself, acts first.
+pub const SELF_DEADLINE_GRACE_SECONDS: u64 = 5;
+
+/// The container's own deadline for a task with `timeout_seconds`.
+pub fn self_deadline_seconds(timeout_seconds: u64) -> u64 {
+    timeout_seconds + SELF_DEADLINE_GRACE_SECONDS
+}
+
+/// How a container that exited by itself ended, as the worker saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerExit {
+    pub code: i64,
+    /// Docker's OOM-killed flag.
+    pub oom_killed: bool,
+    /// How long it ran, from its start to its exit.
+    pub ran: Duration,
+}
+
+/// How a task that ended without its worker's say was recorded (by `kill_task`
+/// or by a reaper), read back from its record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedEnd {
+    pub state: TaskState,
+    pub kind: ReasonKind,
+    pub reason: String,
+}
+
+/// What to do with a job that was read but never finished (after a restart, of
+/// a dead worker, or orphaned), given its task's state. See [`Settlement::decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// Still queued: back in the stream for any worker.
+    Requeue,
+    /// Running under a live worker that is not the settler: its to finish.
+    LeaveToOwner,
+    /// Running, its holder gone: end it with this outcome, written as `owner`
+    /// (the worker recorded as holding it, which the scripts require).
+    Finish { owner: String, outcome: Outcome },
+    /// Already ended (or gone): only acknowledge the job.
+    Ack,
+}
+
+impl Settlement {
+    /// The one rule for settling a job. `state` is the task's current state
+    /// (`None` if it has no record), `owner` the worker recorded as holding it,
+    /// `owner_alive_elsewhere` whether that owner is a live worker other than the
+    /// settler, and `lost` the outcome a running task gets when its holder is gone.
+    pub fn decide(
+        state: Option<TaskState>,
+        owner: Option<&str>,
+        owner_alive_elsewhere: bool,
+        lost: Outcome,
+    ) -> Settlement {
+        match state {
+            Some(TaskState::Queued) => Settlement::Requeue,
+            Some(TaskState::Running) if owner_alive_elsewhere => Settlement::LeaveToOwner,
+            Some(TaskState::Running) => Settlement::Finish {
+                owner: owner.unwrap_or_default().to_owned(),
+                outcome: lost,
+            },
+            _ => Settlement::Ack,
+        }
+    }
+}
 
 /// A terminal outcome as the worker decides it: state, reason and exit code together,
 /// so they cannot disagree.
@@ -258,6 +355,94 @@ impl Outcome {
         }
     }
 
+    /// A container that exited by itself. The container's own deadline rule
+    /// comes first: `timeout -s KILL` inside it ends the script with 137 (124 is
+    /// its usual status) at the self deadline, when the worker's timer was late
+    /// (or its worker was gone); that is a timeout, not an exit.
+    pub fn container_exited(
+        exit: ContainerExit,
+        timeout_seconds: u64,
+        stderr_tail: &[u8],
+        caps: Caps,
+    ) -> Outcome {
+        let self_deadline = Duration::from_secs(self_deadline_seconds(timeout_seconds));
+        let by_own_deadline = matches!(exit.code, 124 | 137)
+            && !exit.oom_killed
+            && exit.ran + Duration::from_secs(1) >= self_deadline;
+        if by_own_deadline {
+            return Outcome::timed_out(timeout_seconds);
+        }
+        Outcome::exited(exit.code, exit.oom_killed, stderr_tail, caps)
+    }
+
+    /// The worker found, at a tick or when recording the start, that the task is
+    /// no longer its running task, and stopped the container. The outcome is the
+    /// one recorded by whoever ended it (`kill_task`, a reaper); without a
+    /// record to read, the task was taken from this worker.
+    pub fn superseded(recorded: Option<RecordedEnd>) -> Outcome {
+        match recorded {
+            Some(r) if r.state.is_terminal() => Outcome {
+                state: r.state,
+                kind: r.kind,
+                reason: r.reason,
+                exit_code: None,
+            },
+            _ => Outcome::killed(
+                ReasonKind::WorkerLost,
+                "the task was taken over while its worker ran it",
+            ),
+        }
+    }
+
+    pub fn killed_by_user() -> Outcome {
+        Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON)
+    }
+
+    /// The worker's shutdown grace period ran out.
+    pub fn worker_shutdown() -> Outcome {
+        Outcome::killed(
+            ReasonKind::WorkerShutdown,
+            "worker shut down before the task finished",
+        )
+    }
+
+    /// Its worker restarted: the container went with the old process.
+    pub fn worker_restarted() -> Outcome {
+        Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted")
+    }
+
+    /// Its worker stopped heartbeating and a reaper settled it.
+    pub fn worker_lost() -> Outcome {
+        Outcome::killed(ReasonKind::WorkerLost, "worker lost")
+    }
+
+    /// A live worker's job that none of its runners held (a lost stream reply).
+    pub fn orphaned() -> Outcome {
+        Outcome::killed(ReasonKind::WorkerLost, "worker lost track of the task")
+    }
+
+    pub fn start_failed(error: impl fmt::Display) -> Outcome {
+        Outcome::failed(
+            ReasonKind::StartFailed,
+            format!("could not start the container: {error}"),
+        )
+    }
+
+    /// The container had started when the worker lost track of it.
+    pub fn container_lost(error: impl fmt::Display) -> Outcome {
+        Outcome::failed(
+            ReasonKind::ContainerLost,
+            format!("lost track of the container: {error}"),
+        )
+    }
+
+    pub fn workspace_failed(error: impl fmt::Display) -> Outcome {
+        Outcome::failed(
+            ReasonKind::WorkspaceFailed,
+            format!("could not prepare /workspace: {error}"),
+        )
+    }
+
     pub fn timed_out(timeout_seconds: u64) -> Outcome {
         Outcome {
             state: TaskState::TimedOut,
@@ -267,7 +452,7 @@ impl Outcome {
         }
     }
 
-    pub fn failed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
+    fn failed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
         Outcome {
             state: TaskState::Failed,
             kind,
@@ -276,7 +461,7 @@ impl Outcome {
         }
     }
 
-    pub fn killed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
+    fn killed(kind: ReasonKind, reason: impl Into<String>) -> Outcome {
         Outcome {
             state: TaskState::Killed,
             kind,
@@ -393,6 +578,113 @@ mod tests {
         assert_eq!(
             Outcome::exited(0, false, b"MemoryError", CAPS).state,
             TaskState::Succeeded
+        );
+    }
+
+    #[test]
+    fn reason_kinds_round_trip() {
+        for k in ReasonKind::ALL {
+            assert_eq!(k.as_str().parse::<ReasonKind>(), Ok(k));
+        }
+        assert!("bored".parse::<ReasonKind>().is_err());
+    }
+
+    fn exit(code: i64, oom_killed: bool, ran_s: u64) -> ContainerExit {
+        ContainerExit {
+            code,
+            oom_killed,
+            ran: Duration::from_secs(ran_s),
+        }
+    }
+
+    #[test]
+    fn the_containers_own_deadline_is_a_timeout_not_an_exit() {
+        // Timeout 10 s: the container's own deadline is at 15 s.
+        let own = Outcome::container_exited(exit(137, false, 15), 10, b"", CAPS);
+        assert_eq!(own, Outcome::timed_out(10));
+        let own_124 = Outcome::container_exited(exit(124, false, 14), 10, b"", CAPS);
+        assert_eq!(own_124.state, TaskState::TimedOut);
+        // Killed (137) well before it: the script's own SIGKILL, an exit.
+        let early = Outcome::container_exited(exit(137, false, 3), 10, b"", CAPS);
+        assert_eq!(
+            (early.state, early.kind),
+            (TaskState::Failed, ReasonKind::Exited)
+        );
+        assert_eq!(early.exit_code, Some(137));
+        // At the memory cap, 137 is the OOM killer even late.
+        let oom = Outcome::container_exited(exit(137, true, 20), 10, b"", CAPS);
+        assert_eq!(oom.kind, ReasonKind::OutOfMemory);
+        // Any other code near the deadline is the script's own exit.
+        let late = Outcome::container_exited(exit(3, false, 15), 10, b"", CAPS);
+        assert_eq!(late.reason, "exited with code 3");
+    }
+
+    #[test]
+    fn a_superseded_task_reports_what_was_recorded_not_a_kill_by_the_user() {
+        let reaped = RecordedEnd {
+            state: TaskState::Killed,
+            kind: ReasonKind::WorkerLost,
+            reason: "worker lost".into(),
+        };
+        assert_eq!(Outcome::superseded(Some(reaped)), Outcome::worker_lost());
+        let by_user = RecordedEnd {
+            state: TaskState::Killed,
+            kind: ReasonKind::KilledByUser,
+            reason: KILLED_BY_USER_REASON.into(),
+        };
+        assert_eq!(
+            Outcome::superseded(Some(by_user)),
+            Outcome::killed_by_user()
+        );
+        // Another worker holds it (no end recorded): taken over, never "kill_task".
+        let taken = Outcome::superseded(None);
+        assert_eq!(taken.kind, ReasonKind::WorkerLost);
+        assert_ne!(taken.reason, KILLED_BY_USER_REASON);
+    }
+
+    #[test]
+    fn lost_containers_and_failed_starts_are_told_apart() {
+        assert_eq!(
+            Outcome::container_lost("gone").kind,
+            ReasonKind::ContainerLost
+        );
+        assert_eq!(
+            Outcome::start_failed("no image").kind,
+            ReasonKind::StartFailed
+        );
+        assert_eq!(
+            Outcome::start_failed("no image").reason,
+            "could not start the container: no image"
+        );
+    }
+
+    #[test]
+    fn settling_requeues_queued_ends_orphaned_running_and_acks_the_rest() {
+        let lost = Outcome::worker_lost;
+        assert_eq!(
+            Settlement::decide(Some(TaskState::Queued), None, false, lost()),
+            Settlement::Requeue
+        );
+        assert_eq!(
+            Settlement::decide(Some(TaskState::Running), Some("w2"), true, lost()),
+            Settlement::LeaveToOwner
+        );
+        assert_eq!(
+            Settlement::decide(Some(TaskState::Running), Some("w2"), false, lost()),
+            Settlement::Finish {
+                owner: "w2".into(),
+                outcome: lost()
+            }
+        );
+        for done in [TaskState::Succeeded, TaskState::Killed, TaskState::TimedOut] {
+            assert_eq!(
+                Settlement::decide(Some(done), Some("w2"), false, lost()),
+                Settlement::Ack
+            );
+        }
+        assert_eq!(
+            Settlement::decide(None, None, false, lost()),
+            Settlement::Ack
         );
     }
 }

@@ -21,42 +21,29 @@ pub struct ZipLimits {
     pub max_ratio: u64,
 }
 
+/// Largest uncompressed/compressed ratio of an entry bigger than 1 MiB.
+const MAX_RATIO: u64 = 200;
+
 impl Default for ZipLimits {
+    /// The declared defaults of `ZIP_MAX_ENTRIES` and `ZIP_MAX_EXPANDED_BYTES`.
     fn default() -> Self {
-        ZipLimits {
-            max_entries: 10_000,
-            max_expanded_bytes: 256 * 1024 * 1024,
-            max_ratio: 200,
-        }
+        #[allow(clippy::expect_used)]
+        ZipLimits::from_lookup(&|_: &str| None).expect("the declared defaults parse (unit-tested)")
     }
 }
 
 impl ZipLimits {
-    /// `ZIP_MAX_ENTRIES` and `ZIP_MAX_EXPANDED_BYTES` (raw values, `None` when
+    /// `ZIP_MAX_ENTRIES` and `ZIP_MAX_EXPANDED_BYTES` through `var` (`None` when
     /// unset), which api and worker both read: the api checks at submit, the
     /// worker again at extraction.
-    pub fn from_env_values(
-        max_entries: Option<&str>,
-        max_expanded_bytes: Option<&str>,
+    pub fn from_lookup(
+        var: &impl Fn(&str) -> Option<String>,
     ) -> Result<ZipLimits, crate::envvar::VarError> {
-        use crate::envvar::parse_range;
-        let d = ZipLimits::default();
+        use crate::envvar::{ZIP_MAX_ENTRIES, ZIP_MAX_EXPANDED_BYTES};
         Ok(ZipLimits {
-            max_entries: parse_range(
-                "ZIP_MAX_ENTRIES",
-                max_entries,
-                d.max_entries as u64,
-                1,
-                1_000_000,
-            )? as usize,
-            max_expanded_bytes: parse_range(
-                "ZIP_MAX_EXPANDED_BYTES",
-                max_expanded_bytes,
-                d.max_expanded_bytes,
-                1,
-                1 << 40,
-            )?,
-            max_ratio: d.max_ratio,
+            max_entries: ZIP_MAX_ENTRIES.range(var, 1, 1_000_000)? as usize,
+            max_expanded_bytes: ZIP_MAX_EXPANDED_BYTES.range(var, 1, 1 << 40)?,
+            max_ratio: MAX_RATIO,
         })
     }
 }
@@ -96,8 +83,6 @@ pub struct SafeEntry {
     /// with `chmod +x`). Only this bit is carried over: setuid, setgid, sticky
     /// and the other permission bits of the archive are never applied.
     pub executable: bool,
-    /// Declared uncompressed size.
-    pub size: u64,
 }
 
 const S_IFMT: u32 = 0o170_000;
@@ -157,7 +142,6 @@ pub fn check_zip(bytes: &[u8], limits: &ZipLimits) -> Result<Vec<SafeEntry>, Zip
             path,
             is_dir,
             executable,
-            size,
         });
     }
     Ok(entries)

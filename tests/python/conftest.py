@@ -286,19 +286,26 @@ def _start_worker(stack: Stack) -> Service:
 
 def _start_api(stack: Stack) -> Service:
     stack.api_port = free_port()
+    return spawn_api(stack, stack.api_port, "api")
+
+
+def spawn_api(stack: Stack, port: int, name: str) -> Service:
+    """An api process on `port` against the stack's Redis (a second one makes a
+    second replica: any replica must answer for any task)."""
     env = base_env() | {
         "SCRIPT_RUNNER_TOKEN": stack.token,
         "REDIS_URL": f"redis://127.0.0.1:{stack.redis_port}",
         "REDIS_KEY_PREFIX": stack.prefix,
-        "LISTEN_ADDR": f"127.0.0.1:{stack.api_port}",
+        "LISTEN_ADDR": f"127.0.0.1:{port}",
         "RUNTIME_IMAGES": RUNTIME_IMAGES,
     }
-    service = spawn("api", [str(API_BIN)], env, stack.tmp_dir)
+    service = spawn(name, [str(API_BIN)], env, stack.tmp_dir)
+    base_url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
-        return httpx2.get(f"{stack.base_url}/healthz", timeout=2.0).status_code == 200
+        return httpx2.get(f"{base_url}/healthz", timeout=2.0).status_code == 200
 
-    wait_until(f"GET {stack.base_url}/healthz to return 200", healthy, service)
+    wait_until(f"GET {base_url}/healthz to return 200", healthy, service)
     return service
 
 
@@ -364,12 +371,25 @@ def anyio_backend() -> str:
 
 
 @contextlib.asynccontextmanager
-async def connect(stack: Stack, *, token: str | None = None, mode: str = "auto") -> AsyncIterator[Client]:
+async def connect(
+    stack: Stack,
+    *,
+    token: str | None = None,
+    mode: str = "auto",
+    statuses: list[int] | None = None,
+) -> AsyncIterator[Client]:
     """An SDK client on the api's /mcp with `Authorization: Bearer <token>`
-    (the stack's token unless another is given)."""
+    (the stack's token unless another is given). `statuses`, if given, collects
+    the HTTP status of every response the SDK's transport received."""
     headers = {"Authorization": f"Bearer {stack.token if token is None else token}"}
     timeout = httpx2.Timeout(30.0, read=60.0)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+
+    async def record(response: httpx2.Response) -> None:
+        if statuses is not None:
+            statuses.append(response.status_code)
+
+    hooks = {"response": [record]}
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks) as http:
         async with Client(streamable_http_client(stack.mcp_url, http_client=http), mode=mode) as client:
             yield client
 

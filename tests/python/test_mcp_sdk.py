@@ -26,7 +26,7 @@ from conftest import RUNTIMES, Stack, connect
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = {"run_script", "get_task_status", "kill_task"}
+TOOLS = {"run_script", "get_task_status", "kill_task", "list_tasks"}
 FINAL_STATES = {"succeeded", "failed", "killed", "timed-out"}
 STATUS_FIELDS = {
     "task_id", "state", "exit_code", "reason", "runtime", "runtime_seconds", "seconds_since_last_output",
@@ -145,7 +145,7 @@ def containers_of(task_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_lists_exactly_the_three_tools(stack: Stack, mode: str) -> None:
+async def test_lists_exactly_the_four_tools(stack: Stack, mode: str) -> None:
     async with connect(stack, mode=mode) as client:
         assert client.server_info is not None and client.server_info.name == "script-runner"
         listing = await client.list_tools()
@@ -161,7 +161,9 @@ async def test_lists_exactly_the_three_tools(stack: Stack, mode: str) -> None:
             Draft202012Validator.check_schema(schema)
 
     assert set(tools["run_script"].input_schema["required"]) == {"runtime", "command_base64"}
-    assert {"zip_base64", "timeout_seconds"} <= set(tools["run_script"].input_schema["properties"])
+    assert {"zip_base64", "timeout_seconds", "stdin_base64", "env", "network"} <= set(
+        tools["run_script"].input_schema["properties"]
+    )
     assert tools["get_task_status"].input_schema["required"] == ["task_id"]
     assert "tail_bytes" in tools["get_task_status"].input_schema["properties"]
     assert tools["kill_task"].input_schema["required"] == ["task_id"]
@@ -169,6 +171,8 @@ async def test_lists_exactly_the_three_tools(stack: Stack, mode: str) -> None:
     assert set(tools["run_script"].output_schema["properties"]) == {"task_id", "state", "timeout_seconds"}
     assert STATUS_FIELDS <= set(tools["get_task_status"].output_schema["properties"])
     assert set(tools["kill_task"].output_schema["properties"]) == {"task_id", "state", "killed"}
+    assert set(tools["list_tasks"].output_schema["properties"]) == {"tasks", "next_cursor"}
+    assert tools["list_tasks"].annotations is not None and tools["list_tasks"].annotations.read_only_hint is True
 
 
 # --------------------------------------------------------------------------- running scripts
@@ -351,6 +355,13 @@ BAD_RUN_SCRIPT = [
     # Arguments that do not match the inputSchema are tool errors too, not protocol errors.
     pytest.param({"command_base64": DROP}, ["command_base64"], id="missing-command"),
     pytest.param({"timeout_seconds": "soon"}, ["soon"], id="timeout-not-a-number"),
+    pytest.param({"stdin_base64": "%%%"}, ["stdin_base64", "base64"], id="stdin-bad-base64"),
+    pytest.param({"stdin_base64": b64(b"x" * (1024 * 1024 + 1))}, ["stdin_base64", "at most 1048576"], id="stdin-too-large"),
+    pytest.param({"env": {"1ABC": "x"}}, ["env name", "1ABC"], id="env-bad-name"),
+    pytest.param({"env": {"PATH": "/tmp"}}, ["PATH", "reserved"], id="env-reserved"),
+    pytest.param({"env": {"SR_SECRET": "x"}}, ["SR_SECRET", "reserved"], id="env-reserved-prefix"),
+    pytest.param({"env": {"A": 1}}, ["env"], id="env-not-a-string"),
+    pytest.param({"network": "off"}, ["internet", "none"], id="network-unknown"),
 ]  # fmt: skip
 
 
@@ -391,16 +402,18 @@ async def test_wrong_token_is_rejected_by_the_sdk(stack: Stack) -> None:
     wrong = "0" * 64
     assert wrong != stack.token
     rejected: list[MCPError] = []
+    statuses: list[int] = []
     # The SDK's transport runs in task groups: the 401 comes out as an MCPError
-    # nested in ExceptionGroups (STACK-NOTES: catch it with except*).
+    # nested in ExceptionGroups, hence except* (see docs/STACK.md). The SDK turns
+    # a 401 with a non-JSON body into a generic error (-32603), so the status is
+    # read from the HTTP client's own response hook instead.
     try:
-        async with connect(stack, token=wrong) as client:
+        async with connect(stack, token=wrong, statuses=statuses) as client:
             await client.list_tools()
     except* MCPError as group:
         rejected.extend(leaves(group))
-    # (The HTTP status does not survive: the SDK turns a 401 with a non-JSON body
-    # into a generic MCPError, code -32603 "Server returned an error response".)
     assert rejected, "connecting with a wrong bearer token should fail"
+    assert statuses and all(s == 401 for s in statuses), statuses
 
 
 @pytest.mark.parametrize(
@@ -432,3 +445,126 @@ async def test_healthz_is_open(stack: Stack) -> None:
     async with httpx2.AsyncClient(timeout=10) as http:
         response = await http.get(f"{stack.base_url}/healthz")
     assert response.status_code == 200, response.text
+
+
+# --------------------------------------------------------------------------- stdin, env, network
+
+
+async def test_stdin_reaches_the_script_in_full_then_eof(client: Client) -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    reader = "python3 -c 'import sys, hashlib; d = sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest())'"
+    status = await run_to_end(client, "python3.13", reader, stdin_base64=b64(data))
+    import hashlib
+
+    assert status["state"] == "succeeded", status
+    assert status["stdout_tail"] == f"{len(data)} {hashlib.sha256(data).hexdigest()}\n"
+    # Without stdin_base64 the script's stdin is empty: a reader ends at once.
+    empty = await run_to_end(client, "python3.13", "wc -c")
+    assert empty["stdout_tail"].strip() == "0", empty
+    # A script that never reads its stdin is not held up by it.
+    ignored = await run_to_end(client, "python3.13", "echo ignored", stdin_base64=b64(data))
+    assert (ignored["state"], ignored["stdout_tail"]) == ("succeeded", "ignored\n"), ignored
+
+
+async def test_env_vars_are_seen_by_the_script(client: Client) -> None:
+    env = {"GREETING": "hello there", "_N": "42", "QUOTED": "a'b\"c $HOME"}
+    status = await run_to_end(client, "python3.13", 'printf "%s|%s|%s|%s" "$GREETING" "$_N" "$QUOTED" "$HOME"', env=env)
+    assert status["state"] == "succeeded", status
+    # The sandbox's own HOME stays.
+    assert status["stdout_tail"] == "hello there|42|a'b\"c $HOME|/tmp", status
+
+
+PROBE_NET = """
+import socket
+def tcp(host, port):
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        return "connected"
+    except OSError as e:
+        return type(e).__name__
+def dns(name):
+    try:
+        socket.getaddrinfo(name, 80)
+        return "resolved"
+    except OSError as e:
+        return type(e).__name__
+import os
+print("ifaces", sorted(os.listdir("/sys/class/net")))
+print("default-route", any(l.split()[1] == "00000000" for l in open("/proc/net/route").readlines()[1:]))
+print("tcp", tcp("1.1.1.1", 53))
+print("dns", dns("example.com"))
+"""
+
+
+async def test_network_none_reaches_nothing_while_the_default_has_a_route(client: Client) -> None:
+    cmd = "python3 -c " + "'" + PROBE_NET.replace("'", "'\\''") + "'"
+    none = await run_to_end(client, "python3.13", cmd, network="none")
+    assert none["state"] == "succeeded", none
+    out = none["stdout_tail"]
+    assert "ifaces ['lo']" in out, out
+    assert "default-route False" in out, out
+    assert "tcp connected" not in out, out
+    assert "dns resolved" not in out, out
+    # The default network has an interface besides lo and a default route (the
+    # internet itself is not reachable from this machine, so only the route is shown).
+    internet = await run_to_end(client, "python3.13", cmd)
+    assert internet["state"] == "succeeded", internet
+    assert "default-route True" in internet["stdout_tail"], internet
+    assert "ifaces ['lo']" not in internet["stdout_tail"], internet
+
+
+# --------------------------------------------------------------------------- list_tasks
+
+
+async def list_all(client: Client, limit: int, **filters: Any) -> tuple[list[dict[str, Any]], int]:
+    """Every task list_tasks shows, following next_cursor; and how many pages it took."""
+    tasks: list[dict[str, Any]] = []
+    cursor = None
+    pages = 0
+    while True:
+        args: dict[str, Any] = {"limit": limit, **filters}
+        if cursor is not None:
+            args["cursor"] = cursor
+        page = await call_ok(client, "list_tasks", args)
+        pages += 1
+        assert len(page["tasks"]) <= limit, page
+        tasks.extend(page["tasks"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return tasks, pages
+        assert pages < 1000, "list_tasks never ended"
+
+
+async def test_list_tasks_newest_first_filtered_and_paged(client: Client) -> None:
+    marker = uuid.uuid4().hex[:12]
+    ids = []
+    for i in range(5):
+        command = f"echo {marker}-{i}" if i % 2 == 0 else f"exit {i}  # {marker}-{i}"
+        queued = await run(client, "python3.13", command + "\n# second line is not shown")
+        ids.append(queued["task_id"])
+        await wait_for(client, queued["task_id"])
+    everything, pages = await list_all(client, limit=2)
+    mine = [t for t in everything if marker in t["command"]]
+    assert pages >= 3, "five tasks at two a page span at least three pages"
+    assert [t["task_id"] for t in mine] == list(reversed(ids)), "newest first, none lost or repeated"
+    assert all("second line" not in t["command"] for t in mine), mine
+    assert [t["state"] for t in mine] == ["succeeded", "failed", "succeeded", "failed", "succeeded"]
+    assert mine[1]["exit_code"] == 3 and mine[1]["reason"] == "exited with code 3", mine[1]
+    assert all(t["created_at"] and t["finished_at"] for t in mine), mine
+    failed, _ = await list_all(client, limit=1, state="failed")
+    assert all(t["state"] == "failed" for t in failed), failed
+    assert [t["task_id"] for t in failed if marker in t["command"]] == [ids[3], ids[1]]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        pytest.param({"limit": 0}, "between 1 and 100", id="limit-zero"),
+        pytest.param({"limit": 101}, "between 1 and 100", id="limit-too-big"),
+        pytest.param({"cursor": "yesterday"}, "not one list_tasks returned", id="bad-cursor"),
+        pytest.param({"state": "done"}, "done", id="unknown-state"),
+    ],
+)
+async def test_list_tasks_rejects_bad_input(client: Client, arguments: dict[str, Any], expected: str) -> None:
+    message = await call_err(client, "list_tasks", arguments)
+    assert expected in message, message

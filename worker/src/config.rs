@@ -2,8 +2,9 @@
 //! every variable with its default; README.md explains each.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use shared::envvar::{Common, VarError, non_blank, parse_list, parse_or, parse_range};
+use shared::envvar::{Common, Var, VarError, non_blank, parse_list, parse_range};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -72,11 +73,48 @@ pub struct Config {
     /// `WORKER_HEARTBEAT_SECONDS`: how long a heartbeat lives (renewed three times
     /// as often). A worker silent this long is suspected dead, and after as long
     /// again other workers' reapers settle its tasks.
-    pub heartbeat_ttl: std::time::Duration,
+    pub heartbeat_ttl: Duration,
     /// `SHUTDOWN_GRACE_SECONDS`: on SIGTERM, how long running tasks may go on
     /// before they are killed (and recorded as such).
-    pub shutdown_grace: std::time::Duration,
+    pub shutdown_grace: Duration,
 }
+
+const TASKS_DIR: Var = Var::new("TASKS_DIR", "./tasks-data");
+const TASK_MEMORY_MB: Var = Var::new("TASK_MEMORY_MB", "1024");
+const TASK_CPUS: Var = Var::new("TASK_CPUS", "1");
+const TASK_PIDS_LIMIT: Var = Var::new("TASK_PIDS_LIMIT", "256");
+const TASK_NOFILE: Var = Var::new("TASK_NOFILE", "1024");
+const TASK_TMPFS_MB: Var = Var::new("TASK_TMPFS_MB", "256");
+const TASK_USER: Var = Var::new("TASK_USER", "65534:65534");
+const TASK_DISK_MB: Var = Var::new("TASK_DISK_MB", "512");
+const TASK_NETWORK: Var = Var::new("TASK_NETWORK", "script-runner-tasks");
+const TASK_BRIDGE: Var = Var::new("TASK_BRIDGE", "sr-tasks0");
+const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");
+const TASK_BLOCKED_CIDRS: Var = Var::new("TASK_BLOCKED_CIDRS", "");
+const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15");
+const SHUTDOWN_GRACE_SECONDS: Var = Var::new("SHUTDOWN_GRACE_SECONDS", "30");
+
+/// The worker's own variables with literal defaults (besides `shared`'s common
+/// ones); README.md and `.env.example` are checked against them.
+pub const VARS: [Var; 14] = [
+    TASKS_DIR,
+    TASK_MEMORY_MB,
+    TASK_CPUS,
+    TASK_PIDS_LIMIT,
+    TASK_NOFILE,
+    TASK_TMPFS_MB,
+    TASK_USER,
+    TASK_DISK_MB,
+    TASK_NETWORK,
+    TASK_BRIDGE,
+    TASK_FIREWALL,
+    TASK_BLOCKED_CIDRS,
+    WORKER_HEARTBEAT_SECONDS,
+    SHUTDOWN_GRACE_SECONDS,
+];
+
+/// Linux interface names are at most 15 bytes (IFNAMSIZ less the NUL).
+const MAX_BRIDGE_LEN: usize = 15;
 
 impl Config {
     pub fn from_env() -> Result<Config, ConfigError> {
@@ -89,28 +127,12 @@ impl Config {
         let cpus_default = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let worker_name = var("WORKER_NAME")
-            .filter(|n| !n.trim().is_empty())
-            .unwrap_or_else(default_worker_name);
+        let worker_name = var("WORKER_NAME").unwrap_or_else(default_worker_name);
         if !worker_name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         {
             return Err(ConfigError::BadWorkerName(worker_name));
-        }
-        let cpus: f64 = parse_or(
-            "TASK_CPUS",
-            var("TASK_CPUS").as_deref(),
-            1.0,
-            "a number of cores such as 1 or 0.5",
-        )?;
-        if !(0.01..=256.0).contains(&cpus) {
-            return Err(VarError::new(
-                "TASK_CPUS",
-                &cpus.to_string(),
-                "a number of cores from 0.01 to 256",
-            )
-            .into());
         }
         Ok(Config {
             redis_url: common.redis_url,
@@ -123,82 +145,65 @@ impl Config {
                 1,
                 1024,
             )? as usize,
-            tasks_dir: PathBuf::from(var("TASKS_DIR").unwrap_or_else(|| "./tasks-data".into())),
+            tasks_dir: PathBuf::from(TASKS_DIR.get(&var)),
             runtime_overrides: RuntimeCatalog::overrides(var("RUNTIME_IMAGES").as_deref())?,
-            limits: SandboxLimits {
-                memory_mib: parse_range(
-                    "TASK_MEMORY_MB",
-                    var("TASK_MEMORY_MB").as_deref(),
-                    1024,
-                    16,
-                    1 << 20,
-                )?,
-                cpus,
-                pids: parse_range(
-                    "TASK_PIDS_LIMIT",
-                    var("TASK_PIDS_LIMIT").as_deref(),
-                    256,
-                    8,
-                    1 << 22,
-                )? as i64,
-                nofile: parse_range(
-                    "TASK_NOFILE",
-                    var("TASK_NOFILE").as_deref(),
-                    1024,
-                    64,
-                    1 << 20,
-                )? as i64,
-                tmpfs_mib: parse_range(
-                    "TASK_TMPFS_MB",
-                    var("TASK_TMPFS_MB").as_deref(),
-                    256,
-                    1,
-                    1 << 16,
-                )?,
-                user: var("TASK_USER")
-                    .filter(|u| !u.is_empty())
-                    .unwrap_or_else(|| "65534:65534".into()),
-                disk_mib: parse_range(
-                    "TASK_DISK_MB",
-                    var("TASK_DISK_MB").as_deref(),
-                    512,
-                    1,
-                    1 << 20,
-                )?,
-                network: var("TASK_NETWORK")
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| "script-runner-tasks".into()),
-                bridge: var("TASK_BRIDGE")
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| "sr-tasks0".into()),
-                firewall: match var("TASK_FIREWALL").as_deref().map(str::trim) {
-                    None | Some("") | Some("iptables") => true,
-                    Some("off") => false,
-                    Some(other) => {
-                        return Err(VarError::new("TASK_FIREWALL", other, "iptables or off").into());
-                    }
-                },
-                blocked_cidrs: parse_list(var("TASK_BLOCKED_CIDRS").as_deref(), ""),
-            },
-            zip_limits: ZipLimits::from_env_values(
-                var("ZIP_MAX_ENTRIES").as_deref(),
-                var("ZIP_MAX_EXPANDED_BYTES").as_deref(),
-            )?,
+            limits: SandboxLimits::from_lookup(&var)?,
+            zip_limits: ZipLimits::from_lookup(&var)?,
             retention_seconds: common.retention_seconds,
-            heartbeat_ttl: std::time::Duration::from_secs(parse_range(
-                "WORKER_HEARTBEAT_SECONDS",
-                var("WORKER_HEARTBEAT_SECONDS").as_deref(),
-                15,
-                1,
-                3600,
-            )?),
-            shutdown_grace: std::time::Duration::from_secs(parse_range(
-                "SHUTDOWN_GRACE_SECONDS",
-                var("SHUTDOWN_GRACE_SECONDS").as_deref(),
-                30,
-                0,
-                86_400,
-            )?),
+            heartbeat_ttl: Duration::from_secs(WORKER_HEARTBEAT_SECONDS.range(&var, 1, 3600)?),
+            shutdown_grace: Duration::from_secs(SHUTDOWN_GRACE_SECONDS.range(&var, 0, 86_400)?),
+        })
+    }
+}
+
+impl SandboxLimits {
+    fn from_lookup(var: &impl Fn(&str) -> Option<String>) -> Result<SandboxLimits, ConfigError> {
+        let cpus: f64 = TASK_CPUS.parse(var, "a number of cores such as 1 or 0.5")?;
+        if !(0.01..=256.0).contains(&cpus) {
+            let e = VarError::new(
+                TASK_CPUS.name,
+                &cpus.to_string(),
+                "a number of cores from 0.01 to 256",
+            );
+            return Err(e.into());
+        }
+        let user = TASK_USER.get(var);
+        if crate::workspace::parse_owner(&user).is_none_or(|(uid, _)| uid == 0) {
+            let e = VarError::new(
+                TASK_USER.name,
+                &user,
+                "a numeric uid:gid other than root (0), e.g. 65534:65534",
+            );
+            return Err(e.into());
+        }
+        let network = TASK_NETWORK.name_value(var, 64)?;
+        // Docker's own networks: "host" and "none" would undo the isolation, and
+        // "bridge" lets containers talk to each other.
+        if matches!(network.as_str(), "host" | "none" | "bridge" | "default") {
+            let e = VarError::new(
+                TASK_NETWORK.name,
+                &network,
+                "a network of its own (not host, none, bridge or default)",
+            );
+            return Err(e.into());
+        }
+        let firewall = match TASK_FIREWALL.get(var).trim() {
+            "iptables" => true,
+            "off" => false,
+            other => return Err(VarError::new(TASK_FIREWALL.name, other, "iptables or off").into()),
+        };
+        Ok(SandboxLimits {
+            memory_mib: TASK_MEMORY_MB.range(var, 16, 1 << 20)?,
+            cpus,
+            pids: TASK_PIDS_LIMIT.range(var, 8, 1 << 22)? as i64,
+            nofile: TASK_NOFILE.range(var, 64, 1 << 20)? as i64,
+            tmpfs_mib: TASK_TMPFS_MB.range(var, 1, 1 << 16)?,
+            user,
+            disk_mib: TASK_DISK_MB.range(var, 1, 1 << 20)?,
+            network,
+            bridge: TASK_BRIDGE.name_value(var, MAX_BRIDGE_LEN)?,
+            firewall,
+            blocked_cidrs: parse_list(Some(&TASK_BLOCKED_CIDRS.get(var)), ""),
         })
     }
 }
@@ -210,4 +215,50 @@ fn default_worker_name() -> String {
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "worker".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    fn refused(vars: &[(&str, &str)]) -> String {
+        match load(vars) {
+            Ok(_) => panic!("{vars:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_declared_defaults_load() {
+        let c = load(&[]).expect("defaults");
+        assert_eq!(c.limits.bridge, "sr-tasks0");
+        assert_eq!(c.limits.user, "65534:65534");
+        assert!(c.limits.firewall);
+    }
+
+    #[test]
+    fn names_that_reach_docker_linux_or_redis_are_checked() {
+        let long = refused(&[("TASK_BRIDGE", "sr-tasks-bridge0")]);
+        assert!(
+            long.starts_with("TASK_BRIDGE=\"sr-tasks-bridge0\""),
+            "{long}"
+        );
+        assert!(long.contains("1 to 15 characters"));
+        assert!(refused(&[("TASK_BRIDGE", "sr tasks")]).starts_with("TASK_BRIDGE="));
+        assert!(refused(&[("TASK_NETWORK", "host")]).contains("not host"));
+        assert!(refused(&[("TASK_NETWORK", "a/b")]).starts_with("TASK_NETWORK="));
+        assert!(refused(&[("TASK_USER", "0:0")]).contains("other than root"));
+        assert!(refused(&[("TASK_USER", "nobody")]).starts_with("TASK_USER="));
+        assert!(refused(&[("REDIS_KEY_PREFIX", "a b")]).starts_with("REDIS_KEY_PREFIX="));
+        assert!(refused(&[("TASK_FIREWALL", "nft")]).contains("iptables or off"));
+    }
 }

@@ -189,7 +189,22 @@ async fn host_subnets() -> Result<Vec<String>, FirewallError> {
         .output()
         .await
         .map_err(|e| FirewallError::Spawn("ip", e))?;
-    Ok(parse_subnets(&String::from_utf8_lossy(&out.stdout)))
+    // A failed `ip` must not read as "no subnets": that would install fewer
+    // rejections and leave the host's own networks open to tasks.
+    if !out.status.success() {
+        return Err(FirewallError::Failed {
+            cmd: "ip -o -4 addr show".into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    let subnets = parse_subnets(&String::from_utf8_lossy(&out.stdout));
+    if subnets.is_empty() {
+        return Err(FirewallError::Failed {
+            cmd: "ip -o -4 addr show".into(),
+            stderr: "listed no IPv4 network besides loopback".into(),
+        });
+    }
+    Ok(subnets)
 }
 
 fn parse_subnets(ip_output: &str) -> Vec<String> {

@@ -17,8 +17,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shared::task::Outcome;
-use shared::{ReasonKind, TaskState};
+use shared::TaskState;
+use shared::task::{Outcome, Settlement};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -96,7 +96,7 @@ fn lock(
 /// Runs until `shutdown` resolves. Then it takes no new job, gives running tasks
 /// `config.shutdown_grace` to finish, and kills (and records) the rest.
 pub async fn run(
-    mut config: Config,
+    config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), WorkerError> {
     let stop = CancellationToken::new();
@@ -107,28 +107,7 @@ pub async fn run(
             stop.cancel();
         }
     });
-    config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
-    let queue = Queue::new(
-        &config.redis_url,
-        config.keys.clone(),
-        config.worker_name.clone(),
-    )?;
-    let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
-    sandbox.ensure_network().await?;
-    if config.limits.firewall {
-        firewall::install(&config.limits.bridge, &config.limits.blocked_cidrs).await?;
-    } else {
-        tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
-    }
-    // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
-    retry("create consumer group", &stop, || queue.ensure_group()).await?;
-
-    let ctx = Ctx {
-        queue: queue.clone(),
-        sandbox,
-        config: Arc::new(config),
-        abort: CancellationToken::new(),
-    };
+    let ctx = prepare(config, &stop).await?;
     let slots = Slots {
         free: Arc::new(Semaphore::new(ctx.config.concurrency)),
         runners: TaskTracker::new(),
@@ -144,12 +123,50 @@ pub async fn run(
     ));
     recover(&ctx, &stop).await?;
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
-    tracing::info!(worker = %queue.worker(), concurrency = ctx.config.concurrency, "worker started");
+    tracing::info!(worker = %ctx.queue.worker(), concurrency = ctx.config.concurrency, "worker started");
 
+    take_jobs(&ctx, &slots, &stop).await;
+
+    reaper.abort();
+    drain(&ctx, &slots).await;
+    heartbeat_stop.cancel();
+    let _ = heartbeat.await;
+    Ok(())
+}
+
+/// Everything a worker needs before it takes a job: its task files directory,
+/// Redis, the Docker engine, the task network and firewall, the consumer group.
+async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, WorkerError> {
+    config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
+    let queue = Queue::new(
+        &config.redis_url,
+        config.keys.clone(),
+        config.worker_name.clone(),
+    )?;
+    let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
+    sandbox.ensure_network().await?;
+    if config.limits.firewall {
+        firewall::install(&config.limits.bridge, &config.limits.blocked_cidrs).await?;
+    } else {
+        tracing::warn!("TASK_FIREWALL=off: tasks can reach this host and its private networks");
+    }
+    // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
+    retry("create consumer group", stop, || queue.ensure_group()).await?;
+    Ok(Ctx {
+        queue,
+        sandbox,
+        config: Arc::new(config),
+        abort: CancellationToken::new(),
+    })
+}
+
+/// Reads jobs and hands each to a runner, until `stop`. A job is read only with a
+/// free slot: jobs wait in the stream, where any other worker with room can take
+/// them (backpressure).
+async fn take_jobs(ctx: &Ctx, slots: &Slots, stop: &CancellationToken) {
+    let queue = &ctx.queue;
     let mut conn = None;
     while !stop.is_cancelled() {
-        // Take a job only with a free slot: jobs wait in the stream, where any other
-        // worker with room can take them (backpressure).
         let permit = tokio::select! {
             p = slots.acquire() => match p { Some(p) => p, None => break },
             _ = stop.cancelled() => break,
@@ -160,7 +177,7 @@ pub async fn run(
                 Ok(c) => conn.insert(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot connect to Redis; retrying");
-                    pause(&stop).await;
+                    pause(stop).await;
                     continue;
                 }
             },
@@ -172,7 +189,7 @@ pub async fn run(
         match jobs {
             Ok(jobs) => {
                 if let Some(job) = jobs.into_iter().next() {
-                    slots.spawn(&ctx, job, permit);
+                    slots.spawn(ctx, job, permit);
                 }
             }
             Err(e) if e.is_no_group() => {
@@ -180,24 +197,26 @@ pub async fn run(
                 tracing::warn!("the consumer group is gone; creating it again");
                 if let Err(e) = queue.ensure_group().await {
                     tracing::warn!(error = %e, "could not create the consumer group");
-                    pause(&stop).await;
+                    pause(stop).await;
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "reading the jobs stream failed; reconnecting");
                 conn = None;
-                pause(&stop).await;
+                pause(stop).await;
             }
         }
     }
+}
 
+/// Gives running tasks the shutdown grace period, then kills (and records) the rest.
+async fn drain(ctx: &Ctx, slots: &Slots) {
     let grace = ctx.config.shutdown_grace;
     tracing::info!(
         running = slots.runners.len(),
         grace_seconds = grace.as_secs(),
         "worker stopping"
     );
-    reaper.abort();
     slots.runners.close();
     if tokio::time::timeout(grace, slots.runners.wait())
         .await
@@ -206,9 +225,6 @@ pub async fn run(
         ctx.abort.cancel();
         slots.runners.wait().await;
     }
-    heartbeat_stop.cancel();
-    let _ = heartbeat.await;
-    Ok(())
 }
 
 async fn pause(stop: &CancellationToken) {
@@ -235,8 +251,7 @@ async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), WorkerError>
     })
     .await?;
     for job in pending {
-        let restarted = Outcome::killed(ReasonKind::WorkerRestarted, "worker restarted");
-        settle_or_log(ctx, job, restarted).await;
+        settle_or_log(ctx, job, Outcome::worker_restarted()).await;
     }
     Ok(())
 }
@@ -251,11 +266,10 @@ pub(crate) async fn settle_or_log(ctx: &Ctx, job: Job, lost: Outcome) {
 }
 
 /// Settles a job that was read but never finished (by this worker before a
-/// restart, or by a dead one):
-/// - a task still queued goes back to the stream, for any worker with a free slot;
-/// - one that was running ends with `lost`, written as the worker recorded as
-///   holding it, unless that worker is alive (then it is still its to finish);
-/// - one that has ended is only acknowledged.
+/// restart, or by a dead one), as `Settlement::decide` rules: a queued task goes
+/// back to the stream, a running one whose holder is gone ends with `lost`
+/// (written as the worker recorded as holding it), an ended one is only
+/// acknowledged.
 ///
 /// The entry is acknowledged only once the task is final or requeued, so a
 /// failure here leaves it pending for the next try.
@@ -270,25 +284,35 @@ async fn settle(ctx: &Ctx, job: Job, lost: Outcome) -> Result<(), QueueError> {
         }
         Err(e) => return Err(e),
     };
-    let ended = match state {
-        TaskStateReply::State(TaskState::Queued) => {
+    let state = match state {
+        TaskStateReply::State(s) => Some(s),
+        TaskStateReply::Missing | TaskStateReply::NotOwner => None,
+    };
+    let owner = owner.as_deref();
+    let alive_elsewhere = match owner {
+        Some(o) if state == Some(TaskState::Running) && o != ctx.queue.worker() => {
+            ctx.queue.is_alive(o).await?
+        }
+        _ => false,
+    };
+    let ended = match Settlement::decide(state, owner, alive_elsewhere, lost) {
+        Settlement::Requeue => {
             ctx.queue.requeue(&job).await?;
             return Ok(());
         }
-        TaskStateReply::State(TaskState::Running) => {
-            let owner = owner.unwrap_or_default();
-            if owner != ctx.queue.worker() && ctx.queue.is_alive(&owner).await? {
-                tracing::info!(task_id = %job.task_id, %owner, "task is held by a live worker; left to it");
-                return Ok(());
-            }
+        Settlement::LeaveToOwner => {
+            tracing::info!(task_id = %job.task_id, ?owner, "task is held by a live worker; left to it");
+            return Ok(());
+        }
+        Settlement::Finish { owner, outcome } => {
             let reply = ctx
                 .queue
-                .finish_for(&job.task_id, &owner, &lost, ctx.config.retention_seconds)
+                .finish_for(&job.task_id, &owner, &outcome, ctx.config.retention_seconds)
                 .await?;
-            tracing::warn!(task_id = %job.task_id, ?reply, reason = %lost.reason, "in-flight task settled");
+            tracing::warn!(task_id = %job.task_id, ?reply, reason = %outcome.reason, "in-flight task settled");
             matches!(reply, TaskStateReply::State(s) if s.is_terminal())
         }
-        _ => true,
+        Settlement::Ack => true,
     };
     if ended {
         // Whatever was extracted for this task is stale.
@@ -307,10 +331,9 @@ async fn heartbeat(ctx: Ctx, slots: Slots, stop: CancellationToken) {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        let running = ctx
-            .config
-            .concurrency
-            .saturating_sub(slots.free.available_permits());
+        // The runners, not the used slots: the job reader holds a slot during
+        // every blocking read, so an idle worker would count one.
+        let running = slots.runners.len();
         if let Err(e) = ctx.queue.heartbeat(ttl, running).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }

@@ -13,24 +13,8 @@ fn main() -> anyhow::Result<()> {
     // Loaded before the runtime starts: it reads /etc/hostname, a blocking call.
     let config = Config::from_env().context("invalid configuration")?;
     tokio::runtime::Runtime::new()?.block_on(async {
-        run(config, shutdown_signal())
+        run(config, support::shutdown_signal())
             .await
             .context("worker failed")
     })
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down");
 }

@@ -1,16 +1,19 @@
 //! The worker's view of Redis: the jobs stream (consumer group), the task hash
 //! transitions (Lua scripts from `shared`), zips and the heartbeat.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use deadpool_redis::{Pool, Runtime};
+use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig, Script};
-use shared::keys::{JOB_TASK_ID, WORKER_GROUP};
-use shared::task::Outcome;
-use shared::{Field, Keys, TaskState, scripts};
+use shared::keys::{JOB_TASK_ID, WORKER_GROUP, heartbeat_value};
+use shared::options::Network;
+pub use shared::scripts::TaskStateReply;
+use shared::task::{Outcome, RecordedEnd};
+use shared::{Field, Keys};
+use support::scripts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -18,8 +21,8 @@ pub enum QueueError {
     Pool(#[from] deadpool_redis::PoolError),
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
-    #[error("could not create the Redis pool: {0}")]
-    BuildPool(String),
+    #[error(transparent)]
+    BuildPool(#[from] support::redis_pool::PoolError),
     #[error("task {0} has a malformed record: {1}")]
     Corrupt(String, String),
 }
@@ -39,6 +42,10 @@ pub struct TaskSpec {
     pub command: String,
     pub timeout_seconds: u64,
     pub has_zip: bool,
+    pub has_stdin: bool,
+    /// Extra environment variables, as checked by the api.
+    pub env: Vec<(String, String)>,
+    pub network: Network,
 }
 
 /// Output tails as published while a task runs.
@@ -61,20 +68,7 @@ pub struct Queue {
 
 impl Queue {
     pub fn new(redis_url: &str, keys: Keys, worker: String) -> Result<Queue, QueueError> {
-        // redis-rs answers "timed out" after 500 ms by default, which a zip of a
-        // few MiB over a LAN can exceed; 10 s still bounds a hung server.
-        let conn_cfg = AsyncConnectionConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_connection_timeout(Some(Duration::from_secs(2)));
-        let manager = deadpool_redis::Manager::new_with_config(redis_url, conn_cfg)?;
-        let pool = Pool::builder(manager)
-            .max_size(64)
-            .wait_timeout(Some(Duration::from_secs(5)))
-            .create_timeout(Some(Duration::from_secs(2)))
-            .recycle_timeout(Some(Duration::from_secs(2)))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| QueueError::BuildPool(e.to_string()))?;
+        let pool = support::redis_pool::build(redis_url, 64, Duration::from_secs(5))?;
         Ok(Queue {
             pool,
             client: redis::Client::open(redis_url)?,
@@ -179,25 +173,22 @@ impl Queue {
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
         let mut inv = script.key(self.keys.task(task_id));
-        inv.key(self.keys.task_zip(task_id)).key(self.keys.stats());
+        inv.key(self.keys.task_zip(task_id))
+            .key(self.keys.stats())
+            .key(self.keys.task_stdin(task_id));
         inv.arg(worker);
         for a in args {
             inv.arg(*a);
         }
         let s: String = inv.invoke_async(&mut conn).await?;
-        TaskStateReply::parse(task_id, &s)
+        parse_reply(task_id, Some(&s))
     }
 
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
         let entry = job.entry_id.as_bytes();
-        self.state_script(
-            &Script::new(scripts::CLAIM),
-            &job.task_id,
-            &self.worker,
-            &[entry],
-        )
-        .await
+        self.state_script(&scripts::CLAIM, &job.task_id, &self.worker, &[entry])
+            .await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
@@ -207,7 +198,7 @@ impl Queue {
         container: &str,
     ) -> Result<TaskStateReply, QueueError> {
         self.state_script(
-            &Script::new(scripts::STARTED),
+            &scripts::STARTED,
             task_id,
             &self.worker,
             &[container.as_bytes()],
@@ -224,7 +215,7 @@ impl Queue {
         let (out_b, err_b) = (p.stdout_bytes.to_string(), p.stderr_bytes.to_string());
         let age = p.output_age_ms.map(|a| a.to_string()).unwrap_or_default();
         self.state_script(
-            &Script::new(scripts::PROGRESS),
+            &scripts::PROGRESS,
             task_id,
             &self.worker,
             &[
@@ -261,7 +252,7 @@ impl Queue {
         let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
         let retention = retention_seconds.to_string();
         self.state_script(
-            &Script::new(scripts::FINISH),
+            &scripts::FINISH,
             task_id,
             worker,
             &[
@@ -281,7 +272,7 @@ impl Queue {
         let s: Option<String> = conn
             .hget(self.keys.task(task_id), Field::State.as_str())
             .await?;
-        TaskStateReply::parse(task_id, s.as_deref().unwrap_or("missing"))
+        parse_reply(task_id, s.as_deref())
     }
 
     pub async fn task_spec(&self, task_id: &str) -> Result<Option<TaskSpec>, QueueError> {
@@ -303,12 +294,33 @@ impl Queue {
                 QueueError::Corrupt(task_id.to_owned(), "bad timeout_seconds".into())
             })?,
             has_zip: f.get(Field::HasZip.as_str()).is_some_and(|v| v == "1"),
+            has_stdin: f.get(Field::HasStdin.as_str()).is_some_and(|v| v == "1"),
+            env: match f.get(Field::Env.as_str()) {
+                None => Vec::new(),
+                Some(json) => serde_json::from_str::<BTreeMap<String, String>>(json)
+                    .map_err(|e| QueueError::Corrupt(task_id.to_owned(), format!("bad env: {e}")))?
+                    .into_iter()
+                    .collect(),
+            },
+            // Records written before the field existed ran with the internet.
+            network: match f.get(Field::Network.as_str()) {
+                None => Network::Internet,
+                Some(n) => n
+                    .parse()
+                    .map_err(|e: String| QueueError::Corrupt(task_id.to_owned(), e))?,
+            },
         }))
     }
 
     pub async fn zip(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
         let mut conn = self.pool.get().await?;
         Ok(conn.get(self.keys.task_zip(task_id)).await?)
+    }
+
+    /// The task's stdin; `None` once the task ended (or if it sent none).
+    pub async fn stdin(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(conn.get(self.keys.task_stdin(task_id)).await?)
     }
 
     /// Every worker that registered and has not been forgotten.
@@ -375,7 +387,7 @@ impl Queue {
     /// keeps it) while it is alive again or still has pending jobs.
     pub async fn forget_worker(&self, name: &str) -> Result<bool, QueueError> {
         let mut conn = self.pool.get().await?;
-        let forgotten: i64 = Script::new(scripts::FORGET_WORKER)
+        let forgotten: i64 = scripts::FORGET_WORKER
             .key(self.keys.jobs())
             .key(self.keys.worker(name))
             .key(self.keys.workers())
@@ -390,7 +402,7 @@ impl Queue {
     /// its old entry (see `scripts::REQUEUE`).
     pub async fn requeue(&self, job: &Job) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
-        let _requeued: i64 = Script::new(scripts::REQUEUE)
+        let _requeued: i64 = scripts::REQUEUE
             .key(self.keys.jobs())
             .arg(WORKER_GROUP)
             .arg(&job.entry_id)
@@ -398,6 +410,30 @@ impl Queue {
             .invoke_async(&mut conn)
             .await?;
         Ok(())
+    }
+
+    /// How the task's end was recorded, if it has ended: read when a task was
+    /// ended by someone else (`kill_task`, a reaper) while this worker ran it.
+    pub async fn recorded_end(&self, task_id: &str) -> Result<Option<RecordedEnd>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let (state, kind, reason): (Option<String>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(self.keys.task(task_id))
+                .arg(Field::State.as_str())
+                .arg(Field::ReasonKind.as_str())
+                .arg(Field::Reason.as_str())
+                .query_async(&mut conn)
+                .await?;
+        let corrupt =
+            |e: shared::task::UnknownState| QueueError::Corrupt(task_id.to_owned(), e.to_string());
+        let (Some(state), Some(kind), Some(reason)) = (state, kind, reason) else {
+            return Ok(None);
+        };
+        Ok(Some(RecordedEnd {
+            state: state.parse().map_err(corrupt)?,
+            kind: kind.parse().map_err(corrupt)?,
+            reason,
+        }))
     }
 
     /// The task's state and the worker recorded as holding it.
@@ -412,10 +448,7 @@ impl Queue {
             .arg(Field::Worker.as_str())
             .query_async(&mut conn)
             .await?;
-        Ok((
-            TaskStateReply::parse(task_id, state.as_deref().unwrap_or("missing"))?,
-            owner,
-        ))
+        Ok((parse_reply(task_id, state.as_deref())?, owner))
     }
 
     /// Says this worker is alive, for ops and the reaper.
@@ -424,7 +457,7 @@ impl Queue {
         let () = redis::pipe()
             .set_ex(
                 self.keys.worker(&self.worker),
-                format!("running={running}"),
+                heartbeat_value(running),
                 ttl.as_secs(),
             )
             .ignore()
@@ -436,32 +469,11 @@ impl Queue {
     }
 }
 
-/// A state script's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskStateReply {
-    Missing,
-    /// The task is held by another worker.
-    NotOwner,
-    State(TaskState),
-}
-
-impl TaskStateReply {
-    fn parse(task_id: &str, s: &str) -> Result<TaskStateReply, QueueError> {
-        match s {
-            "missing" => return Ok(TaskStateReply::Missing),
-            scripts::NOT_OWNER => return Ok(TaskStateReply::NotOwner),
-            _ => {}
-        }
-        s.parse()
-            .map(TaskStateReply::State)
-            .map_err(|e: shared::task::UnknownState| {
-                QueueError::Corrupt(task_id.to_owned(), e.to_string())
-            })
-    }
-
-    pub fn is_running(self) -> bool {
-        self == TaskStateReply::State(TaskState::Running)
-    }
+/// A script's reply or a read `state` field (`None`: no such task), as a
+/// [`TaskStateReply`]; anything else means the record is malformed.
+fn parse_reply(task_id: &str, s: Option<&str>) -> Result<TaskStateReply, QueueError> {
+    TaskStateReply::from_field(s)
+        .map_err(|e| QueueError::Corrupt(task_id.to_owned(), e.to_string()))
 }
 
 /// A job from a stream entry, if it names a task by a well-formed task id.

@@ -25,7 +25,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use shared::ReasonKind;
 use shared::task::Outcome;
 use tokio_util::sync::CancellationToken;
 
@@ -75,12 +74,7 @@ async fn reap(
             tracing::warn!(worker = %name, jobs = jobs.len(), "settling the jobs of a lost worker");
         }
         for job in jobs {
-            settle_or_log(
-                ctx,
-                job,
-                Outcome::killed(ReasonKind::WorkerLost, "worker lost"),
-            )
-            .await;
+            settle_or_log(ctx, job, Outcome::worker_lost()).await;
         }
         // It may have come back while its jobs were settled: then its containers
         // are its own again.
@@ -122,8 +116,7 @@ async fn reclaim_orphans(ctx: &Ctx, slots: &Slots, ttl: Duration) -> Result<(), 
             continue;
         }
         tracing::warn!(task_id = %job.task_id, entry = %job.entry_id, "settling a job no runner holds");
-        let lost = Outcome::killed(ReasonKind::WorkerLost, "worker lost track of the task");
-        settle_or_log(ctx, job, lost).await;
+        settle_or_log(ctx, job, Outcome::orphaned()).await;
     }
     Ok(())
 }

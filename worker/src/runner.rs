@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use futures_util::StreamExt;
+use shared::TaskState;
 use shared::tail::{TAIL_CAP, TailBuffer};
-use shared::task::{Caps, KILLED_BY_USER_REASON, Outcome};
-use shared::{ReasonKind, TaskState};
+use shared::task::{Caps, ContainerExit, Outcome};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::queue::{Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
-use crate::sandbox::{OutputStream, Sandbox};
+use crate::sandbox::{ContainerSpec, OutputStream, Sandbox};
 use crate::workspace;
 
 /// How often a running task's tails are published and its state re-read (which
@@ -87,10 +87,7 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
 /// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
 /// output. Docker resources are released here whether or not Redis answers.
 async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<Tails>) {
-    let workspace_failed = |e: String| {
-        let reason = format!("could not prepare /workspace: {e}");
-        (Outcome::failed(ReasonKind::WorkspaceFailed, reason), None)
-    };
+    let workspace_failed = |e: String| (Outcome::workspace_failed(e), None);
     let source = if spec.has_zip {
         let zip = match retry("read zip", &ctx.abort, || ctx.queue.zip(task_id)).await {
             Ok(Some(zip)) => zip,
@@ -114,32 +111,38 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<
     } else {
         None
     };
+    let stdin = if spec.has_stdin {
+        match retry("read stdin", &ctx.abort, || ctx.queue.stdin(task_id)).await {
+            // Gone only if the task ended meanwhile: then it will not run anyway.
+            Ok(stdin) => Some(stdin.unwrap_or_default()),
+            Err(e) => return workspace_failed(format!("could not read the task's stdin: {e}")),
+        }
+    } else {
+        None
+    };
     // The api recorded the image at submit; a host may override it (a mirror).
     let image = ctx
         .config
         .runtime_overrides
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
-    let ended = match ctx
-        .sandbox
-        .create(
-            task_id,
-            image,
-            &spec.command,
-            source.as_deref(),
-            spec.timeout_seconds,
-        )
-        .await
-    {
+    let container_spec = ContainerSpec {
+        task_id,
+        image,
+        command: &spec.command,
+        source: source.as_deref(),
+        timeout_seconds: spec.timeout_seconds,
+        env: &spec.env,
+        network: spec.network,
+        stdin: stdin.is_some(),
+    };
+    let ended = match ctx.sandbox.create(&container_spec).await {
         Ok(container) => {
-            let ended = supervise(ctx, task_id, spec, &container).await;
+            let ended = supervise(ctx, task_id, spec, &container, stdin).await;
             ctx.sandbox.remove(&container).await;
             ended
         }
-        Err(e) => {
-            let reason = format!("could not start the container: {e}");
-            (Outcome::failed(ReasonKind::StartFailed, reason), None)
-        }
+        Err(e) => (Outcome::start_failed(e), None),
     };
     if let Some(src) = source {
         let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
@@ -210,117 +213,50 @@ impl Tails {
 
 /// Runs a created container to its end: streams output into the tails, publishes
 /// them every tick, and stops the container on kill, timeout or worker shutdown.
+/// How the task ended is decided by `Outcome`'s rules, from what was seen here.
 async fn supervise(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
     container: &str,
+    stdin: Option<Vec<u8>>,
 ) -> (Outcome, Option<Tails>) {
     let sandbox = &ctx.sandbox;
-    let start_failed = |e: crate::sandbox::SandboxError| {
-        let reason = format!("could not start the container: {e}");
-        (Outcome::failed(ReasonKind::StartFailed, reason), None)
-    };
-    let mut output: OutputStream = match sandbox.attach(container).await {
+    // Attached before the start, so no byte is missed.
+    let (stream, input) = match sandbox.attach(container, stdin.is_some()).await {
         Ok(o) => o,
-        Err(e) => return start_failed(e),
+        Err(e) => return (Outcome::start_failed(e), None),
     };
     if let Err(e) = sandbox.start(container).await {
-        return start_failed(e);
+        return (Outcome::start_failed(e), None);
+    }
+    if let (Some(input), Some(bytes)) = (input, stdin) {
+        // In the background: a script that reads slowly (or never) must not hold
+        // up supervision; the writer ends with the container at the latest.
+        tokio::spawn(feed_stdin(input, bytes, task_id.to_owned()));
     }
     // The container's own clock (its deadline) starts about now.
     let started = Instant::now();
-    // One attempt, not a retry: the container runs now and must be supervised
-    // (timeout, output) even if Redis is down; only started_at is lost then.
-    match ctx.queue.started(task_id, container).await {
-        Ok(r) if r.is_running() => {}
-        Ok(_) => {
-            // Killed while we were preparing: the state is already final.
-            sandbox.kill(container).await;
-            return (
-                Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON),
-                None,
-            );
-        }
-        Err(e) => {
-            tracing::warn!(task_id, error = %e, "could not record the start; supervising anyway")
-        }
-    }
+    let mut output = Output { stream, open: true };
     let mut tails = Tails::new();
-    let mut ticker = tokio::time::interval(TICK);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let deadline = tokio::time::sleep(Duration::from_secs(spec.timeout_seconds));
-    tokio::pin!(deadline);
-    let wait = sandbox.wait(container);
-    tokio::pin!(wait);
-    let mut output_open = true;
-
-    let end = loop {
-        tokio::select! {
-            exit = &mut wait => {
-                break match exit {
-                    Ok(code) => {
-                        let ran = started.elapsed();
-                        // 137 is SIGKILL; at the memory cap it is the OOM killer.
-                        let oom = code == 137 && sandbox.oom_killed(container).await;
-                        End::Exited { code, oom, ran }
-                    }
-                    Err(e) => End::Decided(Outcome::failed(
-                        ReasonKind::StartFailed,
-                        format!("lost track of the container: {e}"),
-                    )),
-                };
-            }
-            frame = output.next(), if output_open => match frame {
-                Some(Ok(frame)) => tails.push(frame),
-                Some(Err(e)) => {
-                    tracing::warn!(task_id, error = %e, "output stream failed");
-                    output_open = false;
-                }
-                None => output_open = false,
-            },
-            _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
-                Ok(TaskStateReply::State(TaskState::Running)) => {}
-                Ok(_) => {
-                    sandbox.kill(container).await;
-                    break End::Decided(Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON));
-                }
-                // Redis is down: keep running the task; publish when it is back.
-                Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
-            },
-            _ = &mut deadline => {
-                sandbox.kill(container).await;
-                break End::Decided(Outcome::timed_out(spec.timeout_seconds));
-            }
-            _ = ctx.abort.cancelled() => {
-                sandbox.kill(container).await;
-                break End::Decided(Outcome::killed(ReasonKind::WorkerShutdown, "worker shut down before the task finished"));
-            }
+    let end = match record_start(ctx, task_id, container).await {
+        Some(end) => end,
+        None => {
+            watch(
+                ctx,
+                task_id,
+                spec,
+                container,
+                &mut output,
+                &mut tails,
+                started,
+            )
+            .await
         }
     };
-    // The container has exited or been killed: what is left in the stream is the
-    // last output. Drain it, but do not wait forever on a wedged engine.
-    if output_open {
-        let drain = async {
-            while let Some(Ok(frame)) = output.next().await {
-                tails.push(frame);
-            }
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
-    }
-    let self_deadline =
-        Duration::from_secs(spec.timeout_seconds + crate::sandbox::SELF_DEADLINE_GRACE_SECONDS);
+    output.drain(&mut tails).await;
     let outcome = match end {
-        // Killed by the container's own deadline (the worker's timer was late):
-        // `timeout -s KILL` exits 137 (124 is its usual "timed out" status).
-        End::Exited {
-            code: 124 | 137,
-            oom: false,
-            ran,
-        } if ran + Duration::from_secs(1) >= self_deadline => {
-            Outcome::timed_out(spec.timeout_seconds)
-        }
-        End::Exited { code, oom, .. } => {
+        End::Exited(exit) => {
             let l = sandbox.limits();
             let caps = Caps {
                 memory_mib: l.memory_mib,
@@ -328,21 +264,145 @@ async fn supervise(
                 disk_mib: l.disk_mib,
                 tmpfs_mib: l.tmpfs_mib,
             };
-            Outcome::exited(code, oom, &tails.stderr.to_vec(), caps)
+            Outcome::container_exited(exit, spec.timeout_seconds, &tails.stderr.to_vec(), caps)
         }
         End::Decided(outcome) => outcome,
+        End::Superseded => {
+            let recorded = retry("read how the task ended", &ctx.abort, || {
+                ctx.queue.recorded_end(task_id)
+            })
+            .await;
+            Outcome::superseded(recorded.ok().flatten())
+        }
     };
     (outcome, Some(tails))
 }
 
+/// Records the container's start. One attempt, not a retry: the container runs
+/// now and must be supervised (timeout, output) even if Redis is down; only
+/// `started_at` is lost then. Returns how it ended if the task is no longer this
+/// worker's to run (the container is stopped then).
+async fn record_start(ctx: &Ctx, task_id: &str, container: &str) -> Option<End> {
+    match ctx.queue.started(task_id, container).await {
+        Ok(r) if r.is_running() => None,
+        Ok(_) => {
+            // Killed or taken over while we were preparing.
+            ctx.sandbox.kill(container).await;
+            Some(End::Superseded)
+        }
+        Err(e) => {
+            tracing::warn!(task_id, error = %e, "could not record the start; supervising anyway");
+            None
+        }
+    }
+}
+
+/// The supervision loop: until the container exits, or the worker stops it (kill,
+/// timeout, shutdown).
+async fn watch(
+    ctx: &Ctx,
+    task_id: &str,
+    spec: &TaskSpec,
+    container: &str,
+    output: &mut Output,
+    tails: &mut Tails,
+    started: Instant,
+) -> End {
+    let sandbox = &ctx.sandbox;
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = tokio::time::sleep(Duration::from_secs(spec.timeout_seconds));
+    tokio::pin!(deadline);
+    let wait = sandbox.wait(container);
+    tokio::pin!(wait);
+    loop {
+        tokio::select! {
+            exit = &mut wait => return match exit {
+                Ok(code) => {
+                    let ran = started.elapsed();
+                    // 137 is SIGKILL; at the memory cap it is the OOM killer.
+                    let oom_killed = code == 137 && sandbox.oom_killed(container).await;
+                    End::Exited(ContainerExit { code, oom_killed, ran })
+                }
+                // It had started: whatever happened to it, it is no start failure.
+                Err(e) => End::Decided(Outcome::container_lost(e)),
+            },
+            frame = output.stream.next(), if output.open => match frame {
+                Some(Ok(frame)) => tails.push(frame),
+                Some(Err(e)) => {
+                    tracing::warn!(task_id, error = %e, "output stream failed");
+                    output.open = false;
+                }
+                None => output.open = false,
+            },
+            _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
+                Ok(TaskStateReply::State(TaskState::Running)) => {}
+                // Killed by kill_task, or settled by a reaper: stop it.
+                Ok(_) => {
+                    sandbox.kill(container).await;
+                    return End::Superseded;
+                }
+                // Redis is down: keep running the task; publish when it is back.
+                Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
+            },
+            _ = &mut deadline => {
+                sandbox.kill(container).await;
+                return End::Decided(Outcome::timed_out(spec.timeout_seconds));
+            }
+            _ = ctx.abort.cancelled() => {
+                sandbox.kill(container).await;
+                return End::Decided(Outcome::worker_shutdown());
+            }
+        }
+    }
+}
+
+/// Writes a task's stdin, then closes it, so the script sees EOF.
+async fn feed_stdin(mut input: crate::sandbox::StdinWriter, bytes: Vec<u8>, task_id: String) {
+    use tokio::io::AsyncWriteExt;
+    let written = async {
+        input.write_all(&bytes).await?;
+        input.flush().await?;
+        input.shutdown().await
+    };
+    // A script that exits without reading all of it breaks the pipe: not an error.
+    if let Err(e) = written.await {
+        tracing::debug!(task_id, error = %e, "stdin not fully delivered");
+    }
+}
+
+/// A container's output stream, and whether it is still open.
+struct Output {
+    stream: OutputStream,
+    open: bool,
+}
+
+impl Output {
+    /// The container has exited or been killed: what is left in the stream is
+    /// the last output. Drains it, but does not wait forever on a wedged engine.
+    async fn drain(&mut self, tails: &mut Tails) {
+        if !self.open {
+            return;
+        }
+        let drain = async {
+            while let Some(Ok(frame)) = self.stream.next().await {
+                tails.push(frame);
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
+    }
+}
+
 /// How the supervision loop ended.
 enum End {
-    /// The container exited by itself (with its exit code, Docker's OOM flag and
-    /// how long it ran): the reason is read from its output after the last of it
-    /// has arrived.
-    Exited { code: i64, oom: bool, ran: Duration },
-    /// The worker stopped it (kill, timeout, shutdown) or lost it.
+    /// The container exited by itself: the outcome is decided from its output
+    /// after the last of it has arrived.
+    Exited(ContainerExit),
+    /// The worker stopped it (timeout, shutdown) or lost it.
     Decided(Outcome),
+    /// Someone else ended the task (kill_task, a reaper) or took it over; the
+    /// container was stopped, and the outcome is what they recorded.
+    Superseded,
 }
 
 /// Retries a Redis operation until it succeeds, backing off up to 5 s, for as

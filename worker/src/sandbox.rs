@@ -16,13 +16,10 @@ use bollard::query_parameters::{
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::{Stream, StreamExt};
+use shared::options::Network;
+use shared::task::self_deadline_seconds;
 
 use crate::config::SandboxLimits;
-
-/// A container kills its own script this long after the task's timeout, so a
-/// task outlives neither its deadline nor a worker that died (whose timer died
-/// with it). Normally the worker's own timer, at the timeout itself, acts first.
-pub const SELF_DEADLINE_GRACE_SECONDS: u64 = 5;
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
@@ -77,6 +74,23 @@ pub enum SandboxError {
 
 pub type OutputStream =
     std::pin::Pin<Box<dyn Stream<Item = Result<LogOutput, DockerError>> + Send>>;
+pub type StdinWriter = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// What a task's container is made of.
+pub struct ContainerSpec<'a> {
+    pub task_id: &'a str,
+    pub image: &'a str,
+    /// The user's shell one-liner.
+    pub command: &'a str,
+    /// The extracted zip on the host, if any.
+    pub source: Option<&'a Path>,
+    pub timeout_seconds: u64,
+    /// Extra environment variables, as the api checked them.
+    pub env: &'a [(String, String)],
+    pub network: Network,
+    /// Whether the script gets a stdin (written through `attach`, then closed).
+    pub stdin: bool,
+}
 
 #[derive(Clone)]
 pub struct Sandbox {
@@ -180,98 +194,47 @@ impl Sandbox {
     /// Creates (but does not start) a task's container; pulls the image once if it
     /// is missing. Returns the container id.
     ///
-    /// /workspace is a size-capped tmpfs owned by the task's user, so a task can
-    /// never fill the host's disk. The extracted zip (`source`, on the host) is
-    /// mounted read-only and copied in before the command runs. The script is
-    /// killed from inside the container shortly after `timeout_seconds` even if
-    /// this worker is gone by then.
-    pub async fn create(
-        &self,
-        task_id: &str,
-        image: &str,
-        command: &str,
-        source: Option<&Path>,
-        timeout_seconds: u64,
-    ) -> Result<String, SandboxError> {
-        let l = &self.limits;
-        let memory = (l.memory_mib * 1024 * 1024) as i64;
-        let owner = match crate::workspace::parse_owner(&l.user) {
-            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
-            None => "mode=1777".to_owned(),
-        };
-        // `exec` explicitly: Docker mounts a tmpfs noexec unless told otherwise,
-        // and a task must run what it brings or installs (`./run.sh`,
-        // `node_modules/.bin/*`, compiled Python packages). `nosuid` and `nodev`
-        // are what keep a task's files from raising privileges.
-        let tmpfs = HashMap::from([
-            (
-                "/tmp".to_owned(),
-                format!("{TMPFS_FLAGS},size={}m,mode=1777", l.tmpfs_mib),
-            ),
-            (
-                "/workspace".to_owned(),
-                format!("{TMPFS_FLAGS},size={}m,{owner}", l.disk_mib),
-            ),
-        ]);
-        let binds = source.map(|src| vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]);
+    /// The extracted zip (`source`, on the host) is mounted read-only and copied
+    /// into /workspace before the command runs. The script is killed from inside
+    /// the container shortly after `timeout_seconds` even if this worker is gone
+    /// by then.
+    pub async fn create(&self, spec: &ContainerSpec<'_>) -> Result<String, SandboxError> {
         let cmd = container_command(
-            command,
-            source.is_some(),
-            timeout_seconds + SELF_DEADLINE_GRACE_SECONDS,
+            spec.command,
+            spec.source.is_some(),
+            self_deadline_seconds(spec.timeout_seconds),
         );
-        let host_config = HostConfig {
-            binds,
-            memory: Some(memory),
-            // Equal to memory: no swap on top of the cap.
-            memory_swap: Some(memory),
-            nano_cpus: Some((l.cpus * 1e9) as i64),
-            pids_limit: Some(l.pids),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            readonly_rootfs: Some(true),
-            tmpfs: Some(tmpfs),
-            ulimits: Some(vec![ResourcesUlimits {
-                name: Some("nofile".into()),
-                soft: Some(l.nofile),
-                hard: Some(l.nofile),
-            }]),
-            network_mode: Some(l.network.clone()),
-            // Output is streamed through attach; Docker keeps no log of its own,
-            // so a flood cannot fill the host's disk.
-            // docker-init as PID 1, so neither `timeout` nor the script is: the
-            // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it
-            // would defeat busybox's `timeout`, which execs the command in place),
-            // and init reaps orphaned zombies whatever the script leaves behind.
-            init: Some(true),
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
-            ..Default::default()
-        };
+        // The sandbox's own variables last: the api refuses the reserved names,
+        // and a later duplicate would win anyway.
+        let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.extend([
+            "HOME=/tmp".to_owned(),
+            "LANG=C.UTF-8".to_owned(),
+            "PYTHONUNBUFFERED=1".to_owned(),
+        ]);
         let body = ContainerCreateBody {
-            image: Some(image.to_owned()),
+            image: Some(spec.image.to_owned()),
             cmd: Some(cmd),
             working_dir: Some("/workspace".into()),
-            user: Some(l.user.clone()),
-            env: Some(vec![
-                "HOME=/tmp".into(),
-                "LANG=C.UTF-8".into(),
-                "PYTHONUNBUFFERED=1".into(),
-            ]),
+            user: Some(self.limits.user.clone()),
+            env: Some(env),
             labels: Some(HashMap::from([
-                (LABEL_TASK.to_owned(), task_id.to_owned()),
+                (LABEL_TASK.to_owned(), spec.task_id.to_owned()),
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
             ])),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             tty: Some(false),
-            open_stdin: Some(false),
-            host_config: Some(host_config),
+            // With stdin, the container's stdin is closed when the worker closes
+            // its side of the attach (stdin_once): the script then sees EOF.
+            attach_stdin: Some(spec.stdin),
+            open_stdin: Some(spec.stdin),
+            stdin_once: Some(spec.stdin),
+            host_config: Some(self.host_config(spec.source, spec.network)),
             ..Default::default()
         };
         let opts = CreateContainerOptionsBuilder::default()
-            .name(&format!("sr-{task_id}"))
+            .name(&format!("sr-{}", spec.task_id))
             .build();
         match self
             .docker
@@ -282,11 +245,76 @@ impl Sandbox {
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
             }) => {
-                self.pull(image).await?;
+                self.pull(spec.image).await?;
                 Ok(self.docker.create_container(Some(opts), body).await?.id)
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The hardening and caps every task container gets.
+    fn host_config(&self, source: Option<&Path>, network: Network) -> HostConfig {
+        let l = &self.limits;
+        let memory = (l.memory_mib * 1024 * 1024) as i64;
+        HostConfig {
+            binds: source.map(|src| vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]),
+            memory: Some(memory),
+            // Equal to memory: no swap on top of the cap.
+            memory_swap: Some(memory),
+            nano_cpus: Some((l.cpus * 1e9) as i64),
+            pids_limit: Some(l.pids),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(self.tmpfs_mounts()),
+            ulimits: Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(l.nofile),
+                hard: Some(l.nofile),
+            }]),
+            network_mode: Some(match network {
+                Network::Internet => l.network.clone(),
+                // Docker's "none": a loopback interface and nothing else.
+                Network::None => "none".to_owned(),
+            }),
+            // docker-init as PID 1, so neither `timeout` nor the script is: the
+            // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it
+            // would defeat busybox's `timeout`, which execs the command in place),
+            // and init reaps orphaned zombies whatever the script leaves behind.
+            init: Some(true),
+            // Output is streamed through attach; Docker keeps no log of its own,
+            // so a flood cannot fill the host's disk.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// /workspace and /tmp are size-capped tmpfs mounts (/workspace owned by the
+    /// task's user), so a task can never fill the host's disk.
+    ///
+    /// `exec` explicitly: Docker mounts a tmpfs noexec unless told otherwise, and
+    /// a task must run what it brings or installs (`./run.sh`,
+    /// `node_modules/.bin/*`, compiled Python packages). `nosuid` and `nodev` are
+    /// what keep a task's files from raising privileges.
+    fn tmpfs_mounts(&self) -> HashMap<String, String> {
+        let l = &self.limits;
+        let owner = match crate::workspace::parse_owner(&l.user) {
+            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
+            None => "mode=1777".to_owned(),
+        };
+        HashMap::from([
+            (
+                "/tmp".to_owned(),
+                format!("{TMPFS_FLAGS},size={}m,mode=1777", l.tmpfs_mib),
+            ),
+            (
+                "/workspace".to_owned(),
+                format!("{TMPFS_FLAGS},size={}m,{owner}", l.disk_mib),
+            ),
+        ])
     }
 
     async fn pull(&self, image: &str) -> Result<(), SandboxError> {
@@ -304,15 +332,22 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Attaches to stdout and stderr. Call before `start` so no byte is missed.
-    pub async fn attach(&self, id: &str) -> Result<OutputStream, SandboxError> {
+    /// Attaches to stdout and stderr, and to stdin if `stdin` (the container must
+    /// have been created with it). Call before `start` so no byte is missed.
+    pub async fn attach(
+        &self,
+        id: &str,
+        stdin: bool,
+    ) -> Result<(OutputStream, Option<StdinWriter>), SandboxError> {
         let opts = AttachContainerOptionsBuilder::default()
             .stdout(true)
             .stderr(true)
+            .stdin(stdin)
             .stream(true)
             .logs(false)
             .build();
-        Ok(self.docker.attach_container(id, Some(opts)).await?.output)
+        let attached = self.docker.attach_container(id, Some(opts)).await?;
+        Ok((attached.output, stdin.then_some(attached.input)))
     }
 
     pub async fn start(&self, id: &str) -> Result<(), SandboxError> {

@@ -368,13 +368,18 @@ impl Stack {
     pub async fn drop_heartbeat(&self, name: &str) {
         let mut r = self.redis_conn().await;
         let _: () = r
-            .del(format!("{}:worker:{}", self.prefix, self.worker(name)))
+            .del(self.keys().worker(&self.worker(name)))
             .await
             .expect("del");
     }
 
+    /// This stack's key schema (its own prefix).
+    pub fn keys(&self) -> shared::Keys {
+        shared::Keys::new(self.prefix.clone())
+    }
+
     pub async fn wait_for_heartbeat(&self, name: &str) {
-        let key = format!("{}:worker:{name}", self.prefix);
+        let key = self.keys().worker(name);
         let client = self.redis.client();
         wait_until(
             &format!("worker {name} to heartbeat"),
@@ -553,12 +558,16 @@ pub async fn run_to_end_within(
 /// task record or zip was written (a job would be gone once run, a record not).
 pub async fn assert_no_task_created(stack: &Stack) {
     let mut r = stack.redis_conn().await;
-    let jobs: u64 = r.xlen(format!("{}:jobs", stack.prefix)).await.unwrap_or(99);
+    // A Redis error must fail the check, never read as "nothing there".
+    let jobs: u64 = r
+        .xlen(stack.keys().jobs())
+        .await
+        .expect("XLEN of the jobs stream");
     assert_eq!(jobs, 0, "a job was enqueued");
     let keys: Vec<String> = r
-        .keys(format!("{}:task:*", stack.prefix))
+        .keys(stack.keys().task("*"))
         .await
-        .unwrap_or_default();
+        .expect("KEYS of the task records");
     assert!(keys.is_empty(), "task keys were written: {keys:?}");
 }
 

@@ -1,0 +1,166 @@
+//! Per-task options a client may set in `run_script` beside the command: the
+//! network a task gets and its extra environment. The api validates them at
+//! submit; the worker applies them as recorded.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The network a task's container gets.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// The isolated task bridge: the internet is reachable, the service, this
+    /// host and private networks are not.
+    #[default]
+    Internet,
+    /// No network at all: only a loopback interface.
+    None,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Internet => "internet",
+            Network::None => "none",
+        }
+    }
+}
+
+impl fmt::Display for Network {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Network {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "internet" => Ok(Network::Internet),
+            "none" => Ok(Network::None),
+            other => Err(format!("unknown network {other:?}")),
+        }
+    }
+}
+
+/// At most this many extra environment variables per task.
+pub const MAX_ENV_VARS: usize = 64;
+/// At most this many bytes of names and values together.
+pub const MAX_ENV_BYTES: usize = 32 * 1024;
+/// Names the sandbox sets and relies on: `PATH` finds the in-container deadline
+/// (`timeout`) and the shell, `HOME` is the writable home.
+pub const RESERVED_ENV: [&str; 3] = ["HOME", "PATH", "PWD"];
+/// Prefixes kept for the service's own variables.
+pub const RESERVED_ENV_PREFIXES: [&str; 2] = ["SCRIPT_RUNNER_", "SR_"];
+
+/// Why an `env` map was refused. Shown to the client as is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EnvError {
+    #[error(
+        "env name {0:?} is not valid: use letters, digits and '_', not starting with a digit (e.g. API_URL)"
+    )]
+    BadName(String),
+    #[error(
+        "env name {0:?} is reserved by the sandbox (HOME, PATH, PWD and names starting with SCRIPT_RUNNER_ or SR_); choose another name"
+    )]
+    Reserved(String),
+    #[error("env value of {0} contains a NUL byte, which a process environment cannot hold")]
+    NulInValue(String),
+    #[error("env has {0} variables; at most {MAX_ENV_VARS} are allowed")]
+    TooMany(usize),
+    #[error(
+        "env holds {0} bytes of names and values; at most {MAX_ENV_BYTES} are allowed (put larger data in zip_base64)"
+    )]
+    TooLarge(usize),
+}
+
+/// Checks a task's extra environment.
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), EnvError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(EnvError::TooMany(env.len()));
+    }
+    let bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_ENV_BYTES {
+        return Err(EnvError::TooLarge(bytes));
+    }
+    for (name, value) in env {
+        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(EnvError::BadName(name.clone()));
+        }
+        if RESERVED_ENV.contains(&name.as_str())
+            || RESERVED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
+        {
+            return Err(EnvError::Reserved(name.clone()));
+        }
+        if value.contains('\0') {
+            return Err(EnvError::NulInValue(name.clone()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn ordinary_names_pass_and_bad_or_reserved_ones_are_named() {
+        assert_eq!(check_env(&env(&[("API_URL", "x"), ("_a1", "")])), Ok(()));
+        assert_eq!(
+            check_env(&env(&[("1X", "v")])),
+            Err(EnvError::BadName("1X".into()))
+        );
+        assert_eq!(
+            check_env(&env(&[("A-B", "v")])),
+            Err(EnvError::BadName("A-B".into()))
+        );
+        assert_eq!(
+            check_env(&env(&[("PATH", "/tmp")])),
+            Err(EnvError::Reserved("PATH".into()))
+        );
+        assert_eq!(
+            check_env(&env(&[("SR_X", "1")])),
+            Err(EnvError::Reserved("SR_X".into()))
+        );
+        assert_eq!(
+            check_env(&env(&[("A", "a\0b")])),
+            Err(EnvError::NulInValue("A".into()))
+        );
+    }
+
+    #[test]
+    fn size_and_count_are_bounded() {
+        let many: BTreeMap<String, String> = (0..=MAX_ENV_VARS)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        assert_eq!(check_env(&many), Err(EnvError::TooMany(MAX_ENV_VARS + 1)));
+        let big = env(&[("BIG", &"x".repeat(MAX_ENV_BYTES))]);
+        assert!(matches!(check_env(&big), Err(EnvError::TooLarge(_))));
+    }
+
+    #[test]
+    fn networks_round_trip() {
+        for n in [Network::Internet, Network::None] {
+            assert_eq!(n.as_str().parse::<Network>(), Ok(n));
+            assert_eq!(
+                serde_json::to_value(n).ok(),
+                Some(serde_json::json!(n.as_str()))
+            );
+        }
+        assert_eq!(Network::default(), Network::Internet);
+    }
+}

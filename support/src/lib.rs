@@ -1,0 +1,25 @@
+//! The I/O plumbing every binary shares: the Redis pool with our timeouts, the
+//! Lua scripts wrapped once per process, and the shutdown signal.
+//!
+//! `shared/` holds what api and worker agree on and does no I/O; what they both
+//! need and does I/O lives here instead, so neither binary carries a twin copy.
+
+pub mod redis_pool;
+pub mod scripts;
+
+/// Resolves on SIGINT or SIGTERM (whichever comes first), for a graceful stop.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}
