@@ -9,7 +9,7 @@ through the official MCP Python SDK, it measures:
 and prints the figures and the ratio to the floor. Results go in BENCHMARKS.md.
 
   SCRIPT_RUNNER_TOKEN=... .venv/bin/python scripts/bench.py \
-      --url http://127.0.0.1:8080/mcp --image script-runner-test/runtime:trixie
+      --url http://127.0.0.1:8080/mcp --image script-runner-test/python:3.13-trixie
 """
 
 import argparse
@@ -65,7 +65,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8080/mcp")
     ap.add_argument("--runtime", default="python3.13")
-    ap.add_argument("--image", default="script-runner-test/runtime:trixie", help="the image that runtime uses")
+    ap.add_argument("--image", default="script-runner-test/python:3.13-trixie", help="the image that runtime uses")
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
     token = os.environ["SCRIPT_RUNNER_TOKEN"]

@@ -49,12 +49,15 @@ images="$defaults${RUNTIME_IMAGES:+,$RUNTIME_IMAGES}"
 declare -A chosen=()
 IFS=',' read -ra pairs <<<"$images"
 for pair in "${pairs[@]}"; do chosen["${pair%%=*}"]="${pair#*=}"; done
-local_image="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trixie}"
 mapped=""
 for name in "${!chosen[@]}"; do
     image="${chosen[$name]}"
     docker image inspect "$image" >/dev/null 2>&1 && { mapped+="$name=$image,"; continue; }
     if docker pull -q "$image" >/dev/null 2>&1; then mapped+="$name=$image,"; continue; fi
+    case "$name" in
+    node*) local_image="${TEST_NODE_IMAGE:-script-runner-test/node:24-trixie}" ;;
+    *) local_image="${TEST_RUNTIME_IMAGE:-script-runner-test/python:3.13-trixie}" ;;
+    esac
     echo "run-local: cannot pull $image; runtime $name will use the local image $local_image"
     ./scripts/build-test-image.sh
     mapped+="$name=$local_image,"

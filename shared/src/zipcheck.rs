@@ -79,12 +79,17 @@ pub struct SafeEntry {
     /// Relative path with only normal components.
     pub path: PathBuf,
     pub is_dir: bool,
+    /// The entry's Unix mode has the owner-execute bit (a script or binary made
+    /// with `chmod +x`). Only this bit is carried over: setuid, setgid, sticky
+    /// and the other permission bits of the archive are never applied.
+    pub executable: bool,
 }
 
 const S_IFMT: u32 = 0o170_000;
 const S_IFREG: u32 = 0o100_000;
 const S_IFDIR: u32 = 0o040_000;
 const S_IFLNK: u32 = 0o120_000;
+const S_IXUSR: u32 = 0o100;
 
 /// Checks an archive against `limits` and lists its entries with safe paths.
 pub fn check_zip(bytes: &[u8], limits: &ZipLimits) -> Result<Vec<SafeEntry>, ZipError> {
@@ -131,10 +136,12 @@ pub fn check_zip(bytes: &[u8], limits: &ZipLimits) -> Result<Vec<SafeEntry>, Zip
             });
         }
         let is_dir = file.is_dir() || file_type == S_IFDIR;
+        let executable = !is_dir && file.unix_mode().is_some_and(|m| m & S_IXUSR != 0);
         entries.push(SafeEntry {
             index,
             path,
             is_dir,
+            executable,
         });
     }
     Ok(entries)
@@ -261,6 +268,26 @@ mod tests {
         }
         let regular = with_unix_mode(build(&[("file", b"x")]), 0o100_644);
         assert!(check_zip(&regular, &ZipLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn the_owner_execute_bit_is_reported_and_nothing_else() {
+        let z = with_unix_mode(build(&[("run.sh", b"#!/bin/sh")]), 0o100_755);
+        let e = check_zip(&z, &ZipLimits::default()).expect("safe");
+        assert!(e[0].executable);
+        // setuid + setgid + sticky with owner-execute: still only "executable".
+        let z = with_unix_mode(build(&[("suid", b"x")]), 0o107_755);
+        assert!(check_zip(&z, &ZipLimits::default()).expect("safe")[0].executable);
+        // Group and other execute alone do not make the owner's file executable.
+        for mode in [0o100_644, 0o100_611, 0o104_644] {
+            let z = with_unix_mode(build(&[("data", b"x")]), mode);
+            assert!(
+                !check_zip(&z, &ZipLimits::default()).expect("safe")[0].executable,
+                "{mode:o}"
+            );
+        }
+        let dir = with_unix_mode(build(&[("d/", b"")]), 0o040_755);
+        assert!(!check_zip(&dir, &ZipLimits::default()).expect("safe")[0].executable);
     }
 
     #[test]

@@ -32,7 +32,8 @@ ROOT="$PWD"
 MODE="${1:-all}"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/runtime:trixie}"
+RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/python:3.13-trixie}"
+NODE_IMAGE="${TEST_NODE_IMAGE:-script-runner-test/node:24-trixie}"
 BASE_IMAGE="${TEST_BASE_IMAGE:-script-runner-test/base:trixie}"
 DOMAIN=mcp.script-runner.test
 ID="srdt$$"
@@ -97,6 +98,11 @@ for m in $members; do
 done
 echo "members: $members"
 
+step "docker-compose.yml passes every variable the binaries read"
+while read -r var; do
+    grep -qE "^ +$var:" docker-compose.yml || fail "docker-compose.yml does not pass $var (read by the code) from .env"
+done < <(grep -ohE 'Var::new\("[A-Z_]+"' api/src/*.rs worker/src/*.rs shared/src/*.rs | sed -E 's/Var::new\("//; s/"//' | sort -u)
+
 step "caddy validate (Debian's caddy $(caddy version | cut -d' ' -f1))"
 DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1 \
     || DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile
@@ -159,9 +165,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step "images: base $BASE_IMAGE, runtime $RUNTIME_IMAGE, binaries from target/debug"
+step "images: base $BASE_IMAGE, runtimes $RUNTIME_IMAGE and $NODE_IMAGE, binaries from target/debug"
 BASE_IMAGE="$BASE_IMAGE" ./scripts/build-base-image.sh
-TEST_RUNTIME_IMAGE="$RUNTIME_IMAGE" ./scripts/build-test-image.sh
+TEST_RUNTIME_IMAGE="$RUNTIME_IMAGE" TEST_NODE_IMAGE="$NODE_IMAGE" ./scripts/build-test-image.sh
 [[ -x target/debug/script-runner-api && -x target/debug/script-runner-worker && -x target/debug/script-runner-ctl ]] \
     || cargo build --bins
 
@@ -187,7 +193,7 @@ HTTPS_PORT="$(free_port)"; HTTP_PORT="$(free_port)"; REDIS_LOCAL_PORT="$(free_po
 REDIS_TLS_PORT="$(free_port)"; API_LOCAL_PORT="$(free_port)"
 HOST_IP="$(ip -4 -o route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p')"
 HOST_IP="${HOST_IP:-$(hostname -I | awk '{print $1}')}"
-runtimes="python3.13=$RUNTIME_IMAGE,python3.8=$RUNTIME_IMAGE,node24=$RUNTIME_IMAGE"
+runtimes="python3.13=$RUNTIME_IMAGE,python3.8=$RUNTIME_IMAGE,node24=$NODE_IMAGE"
 cp .env.example "$HOST_DIR/.env"
 cat >>"$HOST_DIR/.env" <<EOT
 

@@ -6,8 +6,9 @@ Nothing here sleeps and hopes: every wait polls a condition against a deadline a
 fails at once, with the process's log, if the process it waits for has exited.
 
 Environment:
-  TEST_RUNTIME_IMAGE        image for every runtime (default script-runner-test/runtime:trixie,
-                            built by scripts/build-test-image.sh)
+  TEST_RUNTIME_IMAGE        image for python3.13 and python3.8 (default
+                            script-runner-test/python:3.13-trixie, built by scripts/build-test-image.sh)
+  TEST_NODE_IMAGE           image for node24 (default script-runner-test/node:24-trixie, same script)
   SCRIPT_RUNNER_KEEP_LOGS=1 keep the temporary directory (logs, task dirs) after the run
 """
 
@@ -37,8 +38,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN_DIR = REPO_ROOT / "target" / "debug"
 API_BIN = BIN_DIR / "script-runner-api"
 WORKER_BIN = BIN_DIR / "script-runner-worker"
-IMAGE = os.environ.get("TEST_RUNTIME_IMAGE", "script-runner-test/runtime:trixie")
+IMAGE = os.environ.get("TEST_RUNTIME_IMAGE") or "script-runner-test/python:3.13-trixie"
+NODE_IMAGE = os.environ.get("TEST_NODE_IMAGE") or "script-runner-test/node:24-trixie"
 RUNTIMES = ("node24", "python3.13", "python3.8")
+RUNTIME_IMAGES = f"node24={NODE_IMAGE},python3.13={IMAGE},python3.8={IMAGE}"
 
 STARTUP_DEADLINE = 30.0  # seconds for each process to become ready
 STOP_DEADLINE = 10.0  # seconds between SIGTERM and SIGKILL
@@ -191,14 +194,15 @@ def preflight() -> None:
     for tool in ("redis-server", "docker"):
         if shutil.which(tool) is None:
             pytest.fail(f"`{tool}` is not on PATH; the end-to-end suite needs it", pytrace=False)
-    probe = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True)
-    if probe.returncode != 0:
-        pytest.fail(
-            f"the runtime image {IMAGE!r} is not in the local Docker engine "
-            f"({probe.stderr.strip() or probe.stdout.strip()}); build it with scripts/build-test-image.sh "
-            "or point TEST_RUNTIME_IMAGE at an image with python3 and nodejs",
-            pytrace=False,
-        )
+    for image, var in ((IMAGE, "TEST_RUNTIME_IMAGE"), (NODE_IMAGE, "TEST_NODE_IMAGE")):
+        probe = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True)
+        if probe.returncode != 0:
+            pytest.fail(
+                f"the runtime image {image!r} is not in the local Docker engine "
+                f"({probe.stderr.strip() or probe.stdout.strip()}); build it with scripts/build-test-image.sh "
+                f"or point {var} at another image",
+                pytrace=False,
+            )
 
 
 # --------------------------------------------------------------------------- the stack
@@ -271,7 +275,7 @@ def _start_worker(stack: Stack) -> Service:
         "TASKS_DIR": str(tasks_dir),
         "WORKER_CONCURRENCY": "2",
         "SHUTDOWN_GRACE_SECONDS": "0",
-        "RUNTIME_IMAGES": ",".join(f"{r}={IMAGE}" for r in RUNTIMES),
+        "RUNTIME_IMAGES": RUNTIME_IMAGES,
     }
     service = spawn("worker", [str(WORKER_BIN)], env, stack.tmp_dir)
     # Ready when its heartbeat key is in Redis (it has joined the consumer group by then).
@@ -293,7 +297,7 @@ def spawn_api(stack: Stack, port: int, name: str) -> Service:
         "REDIS_URL": f"redis://127.0.0.1:{stack.redis_port}",
         "REDIS_KEY_PREFIX": stack.prefix,
         "LISTEN_ADDR": f"127.0.0.1:{port}",
-        "RUNTIME_IMAGES": ",".join(f"{r}={IMAGE}" for r in RUNTIMES),
+        "RUNTIME_IMAGES": RUNTIME_IMAGES,
     }
     service = spawn(name, [str(API_BIN)], env, stack.tmp_dir)
     base_url = f"http://127.0.0.1:{port}"

@@ -99,13 +99,13 @@ impl std::fmt::Debug for Config {
 }
 
 const TASKS_DIR: Var = Var::new("TASKS_DIR", "./tasks-data");
-const TASK_MEMORY_MB: Var = Var::new("TASK_MEMORY_MB", "512");
+const TASK_MEMORY_MB: Var = Var::new("TASK_MEMORY_MB", "1024");
 const TASK_CPUS: Var = Var::new("TASK_CPUS", "1");
 const TASK_PIDS_LIMIT: Var = Var::new("TASK_PIDS_LIMIT", "256");
 const TASK_NOFILE: Var = Var::new("TASK_NOFILE", "1024");
-const TASK_TMPFS_MB: Var = Var::new("TASK_TMPFS_MB", "64");
+const TASK_TMPFS_MB: Var = Var::new("TASK_TMPFS_MB", "256");
 const TASK_USER: Var = Var::new("TASK_USER", "65534:65534");
-const TASK_DISK_MB: Var = Var::new("TASK_DISK_MB", "256");
+const TASK_DISK_MB: Var = Var::new("TASK_DISK_MB", "512");
 const TASK_NETWORK: Var = Var::new("TASK_NETWORK", "script-runner-tasks");
 const TASK_BRIDGE: Var = Var::new("TASK_BRIDGE", "sr-tasks0");
 const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");

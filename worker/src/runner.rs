@@ -263,6 +263,7 @@ async fn supervise(
                 memory_mib: l.memory_mib,
                 pids: l.pids,
                 disk_mib: l.disk_mib,
+                tmpfs_mib: l.tmpfs_mib,
             };
             Outcome::container_exited(exit, spec.timeout_seconds, &tails.stderr.to_vec(), caps)
         }

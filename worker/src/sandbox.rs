@@ -24,7 +24,8 @@ use crate::metrics::{Metrics, Op};
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
-/// (coreutils or busybox), else directly. The user's command is passed as `$1`,
+/// (coreutils or busybox), else directly, with `$HOME/.local/bin` appended to
+/// PATH. The user's command is passed as `$1`,
 /// never spliced into the script, so no quoting of it is ever needed.
 fn container_command(command: &str, has_source: bool, deadline_seconds: u64) -> Vec<String> {
     let copy = if has_source {
@@ -32,8 +33,11 @@ fn container_command(command: &str, has_source: bool, deadline_seconds: u64) -> 
     } else {
         String::new()
     };
+    // `pip install --user` puts console scripts (pytest, ...) in ~/.local/bin:
+    // on PATH, after the image's own directories, they run by name.
     let script = format!(
-        "{copy}cd /workspace && if command -v timeout >/dev/null 2>&1; \
+        "{copy}cd /workspace && export PATH=\"$PATH:$HOME/.local/bin\" && \
+         if command -v timeout >/dev/null 2>&1; \
          then exec timeout -s KILL \"$2\" sh -c \"$1\"; else exec sh -c \"$1\"; fi"
     );
     vec![
@@ -48,6 +52,8 @@ fn container_command(command: &str, has_source: bool, deadline_seconds: u64) -> 
 
 /// Where the extracted zip is mounted (read-only) before it is copied to /workspace.
 const SOURCE_MOUNT: &str = "/.sr-source";
+/// Mount flags of /workspace and /tmp (`HOME`), before their size and mode.
+const TMPFS_FLAGS: &str = "rw,exec,nosuid,nodev";
 const OPT_BRIDGE_NAME: &str = "com.docker.network.bridge.name";
 const OPT_ICC: &str = "com.docker.network.bridge.enable_icc";
 
@@ -104,6 +110,16 @@ impl Sandbox {
             .negotiate_version()
             .await
             .map_err(SandboxError::Connect)?;
+        if limits.disk_mib + limits.tmpfs_mib >= limits.memory_mib {
+            tracing::warn!(
+                memory_mib = limits.memory_mib,
+                disk_mib = limits.disk_mib,
+                tmpfs_mib = limits.tmpfs_mib,
+                "TASK_DISK_MB + TASK_TMPFS_MB >= TASK_MEMORY_MB: files in /workspace and /tmp \
+                 are charged to the memory cap, so a task that fills them is OOM-killed \
+                 instead of seeing \"disk full\""
+            );
+        }
         Ok(Sandbox {
             docker,
             limits,
@@ -286,6 +302,11 @@ impl Sandbox {
 
     /// /workspace and /tmp are size-capped tmpfs mounts (/workspace owned by the
     /// task's user), so a task can never fill the host's disk.
+    ///
+    /// `exec` explicitly: Docker mounts a tmpfs noexec unless told otherwise, and
+    /// a task must run what it brings or installs (`./run.sh`,
+    /// `node_modules/.bin/*`, compiled Python packages). `nosuid` and `nodev` are
+    /// what keep a task's files from raising privileges.
     fn tmpfs_mounts(&self) -> HashMap<String, String> {
         let l = &self.limits;
         let owner = match crate::workspace::parse_owner(&l.user) {
@@ -295,11 +316,11 @@ impl Sandbox {
         HashMap::from([
             (
                 "/tmp".to_owned(),
-                format!("rw,nosuid,nodev,size={}m,mode=1777", l.tmpfs_mib),
+                format!("{TMPFS_FLAGS},size={}m,mode=1777", l.tmpfs_mib),
             ),
             (
                 "/workspace".to_owned(),
-                format!("rw,nosuid,nodev,size={}m,{owner}", l.disk_mib),
+                format!("{TMPFS_FLAGS},size={}m,{owner}", l.disk_mib),
             ),
         ])
     }
@@ -427,6 +448,7 @@ mod tests {
         assert!(!cmd[2].contains("rm -rf"));
         assert_eq!((cmd[4].as_str(), cmd[5].as_str()), (evil, "65"));
         assert!(cmd[2].contains("timeout -s KILL \"$2\" sh -c \"$1\""));
+        assert!(cmd[2].contains("export PATH=\"$PATH:$HOME/.local/bin\" && "));
         let no_zip = container_command("true", false, 10);
         assert!(no_zip[2].starts_with("cd /workspace && "));
     }

@@ -5,7 +5,8 @@
 //! The zip is extracted here by the worker, checked again with `shared::zipcheck`
 //! and with the bytes actually written counted against the cap, since declared
 //! sizes can lie. The worker only ever creates plain files and directories, and
-//! removal never follows a link (`remove_dir_all` does not). Everything here is
+//! removal never follows a link (`remove_dir_all` does not). Files keep the
+//! zip's owner-execute bit (0755, else 0644) and nothing else of its mode. Everything here is
 //! blocking file I/O, so callers run it on the blocking pool.
 
 use std::fs;
@@ -30,7 +31,8 @@ pub enum WorkspaceError {
 }
 
 /// Extracts `zip` into a fresh `tasks_dir/task_id`, readable by anyone (the task
-/// runs as an unprivileged user) and writable by no one else.
+/// runs as an unprivileged user) and writable by no one else; files the zip
+/// marks executable for their owner are executable by anyone.
 pub fn prepare(
     tasks_dir: &Path,
     task_id: &str,
@@ -89,26 +91,33 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
         }
         budget -= written;
         out.flush()?;
+        // fchmod is not subject to the umask.
+        out.set_permissions(fs::Permissions::from_mode(file_mode(entry.executable)))?;
     }
     Ok(())
 }
 
-/// Directories 0755, files 0644, whatever the worker's umask.
+/// Directories 0755, whatever the worker's umask (files got their mode when
+/// they were written).
 fn make_readable(dir: &Path) -> io::Result<()> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(path) = stack.pop() {
-        let meta = path.symlink_metadata()?;
-        let mode = if meta.is_dir() {
-            for child in fs::read_dir(&path)? {
-                stack.push(child?.path());
-            }
-            0o755
-        } else {
-            0o644
-        };
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        if !path.symlink_metadata()?.is_dir() {
+            continue;
+        }
+        for child in fs::read_dir(&path)? {
+            stack.push(child?.path());
+        }
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
     }
     Ok(())
+}
+
+/// A file's mode: 0755 when the zip marked it executable for its owner, else
+/// 0644. Never setuid, setgid or sticky, whatever the archive says; the copy
+/// into /workspace belongs to the task's user.
+fn file_mode(executable: bool) -> u32 {
+    if executable { 0o755 } else { 0o644 }
 }
 
 /// Removes a workspace. `remove_dir_all` unlinks symlinks a script planted
@@ -159,6 +168,36 @@ mod tests {
         );
         remove(&ws);
         assert!(!ws.exists());
+        remove(&root);
+    }
+
+    #[test]
+    fn only_the_owner_execute_bit_survives_extraction() {
+        let root = tempdir();
+        let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (name, mode) in [
+            ("run.sh", 0o755),
+            ("suid", 0o4755),
+            ("sgid-sticky", 0o3775),
+            ("plain", 0o600),
+            ("group-exec", 0o654),
+        ] {
+            let opts = SimpleFileOptions::default().unix_permissions(mode);
+            w.start_file(name, opts).expect("start");
+            w.write_all(b"#!/bin/sh\necho hi\n").expect("write");
+        }
+        let z = w.finish().expect("finish").into_inner();
+        let ws = prepare(&root, "t4", &z, &ZipLimits::default()).expect("prepare");
+        let mode = |name: &str| {
+            fs::metadata(ws.join(name))
+                .map(|m| m.permissions().mode() & 0o7777)
+                .expect("metadata")
+        };
+        assert_eq!(mode("run.sh"), 0o755);
+        assert_eq!(mode("suid"), 0o755);
+        assert_eq!(mode("sgid-sticky"), 0o755);
+        assert_eq!(mode("plain"), 0o644);
+        assert_eq!(mode("group-exec"), 0o644);
         remove(&root);
     }
 

@@ -27,11 +27,23 @@ pub type Client = RunningService<rmcp::RoleClient, ()>;
 
 pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
 
-/// The image every runtime maps to in tests (no registry here: it is built by
-/// scripts/build-test-image.sh).
+/// The image the Python runtimes (python3.13, python3.8) map to in tests: no
+/// registry here, so it is built by scripts/build-test-image.sh (Debian trixie's
+/// Python 3.13 with pip and venv, like `python:3.13-slim`).
 pub fn runtime_image() -> String {
     std::env::var("TEST_RUNTIME_IMAGE")
-        .unwrap_or_else(|_| "script-runner-test/runtime:trixie".into())
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "script-runner-test/python:3.13-trixie".into())
+}
+
+/// The image `node24` maps to in tests (Node 24 and npm, like `node:24-slim`),
+/// built by scripts/build-test-image.sh.
+pub fn node_image() -> String {
+    std::env::var("TEST_NODE_IMAGE")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "script-runner-test/node:24-trixie".into())
 }
 
 pub fn free_port() -> u16 {
@@ -213,7 +225,7 @@ impl Stack {
         // The in-process worker's name, as `Stack::worker("main")` spells it.
         let worker_name = format!("main-{prefix}");
         let tasks_dir = std::env::temp_dir().join(format!("sr-tasks-{id}"));
-        let img = runtime_image();
+        let (img, node) = (runtime_image(), node_image());
         let mut env: HashMap<String, String> = [
             ("SCRIPT_RUNNER_TOKEN", TOKEN.to_owned()),
             ("REDIS_URL", redis.url()),
@@ -221,7 +233,7 @@ impl Stack {
             ("LISTEN_ADDR", "127.0.0.1:0".to_owned()),
             (
                 "RUNTIME_IMAGES",
-                format!("node24={img},python3.13={img},python3.8={img}"),
+                format!("node24={node},python3.13={img},python3.8={img}"),
             ),
             ("MAX_TIMEOUT_SECONDS", opts.max_timeout_seconds.to_string()),
             ("DEFAULT_TIMEOUT_SECONDS", "60".to_owned()),
