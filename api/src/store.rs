@@ -61,6 +61,8 @@ pub struct NewTask<'a> {
     /// Extra environment, as the JSON object stored in the record.
     pub env_json: Option<String>,
     pub network: Network,
+    /// `collect` patterns, as the JSON array stored in the record.
+    pub collect_json: Option<String>,
     /// How long the task index keeps an entry: the record's retention and then some.
     pub index_horizon_ms: u64,
 }
@@ -87,6 +89,10 @@ impl TaskRecord {
             .and_then(|s| s.parse().ok())
     }
 }
+
+/// A task's state, its collected files' listing (JSON) and their zip.
+pub type TaskFiles = (TaskState, Option<String>, Option<Vec<u8>>);
+type FieldPair = (Option<String>, Option<String>);
 
 /// Index entries read per round trip when listing.
 const LIST_BATCH: usize = 100;
@@ -256,6 +262,9 @@ impl Store {
         if let Some(env) = &t.env_json {
             fields.push((Field::Env.as_str(), env.clone()));
         }
+        if let Some(collect) = &t.collect_json {
+            fields.push((Field::Collect.as_str(), collect.clone()));
+        }
         let mut call = scripts::SUBMIT.key(self.keys.task(t.id));
         call.key(self.keys.task_zip(t.id))
             .key(self.keys.task_stdin(t.id))
@@ -342,6 +351,27 @@ impl Store {
             }
         }
         Ok((page, last))
+    }
+
+    /// A task's state, its collected files' listing (JSON) and zip; `None` if
+    /// there is no such task.
+    pub async fn files(&self, id: &str) -> Result<Option<TaskFiles>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let ((state, listing), zip): (FieldPair, Option<Vec<u8>>) = redis::pipe()
+            .cmd("HMGET")
+            .arg(self.keys.task(id))
+            .arg(Field::State.as_str())
+            .arg(Field::Files.as_str())
+            .get(self.keys.task_files(id))
+            .query_async(&mut conn)
+            .await?;
+        let Some(state) = state else {
+            return Ok(None);
+        };
+        let state = state
+            .parse()
+            .map_err(|e: shared::task::UnknownState| StoreError::Corrupt(e.to_string()))?;
+        Ok(Some((state, listing, zip)))
     }
 
     /// The task hash, or `None` if there is no such task (or it expired).

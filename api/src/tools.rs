@@ -18,7 +18,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use shared::options::Network;
+use shared::options::{CollectedFile, CollectedFiles, Network};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP, render_tail};
 use shared::time::rfc3339_ms;
 use shared::{Field, TaskState};
@@ -63,6 +63,12 @@ pub enum ToolError {
     StdinTooLarge { size: usize, max: usize },
     #[error("{0}")]
     Env(#[from] shared::options::EnvError),
+    #[error("{0}")]
+    Collect(#[from] shared::options::CollectError),
+    #[error(
+        "task {0} is still {1}: its files are collected when it ends; poll get_task_status until the state is final"
+    )]
+    NotFinished(String, TaskState),
     #[error("{0}")]
     Zip(#[from] shared::zipcheck::ZipError),
     #[error("timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s")]
@@ -141,6 +147,27 @@ pub struct RunScriptInput {
     /// private networks are not) or "none" (no network at all).
     #[serde(default)]
     pub network: Option<Network>,
+    /// Optional files to keep after the run: paths or shell globs relative to
+    /// /workspace (e.g. ["out/*.txt", "report.html"]; a directory is taken
+    /// whole). Regular files only, no links followed, at most 1000 files and
+    /// 16 MiB; fetch them with get_task_files once the task is final.
+    #[serde(default)]
+    pub collect: Option<Vec<String>>,
+}
+
+/// Output of `get_task_files`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskFilesOutput {
+    pub task_id: String,
+    /// The task's state (final).
+    pub state: TaskState,
+    /// The files collected: path relative to /workspace and size in bytes.
+    pub files: Vec<CollectedFile>,
+    /// True when more matched than the caps allow (1000 files, 16 MiB): the
+    /// listing and the zip hold what fitted.
+    pub truncated: bool,
+    /// The files as a zip archive, base64; null when nothing was collected.
+    pub zip_base64: Option<String>,
 }
 
 /// Output of `run_script`.
@@ -360,7 +387,8 @@ impl ScriptRunner {
 where the optional base64 zip of source files is extracted first. Then poll get_task_status with the task_id \
 until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it, list_tasks to find \
 recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
-all; the default reaches the internet but never this service). The container has no access to this service, \
+all; the default reaches the internet but never this service), collect (files to fetch afterwards with \
+get_task_files). The container has no access to this service, \
 memory/CPU/process caps and a wall-clock timeout (default 300 s, capped by the server). A client that declares \
 the MCP tasks extension gets a task to poll with tasks/get instead.",
         output_schema = rmcp::handler::server::common::schema_for_output::<RunScriptOutput>(),
@@ -427,6 +455,16 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 Some(serde_json::to_string(env).map_err(|e| StoreError::Corrupt(e.to_string()))?)
             }
         };
+        let collect_json = match input.collect.as_ref().filter(|c| !c.is_empty()) {
+            None => None,
+            Some(patterns) => {
+                shared::options::check_collect(patterns)?;
+                Some(
+                    serde_json::to_string(patterns)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                )
+            }
+        };
         let backlog = self.store.backlog().await?;
         if backlog >= cfg.max_queued_tasks {
             return Err(ToolError::QueueFull(backlog));
@@ -443,6 +481,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 stdin: stdin.as_deref(),
                 env_json,
                 network: input.network.unwrap_or_default(),
+                collect_json,
                 index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
             })
             .await?;
@@ -524,6 +563,46 @@ and state is its final state.",
             task_id,
             state,
             killed,
+        }))
+    }
+
+    #[tool(
+        name = "get_task_files",
+        description = "Get the files a finished task collected (run_script's collect argument): a listing \
+(name, size) and the files as a base64 zip. Call it once get_task_status says the state is final. At most \
+1000 files and 16 MiB are kept (truncated says when more matched); they expire with the task.",
+        annotations(
+            title = "Get a task's files",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn get_task_files(
+        &self,
+        Parameters(input): Parameters<TaskIdInput>,
+    ) -> Result<Json<TaskFilesOutput>, ToolError> {
+        let task_id = parse_task_id(&input.task_id)?;
+        let (state, listing, zip) = self
+            .store
+            .files(&task_id)
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        if !state.is_terminal() {
+            return Err(ToolError::NotFinished(task_id, state));
+        }
+        let listing: CollectedFiles = match listing {
+            None => CollectedFiles::default(),
+            Some(json) => serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("task {task_id} files: {e}")))?,
+        };
+        Ok(Json(TaskFilesOutput {
+            task_id,
+            state,
+            files: listing.files,
+            truncated: listing.truncated,
+            zip_base64: zip.map(|z| general_purpose::STANDARD.encode(z)),
         }))
     }
 
@@ -688,7 +767,8 @@ impl ServerHandler for ScriptRunner {
             .with_instructions(format!(
                 "Runs shell one-liners in disposable, isolated containers. Call run_script (runtime, \
                  base64 command, optional base64 zip, stdin, env, network), then poll get_task_status until the \
-                 state is final; kill_task stops a task; list_tasks lists recent ones. Runtimes: {}. Default timeout {} s, at most {} s.",
+                 state is final; get_task_files returns the files it collected; kill_task stops a task; \
+                 list_tasks lists recent ones. Runtimes: {}. Default timeout {} s, at most {} s.",
                 self.config.runtimes.names_list(),
                 self.config.default_timeout_seconds,
                 self.config.max_timeout_seconds

@@ -90,7 +90,13 @@ async fn tools_are_listed_with_input_and_output_schemas() {
     names.sort();
     assert_eq!(
         names,
-        ["get_task_status", "kill_task", "list_tasks", "run_script"]
+        [
+            "get_task_files",
+            "get_task_status",
+            "kill_task",
+            "list_tasks",
+            "run_script"
+        ]
     );
     for t in &tools {
         assert!(

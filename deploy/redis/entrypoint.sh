@@ -40,8 +40,8 @@ conn="+ping +unwatch +client|setinfo"
 # Commands inside the scripts are checked too, so each user lists those of its scripts
 # (api: submit, kill; worker: claim, started, progress, finish, requeue, forget_worker).
 lua="+time +evalsha +script|load"
-api_cmds="$conn $lua +xadd +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +mget +smembers +del +expire +zadd +zrem +zremrangebyscore +zrevrangebyscore"
-worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hincrby +get +setex +exists +del +expire +sadd +srem +smembers"
+api_cmds="$conn $lua +xadd +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +zadd +zrem +zremrangebyscore +zrevrangebyscore"
+worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hincrby +get +set +setex +exists +del +expire +sadd +srem +smembers"
 
 mkdir -p /run/redis
 umask 077

@@ -9,6 +9,7 @@
 //! | `{p}:task:{id}` | hash | the task record (fields: [`Field`]) |
 //! | `{p}:task:{id}:zip` | string | the submitted zip, until the task finishes or is killed |
 //! | `{p}:task:{id}:stdin` | string | the submitted stdin, until the task finishes or is killed |
+//! | `{p}:task:{id}:files` | string | the collected files (a zip), expiring with the record |
 //! | `{p}:tasks` | sorted set | task ids by creation time (ms), for `list_tasks` |
 //! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
 //! | `{p}:workers` | set | workers that registered and have not been forgotten (a dead one is removed once it holds no job) |
@@ -53,6 +54,11 @@ impl Keys {
 
     pub fn task_stdin(&self, task_id: &str) -> String {
         format!("{}:task:{task_id}:stdin", self.prefix)
+    }
+
+    /// The files a task collected (`collect`), as a zip.
+    pub fn task_files(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}:files", self.prefix)
     }
 
     /// Task ids scored by creation time, newest last, for `list_tasks`.
@@ -204,6 +210,10 @@ pub enum Field {
     Env,
     /// `Network::as_str()`: `internet` or `none`.
     Network,
+    /// The `collect` patterns, a JSON array.
+    Collect,
+    /// What was collected: `CollectedFiles` as JSON (the zip is under `Keys::task_files`).
+    Files,
     CreatedAt,
     /// When a worker claimed it.
     ClaimedAt,
@@ -243,6 +253,8 @@ impl Field {
             Field::HasStdin => "has_stdin",
             Field::Env => "env",
             Field::Network => "network",
+            Field::Collect => "collect",
+            Field::Files => "files",
             Field::CreatedAt => "created_at",
             Field::ClaimedAt => "claimed_at",
             Field::StartedAt => "started_at",

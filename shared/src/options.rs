@@ -164,3 +164,78 @@ mod tests {
         assert_eq!(Network::default(), Network::Internet);
     }
 }
+
+/// At most this many `collect` patterns.
+pub const MAX_COLLECT_PATTERNS: usize = 20;
+/// At most this many characters in one pattern.
+pub const MAX_COLLECT_PATTERN_LEN: usize = 256;
+
+/// Why a `collect` list was refused. Shown to the client as is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CollectError {
+    #[error("collect has {0} patterns; at most {MAX_COLLECT_PATTERNS} are allowed")]
+    TooMany(usize),
+    #[error(
+        "collect pattern {0:?} is not allowed: give a path or shell glob relative to /workspace (e.g. \"out/*.txt\" or \"report.html\"), without \"..\", a leading '/', newlines or more than 256 characters"
+    )]
+    BadPattern(String),
+}
+
+/// Checks `collect`: paths or shell globs relative to /workspace.
+pub fn check_collect(patterns: &[String]) -> Result<(), CollectError> {
+    if patterns.len() > MAX_COLLECT_PATTERNS {
+        return Err(CollectError::TooMany(patterns.len()));
+    }
+    for p in patterns {
+        let bad = p.trim().is_empty()
+            || p.len() > MAX_COLLECT_PATTERN_LEN
+            || p.starts_with('/')
+            || p.contains(['\n', '\r', '\0'])
+            || p.split('/').any(|c| c == "..");
+        if bad {
+            return Err(CollectError::BadPattern(p.chars().take(80).collect()));
+        }
+    }
+    Ok(())
+}
+
+/// One collected file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CollectedFile {
+    /// Path relative to /workspace.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// What a task's `collect` gathered after its run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectedFiles {
+    pub files: Vec<CollectedFile>,
+    /// True when more matched than the caps allow (or the archive was cut).
+    pub truncated: bool,
+}
+
+#[cfg(test)]
+mod collect_tests {
+    use super::*;
+
+    #[test]
+    fn patterns_stay_under_the_workspace() {
+        let ok: Vec<String> = vec!["out/*.txt".into(), "report.html".into(), "dist".into()];
+        assert_eq!(check_collect(&ok), Ok(()));
+        for bad in ["/etc/passwd", "../x", "a/../../b", "", "a\nb"] {
+            assert!(
+                matches!(
+                    check_collect(&[bad.to_owned()]),
+                    Err(CollectError::BadPattern(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let many: Vec<String> = (0..=MAX_COLLECT_PATTERNS)
+            .map(|i| format!("f{i}"))
+            .collect();
+        assert_eq!(check_collect(&many), Err(CollectError::TooMany(21)));
+    }
+}

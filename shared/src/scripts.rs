@@ -84,7 +84,9 @@ mod tests {
     use super::*;
     use crate::Field;
 
-    const ALL_FIELDS: [Field; 24] = [
+    const ALL_FIELDS: [Field; 26] = [
+        Field::Collect,
+        Field::Files,
         Field::HasStdin,
         Field::Env,
         Field::Network,

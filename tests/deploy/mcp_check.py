@@ -60,7 +60,9 @@ async def call(client: Client, tool: str, args: dict) -> dict:
     return sc
 
 
-async def run_task(client: Client, command: str, timeout: int = 60, stdin: bytes | None = None) -> dict:
+async def run_task(
+    client: Client, command: str, timeout: int = 60, stdin: bytes | None = None, collect: list[str] | None = None
+) -> dict:
     runtime = os.environ.get("MCP_CHECK_RUNTIME", "python3.13")
     args = {
         "runtime": runtime,
@@ -69,6 +71,8 @@ async def run_task(client: Client, command: str, timeout: int = 60, stdin: bytes
     }
     if stdin is not None:
         args["stdin_base64"] = base64.b64encode(stdin).decode()
+    if collect is not None:
+        args["collect"] = collect
     submitted = await call(client, "run_script", args)
     assert submitted["state"] == "queued", submitted
     task_id = submitted["task_id"]
@@ -98,13 +102,19 @@ async def main(argv: list[str]) -> None:
                 tools = sorted(t.name for t in (await client.list_tools()).tools)
                 assert {"run_script", "get_task_status", "kill_task"} <= set(tools), tools
                 print(f"mcp_check: tools {tools}")
-                # stdin too, so the api stores it and the worker reads it.
+                # stdin and collect too, so the api and worker use every Redis
+                # command their ACL users need (the files go through FINISH and back).
                 status = await run_task(
-                    client, "python3 -c 'import sys; print(int(sys.stdin.read()) * 7)'", stdin=b"6"
+                    client,
+                    "python3 -c 'import sys; print(int(sys.stdin.read()) * 7)' | tee answer.txt",
+                    stdin=b"6",
+                    collect=["answer.txt"],
                 )
                 assert status["state"] == "succeeded", status
                 assert status["stdout_tail"].strip() == "42", status
-                print(f"mcp_check: task {status['task_id']} succeeded, printed 42")
+                files = await call(client, "get_task_files", {"task_id": status["task_id"]})
+                assert [f["name"] for f in files["files"]] == ["answer.txt"], files
+                print(f"mcp_check: task {status['task_id']} succeeded, printed 42, its file came back")
                 # The other tools' Redis paths (the kill script, the task index).
                 killed = await call(client, "kill_task", {"task_id": status["task_id"]})
                 assert killed["killed"] is False and killed["state"] == "succeeded", killed

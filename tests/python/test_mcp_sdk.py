@@ -22,11 +22,11 @@ from jsonschema import Draft202012Validator
 from mcp import Client, MCPError
 from mcp.types import CallToolResult, TextContent
 
-from conftest import RUNTIMES, Stack, connect
+from conftest import RUNTIMES, Stack, connect, redis_command
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = {"run_script", "get_task_status", "kill_task", "list_tasks"}
+TOOLS = {"run_script", "get_task_status", "kill_task", "list_tasks", "get_task_files"}
 FINAL_STATES = {"succeeded", "failed", "killed", "timed-out"}
 STATUS_FIELDS = {
     "task_id", "state", "exit_code", "reason", "runtime", "runtime_seconds", "seconds_since_last_output",
@@ -145,7 +145,7 @@ def containers_of(task_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_lists_exactly_the_four_tools(stack: Stack, mode: str) -> None:
+async def test_lists_exactly_the_five_tools(stack: Stack, mode: str) -> None:
     async with connect(stack, mode=mode) as client:
         assert client.server_info is not None and client.server_info.name == "script-runner"
         listing = await client.list_tools()
@@ -568,3 +568,66 @@ async def test_list_tasks_newest_first_filtered_and_paged(client: Client) -> Non
 async def test_list_tasks_rejects_bad_input(client: Client, arguments: dict[str, Any], expected: str) -> None:
     message = await call_err(client, "list_tasks", arguments)
     assert expected in message, message
+
+
+# --------------------------------------------------------------------------- collect, get_task_files
+
+
+def unzip(b64_zip: str) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(base64.b64decode(b64_zip))) as zf:
+        return {name: zf.read(name) for name in zf.namelist()}
+
+
+async def test_collected_files_come_back_byte_for_byte(stack: Stack, client: Client) -> None:
+    script = (
+        "mkdir -p out && printf 'the report\\n' > out/report.txt && "
+        "python3 -c 'import os; open(\"plot.png\", \"wb\").write(bytes(range(256)) * 40)' && "
+        "echo not-collected > other.txt"
+    )
+    status = await run_to_end(client, "python3.13", script, collect=["out/*.txt", "plot.png"])
+    assert status["state"] == "succeeded", status
+    files = await call_ok(client, "get_task_files", {"task_id": status["task_id"]})
+    assert sorted((f["name"], f["size"]) for f in files["files"]) == [("out/report.txt", 11), ("plot.png", 10240)]
+    assert files["truncated"] is False
+    got = unzip(files["zip_base64"])
+    assert got == {"out/report.txt": b"the report\n", "plot.png": bytes(range(256)) * 40}
+    # The files expire with the task's record...
+    task_key = f"{stack.prefix}:task:{status['task_id']}"
+    record_ttl = int(redis_command(stack.redis_port, "TTL", task_key))  # type: ignore[arg-type]
+    files_ttl = int(redis_command(stack.redis_port, "TTL", task_key + ":files"))  # type: ignore[arg-type]
+    assert record_ttl > 0 and abs(record_ttl - files_ttl) <= 2, (record_ttl, files_ttl)
+    # ...and nothing of the collection is left on the host (it went through a pipe).
+    assert list((stack.tmp_dir / "tasks").iterdir()) == [], "collection left files in TASKS_DIR"
+
+
+async def test_links_out_of_the_workspace_are_not_followed(client: Client) -> None:
+    script = "ln -s /etc/passwd passwd && ln -s /etc etc && mkdir real && echo x > real/f"
+    status = await run_to_end(client, "python3.13", script, collect=["passwd", "etc/*", "etc", "real"])
+    assert status["state"] == "succeeded", status
+    files = await call_ok(client, "get_task_files", {"task_id": status["task_id"]})
+    assert [f["name"] for f in files["files"]] == ["real/f"], files["files"]
+
+
+async def test_a_big_file_is_cut_with_truncation_stated(stack: Stack, client: Client) -> None:
+    # 400 MiB: as large as the default 512 MiB workspace comfortably holds (1 GiB
+    # could not be written at all); the worker reads 16 MiB of it and stops.
+    script = "head -c 419430400 /dev/zero > big.bin && echo small > small.txt"
+    status = await run_to_end(client, "python3.13", script, collect=["small.txt", "big.bin"])
+    assert status["state"] == "succeeded", status
+    files = await call_ok(client, "get_task_files", {"task_id": status["task_id"]})
+    assert files["truncated"] is True, files["files"]
+    assert [f["name"] for f in files["files"]] == ["small.txt"], "a file past the 16 MiB cap is not kept"
+    assert unzip(files["zip_base64"]) == {"small.txt": b"small\n"}
+    assert list((stack.tmp_dir / "tasks").iterdir()) == [], "the collection went through the host's disk"
+
+
+async def test_get_task_files_answers_plainly_without_collect_and_refuses_bad_patterns(client: Client) -> None:
+    status = await run_to_end(client, "python3.13", "true")
+    files = await call_ok(client, "get_task_files", {"task_id": status["task_id"]})
+    assert (files["files"], files["zip_base64"], files["truncated"]) == ([], None, False)
+    message = await call_err(client, "run_script", {"runtime": "python3.13", "command_base64": b64("true"), "collect": ["../x"]})
+    assert "collect pattern" in message, message
+    running = await run(client, "python3.13", "sleep 30", collect=["x"])
+    message = await call_err(client, "get_task_files", {"task_id": running["task_id"]})
+    assert "still" in message, message
+    await call_ok(client, "kill_task", {"task_id": running["task_id"]})

@@ -4,6 +4,7 @@
 //!
 //! `run(config, shutdown)` is the whole worker; the binary only loads the config.
 
+pub mod collect;
 pub mod config;
 pub mod firewall;
 pub mod metrics;

@@ -72,6 +72,14 @@ pub struct TaskSpec {
     /// Extra environment variables, as checked by the api.
     pub env: Vec<(String, String)>,
     pub network: Network,
+    /// `collect`: paths or globs under /workspace to keep after the run.
+    pub collect: Vec<String>,
+}
+
+/// The files a task's `collect` gathered: a zip, and its listing as JSON.
+pub struct Collected {
+    pub zip: Vec<u8>,
+    pub listing: String,
 }
 
 /// Output tails as published while a task runs.
@@ -201,7 +209,8 @@ impl Queue {
         let mut inv = script.key(self.keys.task(task_id));
         inv.key(self.keys.task_zip(task_id))
             .key(self.keys.stats())
-            .key(self.keys.task_stdin(task_id));
+            .key(self.keys.task_stdin(task_id))
+            .key(self.keys.task_files(task_id));
         inv.arg(worker);
         for a in args {
             inv.arg(*a);
@@ -256,13 +265,16 @@ impl Queue {
     }
 
     /// Records how the task ended (unless it already ended: a kill is final).
+    /// `collected`: the zip and listing of the files `collect` gathered, kept as
+    /// long as the record.
     pub async fn finish(
         &self,
         task_id: &str,
         outcome: &Outcome,
         retention_seconds: u64,
+        collected: Option<&Collected>,
     ) -> Result<TaskStateReply, QueueError> {
-        self.finish_for(task_id, &self.worker, outcome, retention_seconds)
+        self.finish_as(task_id, &self.worker, outcome, retention_seconds, collected)
             .await
     }
 
@@ -275,8 +287,21 @@ impl Queue {
         outcome: &Outcome,
         retention_seconds: u64,
     ) -> Result<TaskStateReply, QueueError> {
+        self.finish_as(task_id, worker, outcome, retention_seconds, None)
+            .await
+    }
+
+    async fn finish_as(
+        &self,
+        task_id: &str,
+        worker: &str,
+        outcome: &Outcome,
+        retention_seconds: u64,
+        collected: Option<&Collected>,
+    ) -> Result<TaskStateReply, QueueError> {
         let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
         let retention = retention_seconds.to_string();
+        let (zip, listing) = collected.map_or((&[][..], ""), |c| (&c.zip[..], c.listing.as_str()));
         self.state_script(
             &scripts::FINISH,
             task_id,
@@ -287,6 +312,8 @@ impl Queue {
                 outcome.reason.as_bytes(),
                 code.as_bytes(),
                 retention.as_bytes(),
+                zip,
+                listing.as_bytes(),
             ],
         )
         .await
@@ -327,6 +354,12 @@ impl Queue {
                     .map_err(|e| QueueError::Corrupt(task_id.to_owned(), format!("bad env: {e}")))?
                     .into_iter()
                     .collect(),
+            },
+            collect: match f.get(Field::Collect.as_str()) {
+                None => Vec::new(),
+                Some(json) => serde_json::from_str(json).map_err(|e| {
+                    QueueError::Corrupt(task_id.to_owned(), format!("bad collect: {e}"))
+                })?,
             },
             // Records written before the field existed ran with the internet.
             network: match f.get(Field::Network.as_str()) {

@@ -13,8 +13,9 @@ use shared::tail::{TAIL_CAP, TailBuffer};
 use shared::task::{Caps, ContainerExit, Outcome};
 use tokio_util::sync::CancellationToken;
 
+use crate::collect::Collector;
 use crate::config::Config;
-use crate::queue::{Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
+use crate::queue::{Collected, Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
 use crate::sandbox::{ContainerSpec, OutputStream, Sandbox};
 use crate::workspace;
 
@@ -64,7 +65,8 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
         return Ok(None);
     };
     tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
-    let (outcome, tails) = execute(ctx, task_id, &spec).await;
+    let mut collected = None;
+    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected).await;
     // The container is gone by now: only the record is left to write, and it is
     // worth waiting for Redis as long as this worker lives.
     if let Some(tails) = &tails {
@@ -75,7 +77,8 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     }
     let retention = ctx.config.retention_seconds;
     let reply = retry("finish", &ctx.abort, || {
-        ctx.queue.finish(task_id, &outcome, retention)
+        ctx.queue
+            .finish(task_id, &outcome, retention, collected.as_ref())
     })
     .await?;
     Ok(match reply {
@@ -85,8 +88,14 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
 }
 
 /// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
-/// output. Docker resources are released here whether or not Redis answers.
-async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<Tails>) {
+/// output (and puts in `collected` the files `collect` gathered). Docker
+/// resources are released here whether or not Redis answers.
+async fn execute(
+    ctx: &Ctx,
+    task_id: &str,
+    spec: &TaskSpec,
+    collected: &mut Option<Collected>,
+) -> (Outcome, Option<Tails>) {
     let workspace_failed = |e: String| (Outcome::workspace_failed(e), None);
     let source = if spec.has_zip {
         let zip = match retry("read zip", &ctx.abort, || ctx.queue.zip(task_id)).await {
@@ -126,6 +135,14 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<
         .runtime_overrides
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
+    let collector = if spec.collect.is_empty() {
+        None
+    } else {
+        match Collector::start(&ctx.config.tasks_dir, task_id).await {
+            Ok(c) => Some(c),
+            Err(e) => return workspace_failed(format!("could not set up collect: {e}")),
+        }
+    };
     let container_spec = ContainerSpec {
         task_id,
         image,
@@ -135,14 +152,23 @@ async fn execute(ctx: &Ctx, task_id: &str, spec: &TaskSpec) -> (Outcome, Option<
         env: &spec.env,
         network: spec.network,
         stdin: stdin.is_some(),
+        collect: collector.as_ref().map(|c| (c.fifo(), &spec.collect[..])),
     };
     let ended = match ctx.sandbox.create(&container_spec).await {
         Ok(container) => {
             let ended = supervise(ctx, task_id, spec, &container, stdin).await;
+            if let Some(c) = collector {
+                *collected = c.finish().await;
+            }
             ctx.sandbox.remove(&container).await;
             ended
         }
-        Err(e) => (Outcome::start_failed(e), None),
+        Err(e) => {
+            if let Some(c) = collector {
+                c.finish().await;
+            }
+            (Outcome::start_failed(e), None)
+        }
     };
     if let Some(src) = source {
         let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;

@@ -27,7 +27,12 @@ use crate::metrics::{Metrics, Op};
 /// (coreutils or busybox), else directly, with `$HOME/.local/bin` appended to
 /// PATH. The user's command is passed as `$1`,
 /// never spliced into the script, so no quoting of it is ever needed.
-fn container_command(command: &str, has_source: bool, deadline_seconds: u64) -> Vec<String> {
+fn container_command(
+    command: &str,
+    has_source: bool,
+    deadline_seconds: u64,
+    collect: &[String],
+) -> Vec<String> {
     let copy = if has_source {
         format!("cp -R {SOURCE_MOUNT}/. /workspace/ && ")
     } else {
@@ -35,20 +40,40 @@ fn container_command(command: &str, has_source: bool, deadline_seconds: u64) -> 
     };
     // `pip install --user` puts console scripts (pytest, ...) in ~/.local/bin:
     // on PATH, after the image's own directories, they run by name.
-    let script = format!(
-        "{copy}cd /workspace && export PATH=\"$PATH:$HOME/.local/bin\" && \
-         if command -v timeout >/dev/null 2>&1; \
-         then exec timeout -s KILL \"$2\" sh -c \"$1\"; else exec sh -c \"$1\"; fi"
-    );
-    vec![
-        "sh".into(),
-        "-c".into(),
-        script,
-        "sh".into(),
+    let setup = format!("{copy}cd /workspace && export PATH=\"$PATH:$HOME/.local/bin\" && ");
+    let mut argv = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        String::new(),
+        "sh".to_owned(),
         command.to_owned(),
         deadline_seconds.to_string(),
-    ]
+    ];
+    argv[2] = if collect.is_empty() {
+        format!(
+            "{setup}if command -v timeout >/dev/null 2>&1; \
+             then exec timeout -s KILL \"$2\" sh -c \"$1\"; else exec sh -c \"$1\"; fi"
+        )
+    } else {
+        // The script runs as a child (not exec'd), so the prelude goes on after
+        // it: the files matching the patterns ($3...) are archived to the
+        // collection pipe, which the worker reads. Only regular files reached
+        // without a link (find does not follow links; realpath drops paths
+        // through a linked directory) and inside /workspace are taken.
+        argv.extend(collect.iter().cloned());
+        format!(
+            "{setup}if command -v timeout >/dev/null 2>&1; \
+             then timeout -s KILL \"$2\" sh -c \"$1\"; else sh -c \"$1\"; fi; rc=$?; \
+             shift 2; for pat in \"$@\"; do for f in $pat; do find \"$f\" -type f -print 2>/dev/null; done; done \
+             | while IFS= read -r f; do case \"$(realpath -- \"$f\" 2>/dev/null)\" in /workspace/*) printf '%s\\n' \"$f\";; esac; done \
+             | tar -cf - -T - 2>/dev/null > {COLLECT_MOUNT}; exit $rc"
+        )
+    };
+    argv
 }
+
+/// Where the collection pipe (a FIFO the worker reads) is mounted.
+const COLLECT_MOUNT: &str = "/.sr-collect";
 
 /// Where the extracted zip is mounted (read-only) before it is copied to /workspace.
 const SOURCE_MOUNT: &str = "/.sr-source";
@@ -91,6 +116,8 @@ pub struct ContainerSpec<'a> {
     pub network: Network,
     /// Whether the script gets a stdin (written through `attach`, then closed).
     pub stdin: bool,
+    /// `collect`: the collection pipe on the host and the patterns.
+    pub collect: Option<(&'a Path, &'a [String])>,
 }
 
 #[derive(Clone)]
@@ -211,6 +238,7 @@ impl Sandbox {
             spec.command,
             spec.source.is_some(),
             self_deadline_seconds(spec.timeout_seconds),
+            spec.collect.map_or(&[][..], |(_, patterns)| patterns),
         );
         // The sandbox's own variables last: the api refuses the reserved names,
         // and a later duplicate would win anyway.
@@ -238,7 +266,7 @@ impl Sandbox {
             attach_stdin: Some(spec.stdin),
             open_stdin: Some(spec.stdin),
             stdin_once: Some(spec.stdin),
-            host_config: Some(self.host_config(spec.source, spec.network)),
+            host_config: Some(self.host_config(spec)),
             ..Default::default()
         };
         let opts = CreateContainerOptionsBuilder::default()
@@ -261,11 +289,21 @@ impl Sandbox {
     }
 
     /// The hardening and caps every task container gets.
-    fn host_config(&self, source: Option<&Path>, network: Network) -> HostConfig {
+    fn host_config(&self, spec: &ContainerSpec<'_>) -> HostConfig {
         let l = &self.limits;
         let memory = (l.memory_mib * 1024 * 1024) as i64;
+        let mut binds: Vec<String> = Vec::new();
+        if let Some(src) = spec.source {
+            binds.push(format!("{}:{SOURCE_MOUNT}:ro", src.display()));
+        }
+        // A pipe, not a file: what the prelude writes goes to the worker's
+        // memory (bounded by what it reads), never to the host's disk.
+        if let Some((fifo, _)) = spec.collect {
+            binds.push(format!("{}:{COLLECT_MOUNT}", fifo.display()));
+        }
+        let network = spec.network;
         HostConfig {
-            binds: source.map(|src| vec![format!("{}:{SOURCE_MOUNT}:ro", src.display())]),
+            binds: (!binds.is_empty()).then_some(binds),
             memory: Some(memory),
             // Equal to memory: no swap on top of the cap.
             memory_swap: Some(memory),
@@ -441,7 +479,7 @@ mod tests {
     #[test]
     fn the_users_command_is_an_argument_never_part_of_the_script() {
         let evil = "echo \"$2\"; rm -rf / ; `id`";
-        let cmd = container_command(evil, true, 65);
+        let cmd = container_command(evil, true, 65, &[]);
         assert_eq!(cmd.len(), 6);
         assert_eq!(&cmd[..2], ["sh", "-c"]);
         assert!(cmd[2].starts_with("cp -R /.sr-source/. /workspace/ && cd /workspace"));
@@ -449,7 +487,7 @@ mod tests {
         assert_eq!((cmd[4].as_str(), cmd[5].as_str()), (evil, "65"));
         assert!(cmd[2].contains("timeout -s KILL \"$2\" sh -c \"$1\""));
         assert!(cmd[2].contains("export PATH=\"$PATH:$HOME/.local/bin\" && "));
-        let no_zip = container_command("true", false, 10);
+        let no_zip = container_command("true", false, 10, &[]);
         assert!(no_zip[2].starts_with("cd /workspace && "));
     }
 }

@@ -1,12 +1,15 @@
 -- FINISH: records how a task ended, as the worker recorded as holding it.
 --
 -- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
+-- KEYS[5] task files (the collected zip)
 -- ARGV[1] worker name
 -- ARGV[2] terminal state
 -- ARGV[3] reason kind
 -- ARGV[4] reason (the sentence clients see)
 -- ARGV[5] exit code ('' for none)
 -- ARGV[6] retention seconds for the record
+-- ARGV[7] the collected files' zip ('' or absent for none), kept as long as the record
+-- ARGV[8] their listing, JSON ('' or absent for none)
 --
 -- Also counts the end in the per-minute hash `KEYS[3]:<unix minute>` (field
 -- '<state>:<reason kind>', expiring after 2 h) that ops read for "the last hour".
@@ -28,6 +31,8 @@ if st == 'queued' or st == 'running' then
   redis.call('EXPIRE', minute, 7200)
   st = ARGV[2]
 end
+if ARGV[7] and ARGV[7] ~= '' then redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[6]) end
+if ARGV[8] and ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'files', ARGV[8]) end
 redis.call('HDEL', KEYS[1], 'container')
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
