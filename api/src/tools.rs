@@ -20,7 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use shared::options::{CollectedFile, CollectedFiles, Network};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP, render_tail};
-use shared::time::rfc3339_ms;
+use shared::time::{rfc3339_ms, task_clock};
 use shared::{Field, TaskState};
 
 use crate::config::Config;
@@ -825,7 +825,8 @@ fn status_from_record(
         .ok_or_else(|| corrupt("missing or unknown state"))?;
     let started = r.int(Field::StartedAt);
     let finished = r.int(Field::FinishedAt);
-    let seconds = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    let (runtime_seconds, seconds_since_last_output) =
+        task_clock(started, r.int(Field::LastOutputAt), finished, r.now_ms);
     let stdout_bytes = r.int(Field::StdoutBytes).unwrap_or(0).max(0) as u64;
     let stderr_bytes = r.int(Field::StderrBytes).unwrap_or(0).max(0) as u64;
     let stdout = render_tail(
@@ -848,11 +849,8 @@ fn status_from_record(
             None
         },
         runtime: r.text(Field::Runtime).unwrap_or_default(),
-        runtime_seconds: started.map(|s| seconds(finished.unwrap_or(r.now_ms) - s)),
-        // A finished task's silence ends when it does.
-        seconds_since_last_output: started.map(|s| {
-            seconds(finished.unwrap_or(r.now_ms) - r.int(Field::LastOutputAt).unwrap_or(s))
-        }),
+        runtime_seconds,
+        seconds_since_last_output,
         stdout_tail: stdout.text,
         stderr_tail: stderr.text,
         stdout_truncated: stdout.truncated,

@@ -9,7 +9,7 @@ use redis::streams::StreamRangeReply;
 use serde::Serialize;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::tail::render_tail;
-use shared::time::rfc3339_ms;
+use shared::time::{rfc3339_ms, task_clock};
 use shared::{Field, Keys, TaskState};
 
 use crate::{Config, CtlError};
@@ -399,16 +399,19 @@ fn running_task(
     if state.parse::<TaskState>().ok()?.is_terminal() {
         return None;
     }
-    let started = int(Field::StartedAt);
-    let secs = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    let (runtime_seconds, seconds_since_last_output) = task_clock(
+        int(Field::StartedAt),
+        int(Field::LastOutputAt),
+        None,
+        now_ms,
+    );
     Some(RunningTask {
         task_id,
         state: state.to_owned(),
         worker: get(Field::Worker).map(str::to_owned).or(Some(consumer)),
         runtime: get(Field::Runtime).map(str::to_owned),
-        runtime_seconds: started.map(|s| secs(now_ms - s)),
-        seconds_since_last_output: started
-            .map(|s| secs(now_ms - int(Field::LastOutputAt).unwrap_or(s))),
+        runtime_seconds,
+        seconds_since_last_output,
         timeout_seconds: int(Field::TimeoutSeconds).map(|t| t.max(0) as u64),
         stdout_bytes: int(Field::StdoutBytes).unwrap_or(0).max(0) as u64,
         stderr_bytes: int(Field::StderrBytes).unwrap_or(0).max(0) as u64,
@@ -457,14 +460,14 @@ pub fn task_view(
     let int = |x: Field| text(x).and_then(|s| s.parse::<i64>().ok());
     let started = int(Field::StartedAt);
     let finished = int(Field::FinishedAt);
-    let secs = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    let (runtime_seconds, seconds_since_last_output) =
+        task_clock(started, int(Field::LastOutputAt), finished, now_ms);
     let stdout_bytes = int(Field::StdoutBytes).unwrap_or(0).max(0) as u64;
     let stderr_bytes = int(Field::StderrBytes).unwrap_or(0).max(0) as u64;
     let raw_stdout = bytes(Field::StdoutTail).unwrap_or_default().to_vec();
     let raw_stderr = bytes(Field::StderrTail).unwrap_or_default().to_vec();
     let out = render_tail(&raw_stdout, tail_bytes, stdout_bytes);
     let err = render_tail(&raw_stderr, tail_bytes, stderr_bytes);
-    let end = finished.unwrap_or(now_ms);
     TaskView {
         task_id: task_id.to_owned(),
         state: text(Field::State).unwrap_or_default(),
@@ -480,9 +483,8 @@ pub fn task_view(
         claimed_at: int(Field::ClaimedAt).map(rfc3339_ms),
         started_at: started.map(rfc3339_ms),
         finished_at: finished.map(rfc3339_ms),
-        runtime_seconds: started.map(|s| secs(end - s)),
-        seconds_since_last_output: started
-            .map(|s| secs(end - int(Field::LastOutputAt).unwrap_or(s))),
+        runtime_seconds,
+        seconds_since_last_output,
         stdout_bytes,
         stderr_bytes,
         stdout_tail: out.text,

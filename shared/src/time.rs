@@ -16,6 +16,24 @@ pub fn rfc3339_ms(unix_ms: i64) -> String {
     )
 }
 
+/// A task's clock from its record's timestamps (Unix milliseconds, Redis's clock)
+/// at `now_ms`: seconds since its container started, and seconds since its last
+/// output byte (since the start if none). Both stop at `finished_ms`, so a
+/// finished task's figures stay put; both are `None` before the start.
+pub fn task_clock(
+    started_ms: Option<i64>,
+    last_output_ms: Option<i64>,
+    finished_ms: Option<i64>,
+    now_ms: i64,
+) -> (Option<f64>, Option<f64>) {
+    let seconds = |ms: i64| (ms.max(0) as f64) / 1000.0;
+    let end = finished_ms.unwrap_or(now_ms);
+    (
+        started_ms.map(|s| seconds(end - s)),
+        started_ms.map(|s| seconds(end - last_output_ms.unwrap_or(s))),
+    )
+}
+
 /// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
 fn civil_from_days(z: i64) -> (i64, i64, i64) {
     let z = z + 719_468;
@@ -39,5 +57,25 @@ mod tests {
         assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339_ms(1_796_083_199_999), "2026-11-30T23:59:59.999Z");
+    }
+
+    #[test]
+    fn a_task_clock_runs_from_the_start_and_stops_at_the_finish() {
+        assert_eq!(task_clock(None, None, None, 5_000), (None, None));
+        // Running: 4 s since start, silent since the output at 3 s.
+        assert_eq!(
+            task_clock(Some(1_000), Some(3_000), None, 5_000),
+            (Some(4.0), Some(2.0))
+        );
+        // No output yet: silent since the start.
+        assert_eq!(
+            task_clock(Some(1_000), None, None, 5_000),
+            (Some(4.0), Some(4.0))
+        );
+        // Finished at 2.5 s: later reads do not move.
+        assert_eq!(
+            task_clock(Some(1_000), Some(2_000), Some(2_500), 9_000),
+            (Some(1.5), Some(0.5))
+        );
     }
 }

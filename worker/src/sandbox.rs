@@ -41,35 +41,36 @@ fn container_command(
     // `pip install --user` puts console scripts (pytest, ...) in ~/.local/bin:
     // on PATH, after the image's own directories, they run by name.
     let setup = format!("{copy}cd /workspace && export PATH=\"$PATH:$HOME/.local/bin\" && ");
-    let mut argv = vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        String::new(),
-        "sh".to_owned(),
-        command.to_owned(),
-        deadline_seconds.to_string(),
-    ];
-    argv[2] = if collect.is_empty() {
-        format!(
-            "{setup}if command -v timeout >/dev/null 2>&1; \
-             then exec timeout -s KILL \"$2\" sh -c \"$1\"; else exec sh -c \"$1\"; fi"
-        )
+    // Without collect the script replaces the prelude (exec); with it, the
+    // script runs as a child so the prelude goes on after it: the files matching
+    // the patterns ($3...) are archived to the collection pipe, which the worker
+    // reads. Only regular files reached without a link (find does not follow
+    // links; realpath drops paths through a linked directory) and inside
+    // /workspace are taken.
+    let exec = if collect.is_empty() { "exec " } else { "" };
+    let run = format!(
+        "{setup}if command -v timeout >/dev/null 2>&1; \
+         then {exec}timeout -s KILL \"$2\" sh -c \"$1\"; else {exec}sh -c \"$1\"; fi"
+    );
+    let script = if collect.is_empty() {
+        run
     } else {
-        // The script runs as a child (not exec'd), so the prelude goes on after
-        // it: the files matching the patterns ($3...) are archived to the
-        // collection pipe, which the worker reads. Only regular files reached
-        // without a link (find does not follow links; realpath drops paths
-        // through a linked directory) and inside /workspace are taken.
-        argv.extend(collect.iter().cloned());
         format!(
-            "{setup}if command -v timeout >/dev/null 2>&1; \
-             then timeout -s KILL \"$2\" sh -c \"$1\"; else sh -c \"$1\"; fi; rc=$?; \
+            "{run}; rc=$?; \
              shift 2; for pat in \"$@\"; do for f in $pat; do find \"$f\" -type f -print 2>/dev/null; done; done \
              | while IFS= read -r f; do case \"$(realpath -- \"$f\" 2>/dev/null)\" in /workspace/*) printf '%s\\n' \"$f\";; esac; done \
              | tar -cf - -T - 2>/dev/null > {COLLECT_MOUNT}; exit $rc"
         )
     };
-    argv
+    let fixed = [
+        "sh".to_owned(),
+        "-c".to_owned(),
+        script,
+        "sh".to_owned(),
+        command.to_owned(),
+        deadline_seconds.to_string(),
+    ];
+    fixed.into_iter().chain(collect.iter().cloned()).collect()
 }
 
 /// Where the collection pipe (a FIFO the worker reads) is mounted.
