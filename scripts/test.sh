@@ -11,7 +11,9 @@
 #      started per test on a free port, real Docker engine and host firewall, the
 #      rmcp client, worker processes killed and restarted)
 #   3. pytest tests/python: end to end through the official Python MCP SDK
-#   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
+#   4. tests/reliability/faults.py at a small size (40 tasks, under a minute):
+#      workers, Redis and an api replica killed mid-run, nothing lost
+#   5. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
 #      workflows checked, then the whole stack built and brought up with Compose v2
 #      behind Caddy (HTTPS), a second worker joining over TLS, the deploy gate
 #      (a few minutes; SKIP_DEPLOY_TEST=1 skips it)
@@ -59,4 +61,6 @@ cargo build --bins
 # Two cores here: two test threads keep container counts sane.
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
 .venv/bin/pytest -q tests/python
+# Faults under load, small: README's "Reliability" has the full-size figures.
+.venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
 [[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh

@@ -291,7 +291,7 @@ class Stack:
     # -- binaries and preflight
 
     def binary(self, name: str) -> str:
-        path = self.bin_dir / name
+        path = self.bin_dir.resolve() / name  # the children run in the log directory
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise SystemExit(f"{path} is missing: run `cargo build --bins` (or --release) first")
         return str(path)
@@ -594,6 +594,7 @@ class ContainerStarts:
                 self.starts.setdefault(task, []).append(worker)
 
     async def stop(self) -> None:
+        """Stops `docker events` (idempotent)."""
         if self._proc and self._proc.returncode is None:
             self._proc.terminate()
             await self._proc.wait()

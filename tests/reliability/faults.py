@@ -98,9 +98,12 @@ class Errors:
     counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (phase, call, kind)
     samples: dict[str, list[str]] = field(default_factory=dict)
     max_store_error_latency: float = 0.0
+    unreachable: list[str] = field(default_factory=list)  # when and what, for the proxy's log
 
     def add(self, phase: str, call: str, kind: str, text: str) -> None:
         self.counts[(phase, call, kind)] += 1
+        if kind == "unreachable" and len(self.unreachable) < 50:
+            self.unreachable.append(f"{time.strftime('%H:%M:%S')} {phase} {call}: {text[:200]}")
         s = self.samples.setdefault(kind, [])
         if len(s) < 3 and text not in s:
             s.append(text[:300])
@@ -145,6 +148,7 @@ class FaultRun:
         self.figures: dict[str, Any] = {}
         self.failures: list[str] = []
         self.mcp: Mcp | None = None
+        self.starts: ContainerStarts | None = None
         self.t0 = time.monotonic()
         self.first_ok_after_redis: float | None = None
         self.redis_restarted_at: float | None = None
@@ -385,13 +389,10 @@ class FaultRun:
     async def redis_kill(self) -> None:
         st = self.stack
         assert st.redis_proc is not None
-        # With everysec, Redis write()s the AOF before it answers, so killing the
-        # process loses nothing the kernel has; only a write it postponed (an fsync
-        # still running after 1 s: aof_delayed_fsync) would be lost. A machine
-        # crash would lose up to the last second or two, which no process kill shows.
-        persistence = dict(
-            line.split(":", 1) for line in (await st.r("INFO", "persistence")).splitlines() if ":" in line
-        )
+        # With everysec, Redis write()s the AOF before it answers (unless an fsync
+        # is still running, when it may postpone the write for up to 2 s), so
+        # killing the process loses what the kernel has not yet fsynced only if the
+        # machine goes down too, which no process kill shows.
         st.redis_proc.kill()
         t_kill = time.monotonic()
         self.phase = "redis-down"
@@ -434,7 +435,6 @@ class FaultRun:
         await wait_for("a submit to succeed after Redis came back", lambda: asyncio.sleep(0, self.first_ok_after_redis is not None), 60)
         self.phase = "normal"
         self.figures["redis_kill"] = {
-            "aof_delayed_fsync_before_kill": int(persistence.get("aof_delayed_fsync", "0")),
             "down_s": round(down, 1),
             "outage_s": round(outage, 1),
             "aof_load_s": round(outage - down, 1),
@@ -464,7 +464,8 @@ class FaultRun:
 
     async def final_checks(self) -> None:
         st = self.stack
-        assert self.mcp is not None
+        assert self.mcp is not None and self.starts is not None
+        starts_seen = self.starts
         # Each task as a client sees it now, through the proxy.
         for task in self.tasks.values():
             for _ in range(20):
@@ -495,13 +496,13 @@ class FaultRun:
         # Container starts, from docker events: wait until every task that says it
         # started has been seen (the event stream lags a little).
         async def events_caught_up() -> bool:
-            return all(tid in self.starts.starts for tid, r in records.items() if r.get("started_at"))
+            return all(tid in starts_seen.starts for tid, r in records.items() if r.get("started_at"))
 
         try:
             await wait_for("docker events for every started task", events_caught_up, 20)
         except TimeoutError as e:
             self.failures.append(str(e))
-        await self.starts.stop()
+        await starts_seen.stop()
 
         async def no_containers() -> bool:
             return not await asyncio.to_thread(st.containers)
@@ -524,8 +525,8 @@ class FaultRun:
         terminal = [t for t in handed if t.final and t.final["state"] in FINAL_STATES]
         lost = [t for t in handed if t.vanished and t.task_id not in records]
         regressed = [t for t in handed if t.regressions]
-        starts = {tid: len(ws) for tid, ws in self.starts.starts.items()}
-        twice = {tid: ws for tid, ws in self.starts.starts.items() if len(ws) > 1}
+        starts = {tid: len(ws) for tid, ws in starts_seen.starts.items()}
+        twice = {tid: ws for tid, ws in starts_seen.starts.items() if len(ws) > 1}
         never_started = [tid for tid in records if tid not in starts]
         outcomes = Counter((r.get("state"), r.get("reason_kind")) for r in records.values())
         wrong_output = []
@@ -638,6 +639,7 @@ class FaultRun:
             "outcomes": {f"{s}/{k}": n for (s, k), n in sorted(outcomes.items(), key=str)},
             "client_errors": {f"{p}/{c}/{k}": n for (p, c, k), n in sorted(self.errors.counts.items())},
             "error_samples": self.errors.samples,
+            "unreachable_errors": self.errors.unreachable,
             "total_s": round(total, 1),
             "settings": {
                 "workers": self.args.workers,
@@ -680,7 +682,6 @@ class FaultRun:
             r = f["redis_kill"]
             rows.append(("Redis SIGKILL: outage", f"{r['outage_s']} s (down {r['down_s']} s, then restart and AOF load {r['aof_load_s']} s); /healthz meanwhile {r['healthz_during_outage']}"))
             rows.append(("submits refused during outage", f"{r['submits_refused_during_outage']} ({r['of_which_store_error_text']} with the store's 'try again shortly' error; slowest answer {r['slowest_store_error_answer_s']} s)"))
-            rows.append(("AOF writes postponed before the kill", f"{r['aof_delayed_fsync_before_kill']} (aof_delayed_fsync; 0: nothing acknowledged was only in Redis's memory)"))
             rows.append(("recovery after restart", f"api healthy {r['api_healthy_after_restart_s']} s, workers {r['workers_heartbeating_after_restart_s']} s, first submit {r['first_submit_ok_after_restart_s']} s"))
         if "api_kill" in f:
             rows.append(("api1 SIGKILL: client errors, retried", f["api_kill"]["client_errors_after_kill"]))
@@ -709,6 +710,8 @@ class FaultRun:
             self.failures.append(f"run did not finish: {e or 'deadline'} (--deadline {self.args.deadline} s)")
             self.dump_state()
         finally:
+            if self.starts is not None:
+                await self.starts.stop()
             if self.mcp:
                 await self.mcp.close()
             self.stack.stop_all()

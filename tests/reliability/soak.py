@@ -402,16 +402,21 @@ class Soak:
             log("matplotlib is not installed: no PNG (pip install matplotlib into .venv)")
             return
         t = [s.t / 60 for s in self.samples]
-        fig, ax = plt.subplots(figsize=(8, 4))
+        fig, ax = plt.subplots(figsize=(9, 4))
         ax.plot(t, [s.api_mib for s in self.samples], label="api RSS")
         ax.plot(t, [sum(s.worker_mib) for s in self.samples], label="worker RSS")
         ax.plot(t, [s.redis_rss_mib for s in self.samples], label="redis-server RSS")
         ax.plot(t, [s.redis_used_mib for s in self.samples], label="Redis used_memory", linestyle="--")
+        for phase, label in (("drain", "load ends"), ("retention", "all tasks ended")):
+            first = next((s.t / 60 for s in self.samples if s.phase == phase), None)
+            if first is not None:
+                ax.axvline(first, color="grey", linestyle=":", linewidth=1)
+                ax.annotate(label, (first, 0), xytext=(3, 3), textcoords="offset points", fontsize=8, color="grey")
         ax.set_xlabel("minutes")
         ax.set_ylabel("MiB")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"soak: {self.args.rate} tasks/s mixed for {self.args.duration / 60:.0f} min, retention {self.args.retention} s")
-        ax.legend()
+        ax.set_title(f"soak: {self.args.rate:g} tasks/s mixed for {self.args.duration / 60:g} min, retention {self.args.retention} s")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         fig.tight_layout()
         fig.savefig(path)
         log(f"chart written to {path}")
