@@ -557,6 +557,13 @@ class FaultRun:
             self.failures.append(f"{len(regressed)} task(s) went back to an earlier state: {[(t.task_id, t.regressions) for t in regressed[:5]]}")
         if twice:
             self.failures.append(f"{len(twice)} task(s) started twice: {list(twice.items())[:5]}")
+        # The duplicate check only means something if every run is seen.
+        unseen = [tid for tid, r in records.items() if r.get("state") == "succeeded" and tid not in starts]
+        if unseen:
+            self.failures.append(
+                f"{len(unseen)} succeeded task(s) whose container start docker events never reported "
+                f"(does a task still start its own labelled container?): {unseen[:5]}"
+            )
         if wrong_output:
             self.failures.append(f"{len(wrong_output)} succeeded task(s) with wrong output: {wrong_output[:5]}")
         for tid in orphans:
