@@ -602,10 +602,6 @@ class ContainerStarts:
             await self._reader
 
 
-def fmt_s(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds:.1f} s"
-
-
 def print_table(rows: list[tuple[str, Any]], out: Any = sys.stdout) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

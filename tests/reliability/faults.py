@@ -56,7 +56,6 @@ from common import (  # noqa: E402
     ProtocolError,
     Stack,
     Unreachable,
-    fmt_s,
     log,
     pairs,
     print_table,

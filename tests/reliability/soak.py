@@ -55,10 +55,8 @@ from common import (  # noqa: E402
     Stack,
     Unreachable,
     log,
-    pairs,
     print_table,
     scan_keys,
-    wait_for,
 )
 
 KINDS = ("short", "failing", "long", "short", "killed", "big", "short", "zip", "failing", "short")
