@@ -134,8 +134,10 @@ def leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
 
 
 def containers_of(task_id: str) -> list[str]:
+    # By name: a warm pool container is renamed sr-<task_id> when a task claims it
+    # (its labels were set before the task existed).
     found = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=script-runner.task={task_id}"],
+        ["docker", "ps", "-aq", "--filter", f"name=^/sr-{task_id}$"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return found.stdout.split()
