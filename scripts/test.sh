@@ -10,7 +10,8 @@
 #   2. cargo test: unit tests and the integration suites in api/tests (real Redis
 #      started per test on a free port, real Docker engine and host firewall, the
 #      rmcp client, worker processes killed and restarted)
-#   3. pytest tests/python: end to end through the official Python MCP SDK
+#      (run with the workers' default warm pool, then again without: TEST_POOL_SIZE=0)
+#   3. pytest tests/python: end to end through the official Python MCP SDK (both ways)
 #   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
 #      workflows checked, then the whole stack built and brought up with Compose v2
 #      behind Caddy (HTTPS), a second worker joining over TLS, the deploy gate
@@ -56,7 +57,13 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The recovery tests and the Python suite run the binaries as real processes.
 cargo build --bins
-# Two cores here: two test threads keep container counts sane.
+# Two cores here: two test threads keep container counts sane. The workers keep
+# their default warm pool (POOL_SIZE) in the first run; the suites that run tasks
+# then run again with no pool, so both paths pass everything.
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+TEST_POOL_SIZE=0 cargo test -p script-runner-api --test running --test edge \
+    --test hostile --test projects --test recovery --test transitions \
+    -- --test-threads="${TEST_THREADS:-2}"
 .venv/bin/pytest -q tests/python
+TEST_POOL_SIZE=0 .venv/bin/pytest -q tests/python
 [[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh

@@ -387,9 +387,13 @@ async fn a_task_without_network_never_runs_on_a_pool_container() {
 
 #[tokio::test]
 async fn the_pool_refills_after_a_burst() {
+    let metrics_port = free_port();
     let stack = Stack::start(Options {
         concurrency: 4,
-        extra_env: vec![("POOL_SIZE", "python3.13=2".to_owned())],
+        extra_env: vec![
+            ("POOL_SIZE", "python3.13=2".to_owned()),
+            ("WORKER_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
+        ],
         ..Options::default()
     })
     .await;
@@ -428,6 +432,35 @@ async fn the_pool_refills_after_a_burst() {
         "a container served two tasks"
     );
     let after = wait_pool(&stack.worker_name, "python3.13", 2).await;
+    // The worker's metrics tell the same story.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .expect("worker metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let sample = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    let warm = sample("script_runner_worker_pool_claims_total{path=\"warm\"}");
+    let cold = sample("script_runner_worker_pool_claims_total{path=\"cold\"}");
+    assert_eq!(
+        (warm + cold, warm as usize),
+        (8, containers.len()),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample("script_runner_worker_container_exec_seconds_count"),
+        warm
+    );
+    assert_eq!(
+        sample("script_runner_worker_pool_idle{runtime=\"python3.13\"}"),
+        2
+    );
     assert!(
         after.iter().all(|c| !before.contains(c)),
         "the pool was not refilled with new containers"
