@@ -515,3 +515,30 @@ async fn a_stopping_worker_removes_its_pool_and_a_restarted_one_removes_a_crashe
     assert_eq!(left, 0, "pool directories left in {}", pool_dir.display());
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_pool_container_that_died_idle_costs_a_cold_start_not_the_task() {
+    let stack = pooled(&[]).await;
+    let client = stack.client().await;
+    let idle = wait_pool(&stack.worker_name, "python3.13", 1).await;
+    // As an engine restart or an operator's hand would: the worker still holds
+    // it as idle.
+    let killed = Command::new("docker")
+        .args(["kill", &idle[0]])
+        .output()
+        .expect("docker kill");
+    assert!(killed.status.success(), "{killed:?}");
+    let end = run_to_end(&client, "python3.13", "echo still ran", json!({})).await;
+    assert_eq!(end["state"], "succeeded", "{end}");
+    assert_eq!(end["stdout_tail"], "still ran\n");
+    // The dead one is removed and replaced.
+    wait_until(
+        "the dead pool container removed",
+        Duration::from_secs(30),
+        || async { (!all_containers(&stack.worker_name).contains(&idle[0])).then_some(()) },
+    )
+    .await;
+    let fresh = wait_pool(&stack.worker_name, "python3.13", 1).await;
+    assert_ne!(fresh, idle);
+    stack.shutdown().await;
+}

@@ -25,8 +25,10 @@ use crate::config::PoolConfig;
 use crate::sandbox::{Sandbox, WarmSpec};
 
 /// How long to wait before trying again when a pool container could not be made
-/// (a missing image, a busy engine).
-const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// (a missing image, a busy engine); doubled at each failure in a row, up to
+/// `RETRY_MAX`.
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// A started, idle container, waiting for one task.
 #[derive(Debug)]
@@ -124,25 +126,31 @@ impl Pool {
             return;
         }
         let inner = &self.inner;
-        let mut failed_at: Option<Instant> = None;
+        // When the last failure was, and how long to wait after it.
+        let mut failed: Option<(Instant, Duration)> = None;
         while !stop.is_cancelled() {
             self.replace_old().await;
-            let backing_off = failed_at.is_some_and(|t| t.elapsed() < RETRY_AFTER);
-            if !backing_off {
-                failed_at = None;
-                if let Some(missing) = self.next_missing() {
-                    if !self.add(&missing.0, &missing.1, &stop).await {
-                        failed_at = Some(Instant::now());
-                    }
-                    continue;
+            let backing_off = failed.is_some_and(|(at, wait)| at.elapsed() < wait);
+            if !backing_off && let Some((runtime, image)) = self.next_missing() {
+                if self.add(&runtime, &image, &stop).await {
+                    failed = None;
+                } else {
+                    let wait = failed.map_or(RETRY_AFTER, |(_, w)| (w * 2).min(RETRY_MAX));
+                    tracing::warn!(
+                        runtime,
+                        image,
+                        "pool container not made; next try in {wait:?}"
+                    );
+                    failed = Some((Instant::now(), wait));
                 }
+                continue;
             }
             // Full (or backing off): wait for a take, the next container to age
             // out, or the end of the back-off.
-            let wait = self
-                .next_expiry()
-                .unwrap_or(inner.config.max_age)
-                .min(RETRY_AFTER);
+            let mut wait = self.next_expiry().unwrap_or(inner.config.max_age);
+            if let Some((at, back_off)) = failed {
+                wait = wait.min(back_off.saturating_sub(at.elapsed()));
+            }
             tokio::select! {
                 _ = inner.taken.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
@@ -216,7 +224,7 @@ impl Pool {
                 true
             }
             Err(e) => {
-                tracing::warn!(runtime, image, error = %e, "could not start a pool container; retrying in {RETRY_AFTER:?}");
+                tracing::warn!(runtime, image, error = %e, "could not start a pool container");
                 remove_dir(dir).await;
                 false
             }

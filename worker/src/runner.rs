@@ -118,32 +118,51 @@ async fn execute(
     if ctx.pool.enabled() {
         ctx.sandbox.metrics().pool_claim(warm.is_some());
     }
-    let inputs = match Inputs::gather(ctx, task_id, spec, warm.as_ref()).await {
-        Ok(inputs) => inputs,
-        Err(e) => {
-            if let Some(warm) = warm {
-                ctx.pool.discard(warm).await;
+    let mut warm = warm;
+    let (launched, inputs) = loop {
+        let inputs = match Inputs::gather(ctx, task_id, spec, warm.as_ref()).await {
+            Ok(inputs) => inputs,
+            Err(e) => {
+                if let Some(warm) = warm {
+                    ctx.pool.discard(warm).await;
+                }
+                return (Outcome::workspace_failed(e), None);
             }
-            return (Outcome::workspace_failed(e), None);
+        };
+        let container_spec = ContainerSpec {
+            task_id,
+            image,
+            command: &spec.command,
+            source: inputs.source.as_deref(),
+            timeout_seconds: spec.timeout_seconds,
+            env: &spec.env,
+            network: spec.network,
+            stdin: inputs.stdin.is_some(),
+            collect: inputs
+                .collector
+                .as_ref()
+                .map(|c| (c.fifo(), &spec.collect[..])),
+        };
+        match &warm {
+            Some(w) => match launch_warm(ctx, w, &container_spec).await {
+                Ok(launched) => break (Ok(launched), inputs),
+                Err(e) => {
+                    // Nothing of the task ran: a pool container that died while
+                    // idle (an engine restart, a hand) costs a cold start, not
+                    // the task.
+                    tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
+                    if let Some(c) = inputs.collector {
+                        c.finish().await;
+                    }
+                    // Removed before the cold one is made: it may already bear
+                    // the task's container name.
+                    if let Some(w) = warm.take() {
+                        ctx.pool.discard(w).await;
+                    }
+                }
+            },
+            None => break (launch_cold(ctx, &container_spec).await, inputs),
         }
-    };
-    let container_spec = ContainerSpec {
-        task_id,
-        image,
-        command: &spec.command,
-        source: inputs.source.as_deref(),
-        timeout_seconds: spec.timeout_seconds,
-        env: &spec.env,
-        network: spec.network,
-        stdin: inputs.stdin.is_some(),
-        collect: inputs
-            .collector
-            .as_ref()
-            .map(|c| (c.fifo(), &spec.collect[..])),
-    };
-    let launched = match &warm {
-        Some(w) => launch_warm(ctx, w, &container_spec).await,
-        None => launch_cold(ctx, &container_spec).await,
     };
     match launched {
         Ok(launched) => {
@@ -281,16 +300,14 @@ async fn launch_warm(
     ctx: &Ctx,
     warm: &Warm,
     spec: &ContainerSpec<'_>,
-) -> Result<Launched, (Outcome, Option<String>)> {
-    match ctx.sandbox.exec_task(&warm.id, spec).await {
-        Ok(exec) => Ok(Launched {
-            container: warm.id.clone(),
-            exec: Some(exec.id),
-            stream: exec.output,
-            input: exec.input,
-        }),
-        Err(e) => Err((Outcome::start_failed(e), Some(warm.id.clone()))),
-    }
+) -> Result<Launched, crate::sandbox::SandboxError> {
+    let exec = ctx.sandbox.exec_task(&warm.id, spec).await?;
+    Ok(Launched {
+        container: warm.id.clone(),
+        exec: Some(exec.id),
+        stream: exec.output,
+        input: exec.input,
+    })
 }
 
 /// Removes an ended task's container and host files (its extracted zip, or the
@@ -469,8 +486,8 @@ impl Process<'_> {
 
     /// Waits for the task's process to exit; its exit code. `closed` is
     /// notified when its output ends, which is when an exec has usually
-    /// exited; a process that left a child holding its output is caught by
-    /// asking every tick.
+    /// exited; were a child it left behind to hold its output open, asking
+    /// every second catches the exit.
     async fn exited(
         &self,
         sandbox: &Sandbox,
@@ -479,7 +496,9 @@ impl Process<'_> {
         match *self {
             Process::Container(c) => sandbox.wait(c).await,
             Process::Exec { exec, .. } => {
-                let mut every = tokio::time::interval(TICK);
+                // The engine closes an exec's output when it exits (seen on
+                // 20.10), so this poll is a safety net, kept cheap.
+                let mut every = tokio::time::interval(Duration::from_secs(1));
                 loop {
                     tokio::select! {
                         _ = closed.notified() => return sandbox.exec_exit(exec).await,
