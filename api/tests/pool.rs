@@ -542,3 +542,32 @@ async fn a_pool_container_that_died_idle_costs_a_cold_start_not_the_task() {
     assert_ne!(fresh, idle);
     stack.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_idle_container_past_its_age_is_replaced() {
+    let stack = pooled(&[("POOL_MAX_AGE_SECONDS", "10")]).await;
+    let first = wait_pool(&stack.worker_name, "python3.13", 1).await;
+    let replaced = wait_until(
+        "the idle container replaced after 10 s",
+        Duration::from_secs(60),
+        || async {
+            let now = pool_containers(&stack.worker_name, "python3.13");
+            (now.len() == 1 && now != first).then_some(now)
+        },
+    )
+    .await;
+    assert!(
+        !all_containers(&stack.worker_name).contains(&first[0]),
+        "the old one was not removed"
+    );
+    // The fresh one serves the next task.
+    let client = stack.client().await;
+    let since = unix_now();
+    let end = run_to_end(&client, "python3.13", "echo fresh", json!({})).await;
+    let id = end["task_id"].as_str().unwrap_or_default();
+    assert_eq!(
+        warm_container_of(&stack.worker_name, id, since),
+        Some(replaced[0].clone())
+    );
+    stack.shutdown().await;
+}
