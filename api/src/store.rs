@@ -189,7 +189,12 @@ impl Store {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
         // bounded time instead of hanging on the pool. Lean: most requests send
         // one command, and a checked checkout would double their round trips.
-        let pool = support::redis_pool::build_lean(redis_url, 32, Duration::from_secs(2))?;
+        let pool = support::redis_pool::build_lean(
+            redis_url,
+            32,
+            Duration::from_secs(2),
+            support::redis_pool::TRUSTED_FOR,
+        )?;
         Ok(Store { pool, keys })
     }
 

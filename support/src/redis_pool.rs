@@ -49,7 +49,9 @@ pub fn build(redis_url: &str, max_size: usize, wait: Duration) -> Result<Pool, P
     bounded(Pool::builder(manager), max_size, wait)
 }
 
-/// How long after its last checkout a connection is handed out again unchecked.
+/// How long after its last checkout a connection is handed out again unchecked
+/// (`build_lean`): long enough to cover a busy server's reuse, short enough that
+/// a connection idle across a Redis restart is checked first.
 pub const TRUSTED_FOR: Duration = Duration::from_secs(1);
 
 /// A pool like `build`'s, without a round trip per checkout.
@@ -57,18 +59,24 @@ pub const TRUSTED_FOR: Duration = Duration::from_secs(1);
 /// deadpool-redis checks every connection it hands out with `UNWATCH` + `PING`:
 /// for a request that sends one command (a status read), that doubles the round
 /// trips, and Redis's and the caller's work. Here a connection handed out within
-/// the last `TRUSTED_FOR` is handed out again as is; one idle for longer is
-/// checked as before (so one that died while idle, e.g. across a Redis restart,
-/// is replaced before use). A connection on which a command failed for a
+/// the last `trusted_for` is handed out again as is; one idle for longer is
+/// checked as before, so one that died while idle (across a Redis restart) is
+/// replaced before use. A connection on which a command failed for a
 /// connection-level reason (I/O, timeout, protocol) is never handed out again.
-/// So a Redis restart under load fails at most the commands in flight on each
-/// connection, as it would anyway. `WATCH` must not be used on these connections
-/// (nothing `UNWATCH`es them); `MULTI`/`EXEC` sent as one pipeline is fine.
-pub fn build_lean(redis_url: &str, max_size: usize, wait: Duration) -> Result<LeanPool, PoolError> {
-    let manager = LeanManager(deadpool_redis::Manager::new_with_config(
-        redis_url,
-        connection_config(),
-    )?);
+/// So a Redis restart fails the commands in flight, and at most one more command
+/// on each connection used within `trusted_for` before it. `WATCH` must not be
+/// used on these connections (nothing `UNWATCH`es them); `MULTI`/`EXEC` sent as
+/// one pipeline is fine.
+pub fn build_lean(
+    redis_url: &str,
+    max_size: usize,
+    wait: Duration,
+    trusted_for: Duration,
+) -> Result<LeanPool, PoolError> {
+    let manager = LeanManager {
+        inner: deadpool_redis::Manager::new_with_config(redis_url, connection_config())?,
+        trusted_for,
+    };
     bounded(managed::Pool::builder(manager), max_size, wait)
 }
 
@@ -76,7 +84,10 @@ pub fn build_lean(redis_url: &str, max_size: usize, wait: Duration) -> Result<Le
 pub type LeanPool = managed::Pool<LeanManager, LeanConnection>;
 
 /// deadpool-redis's manager, checking a connection only after it idled.
-pub struct LeanManager(deadpool_redis::Manager);
+pub struct LeanManager {
+    inner: deadpool_redis::Manager,
+    trusted_for: Duration,
+}
 
 /// A pooled connection, and whether a command on it failed at the connection level.
 pub struct Pooled {
@@ -90,7 +101,7 @@ impl managed::Manager for LeanManager {
 
     async fn create(&self) -> Result<Pooled, redis::RedisError> {
         Ok(Pooled {
-            conn: managed::Manager::create(&self.0).await?,
+            conn: managed::Manager::create(&self.inner).await?,
             broken: false,
         })
     }
@@ -103,10 +114,10 @@ impl managed::Manager for LeanManager {
         if pooled.broken {
             return Err(RecycleError::message("a command failed on this connection"));
         }
-        if metrics.last_used() < TRUSTED_FOR {
+        if metrics.last_used() < self.trusted_for {
             return Ok(());
         }
-        managed::Manager::recycle(&self.0, &mut pooled.conn, metrics).await
+        managed::Manager::recycle(&self.inner, &mut pooled.conn, metrics).await
     }
 }
 
