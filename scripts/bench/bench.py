@@ -209,7 +209,7 @@ def run_wrk(
     processes whose CPU time per request is reported (wrk's own is added)."""
     out = tmp / f"wrk-{time.monotonic_ns()}.json"
     threads = 1 if conns == 1 else min(conns, os.cpu_count() or 2)
-    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--latency", "-s", str(WRK_LUA), url]
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(WRK_LUA), url]
     before = {n: cpu_seconds(pid) for n, pid in cpu_of.items()}
     proc = subprocess.Popen(
         argv,
@@ -524,7 +524,10 @@ def wait_final(redis: Redis, prefix: str, ids: list[str], deadline: float, proc:
 
 
 def used_memory(redis: Redis) -> int:
-    return int(redis.info("memory")["used_memory"])
+    """Redis's memory for data: used_memory without client buffers (each new
+    pooled connection costs tens of KiB), the AOF buffer and the script cache."""
+    m = redis.info("memory")
+    return int(m["used_memory"]) - sum(int(m.get(k, 0)) for k in ("mem_clients_normal", "mem_aof_buffer", "used_memory_scripts"))
 
 
 async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
@@ -540,8 +543,11 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
     out: dict[str, Any] = {"floor_tasks_per_s": floor_rate, "floor_each_ms": Dist(floor_each, "ms").as_json()}
     for c in configs:
         assert c.worker is not None
+        # One task first: the first tasks on a prefix create its stream, group,
+        # index and counters, a one-off cost that is not per task.
+        first = await submit_many(c, args.runtime, 1)
+        wait_final(redis, c.prefix, first, 60, c.worker.proc)
         wait_settled(c)
-        # Let the AOF rewrite and lazy frees of earlier phases settle.
         mem0 = used_memory(redis)
         with RssSampler({"worker": c.worker.proc}) as rss:
             ids = await submit_many(c, args.runtime, n)
@@ -621,8 +627,17 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
         if sub1 - sub0 < made:
             raise BenchError(f"wrk made {made} run_script calls but only {sub1 - sub0} tasks were stored")
         out["api_peak_rss_run_script_mib"] = rss.peak_mib("api")
-        # The queued jobs would be read by the fill's XREADGROUP: drop the stream
-        # (the queued records stay, as they would in a backlog).
+        # The api may still be storing calls wrk gave up on: wait until the count
+        # holds still. Then drop the queued jobs, which the fill's XREADGROUP
+        # would read (their records stay, as a backlog's would).
+        counts = [-1]
+
+        def settled() -> bool:
+            time.sleep(0.3)
+            counts.append(int(redis("HGET", f"{prefix}:stats", "submitted") or 0))
+            return counts[-1] == counts[-2]
+
+        wait_until("run_script calls to stop arriving", settled, api.proc, 60)
         redis("DEL", f"{prefix}:jobs")
         filler = Filler(redis, prefix, args.runtime, args.image)
 
@@ -730,12 +745,12 @@ def main() -> int:
         help="the image the runtime runs in, and the floor's (default $TEST_RUNTIME_IMAGE or the test image)",
     )
     ap.add_argument("--concurrency", type=int, default=4, help="WORKER_CONCURRENCY, and the floor's parallelism")
-    ap.add_argument("--pool", default=None, help="POOL_SIZE of the pool-on worker (default <runtime>=<concurrency>; 0 skips it)")
+    ap.add_argument("--pool", default=None, help="POOL_SIZE of the pool-on worker (default <runtime>=<concurrency>, quick 1; 0 skips it)")
     ap.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE", help="more worker settings, both configurations")
     ap.add_argument("--poll-ms", type=int, default=10, help="get_task_status poll interval in the e2e runs")
     ap.add_argument("--e2e-runs", type=int, default=None, help="samples per target (default 30, quick 3)")
     ap.add_argument("--burst", type=int, default=None, help="tasks per burst (default 200, quick 6)")
-    ap.add_argument("--wrk-seconds", type=float, default=None, help="per wrk row (default 10, quick 1)")
+    ap.add_argument("--wrk-seconds", type=int, default=None, help="per wrk row (default 10, quick 1)")
     ap.add_argument("--fill-base", type=int, default=None, help="finished tasks stored for the status rows (default 1000, quick 200)")
     ap.add_argument("--fill", type=int, default=None, help="finished tasks stored for the growth rows (default 100000, quick 1000)")
     ap.add_argument("--json", type=Path, help="also write every figure here")
@@ -747,7 +762,8 @@ def main() -> int:
     args.wrk_seconds = args.wrk_seconds or (1 if q else 10)
     args.fill_base = args.fill_base or (200 if q else 1000)
     args.fill = max(args.fill or (1000 if q else 100_000), args.fill_base + 1)
-    args.pool = args.pool if args.pool is not None else f"{args.runtime}={args.concurrency}"
+    if args.pool is None:
+        args.pool = f"{args.runtime}={1 if q else args.concurrency}"
     sections = set(filter(None, args.only.split(",")))
     unknown = sections - {"e2e", "burst", "api", "growth"}
     if unknown:
