@@ -183,9 +183,6 @@ class FaultRun:
             f"apis {st.api_ports}, clients via {st.url}"
         )
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
     # ------------------------------------------------------------------ clients
 
     async def submitter(self) -> None:
@@ -245,8 +242,12 @@ class FaultRun:
 
     async def poller(self, k: int, p: int) -> None:
         assert self.mcp is not None
-        while not (self.submissions_done.is_set() and all(t.final for t in self.tasks.values())):
-            pending = [t for t in list(self.tasks.values()) if t.final is None and t.index % p == k]
+        def followed(t: Task) -> bool:
+            # A task unknown 10 times running is lost: the final checks say so.
+            return t.final is None and t.vanished < 10
+
+        while not (self.submissions_done.is_set() and not any(map(followed, self.tasks.values()))):
+            pending = [t for t in list(self.tasks.values()) if followed(t) and t.index % p == k]
             for task in pending:
                 phase = self.phase
                 try:
@@ -263,8 +264,11 @@ class FaultRun:
                     self.errors.add(phase, "status", kind, res.text)
                     if kind == "unknown-task":
                         task.vanished += 1
+                        if task.vanished == 1:
+                            task.regressions.append(f"{task.states[-1]} -> no record")
                     continue
                 assert res.structured is not None
+                task.vanished = 0
                 self.observe(task, res.structured)
             await asyncio.sleep(0.5)
 
@@ -341,8 +345,16 @@ class FaultRun:
 
         await wait_for("w1 to be settled and forgotten by another worker's reaper", forgotten, 120, every=0.2)
         t_forgotten = time.monotonic() - t_kill
-        # The reaper removes a lost worker's containers (same host) before it
-        # forgets the worker.
+        # The reapers remove a lost worker's containers (same host) around the
+        # time they forget it (two reapers may race; one removal can still be
+        # under way): none may be left a little later.
+        async def w1_containers_gone() -> bool:
+            return not await self._containers_of(name)
+
+        try:
+            await wait_for("w1's containers to be removed", w1_containers_gone, 30, every=0.5)
+        except TimeoutError:
+            pass  # counted below
         w1_left = await self._containers_of(name)
         await st.start_worker(short)
         self.phase = "normal"
