@@ -80,6 +80,8 @@ pub struct Config {
     /// `WORKER_METRICS_ADDR`: where to serve the worker's Prometheus metrics
     /// (`GET /metrics`); `None` (the default, empty) serves none.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
+    pub redis_setup_check: support::redis_setup::Mode,
 }
 
 impl std::fmt::Debug for Config {
@@ -116,7 +118,8 @@ const WORKER_METRICS_ADDR: Var = Var::new("WORKER_METRICS_ADDR", "");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 15] = [
+pub const VARS: [Var; 16] = [
+    support::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
     TASK_CPUS,
@@ -173,6 +176,7 @@ impl Config {
             retention_seconds: common.retention_seconds,
             heartbeat_ttl: Duration::from_secs(WORKER_HEARTBEAT_SECONDS.range(&var, 1, 3600)?),
             shutdown_grace: Duration::from_secs(SHUTDOWN_GRACE_SECONDS.range(&var, 0, 86_400)?),
+            redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
             metrics_addr: match WORKER_METRICS_ADDR.get(&var).trim() {
                 "" => None,
                 _ => Some(WORKER_METRICS_ADDR.parse(
