@@ -46,10 +46,31 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// At most this many headers in one request.
 const MAX_HEADERS: usize = 64;
 /// Connections beyond `MAX_CONNECTIONS` being answered 503 at once; past this
-/// many they are closed without an answer.
-const MAX_REFUSALS: usize = 256;
+/// many they are closed without an answer. One costs a task, a descriptor and a
+/// few hundred bytes, for a round trip or at most `REFUSAL_TIME`.
+pub const MAX_REFUSALS: usize = 16_384;
 /// How long a refused connection gets to read its 503.
 const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+/// Connections the kernel may hold for us before `accept` (Linux caps it at
+/// `net.core.somaxconn`, 4096 by default). tokio's default is 1024: a burst of
+/// thousands of connects then overflows the queue, clients' packets are dropped
+/// and, with SYN cookies, some connections are reset.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with a deep accept queue (`LISTEN_BACKLOG`).
+pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std and tokio do: a restarted api can bind while old connections of the
+    // previous one linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets in-flight
 /// requests finish (bounded by the header and body timeouts for slow clients).

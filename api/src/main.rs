@@ -16,8 +16,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = Config::from_env().context("invalid configuration")?;
     script_runner_api::http::raise_fd_limit(config.http.max_connections);
-    let listener = tokio::net::TcpListener::bind(config.listen_addr)
-        .await
+    let listener = script_runner_api::http::bind(config.listen_addr)
         .with_context(|| format!("cannot listen on {}", config.listen_addr))?;
     run(listener, config, support::shutdown_signal()).await?;
     Ok(())

@@ -270,6 +270,47 @@ fn integral(f: f64) -> Option<i64> {
     (f.is_finite() && f.fract() == 0.0).then_some(f as i64)
 }
 
+/// A tool's arguments, whose errors name the argument at fault: serde's own
+/// message ("invalid type: integer `5`, expected a string") names none, and a
+/// model cannot tell which of seven arguments to fix. The schema is `T`'s.
+#[derive(Debug)]
+pub struct Named<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Named<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde_path_to_error::deserialize(d).map(Named).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.to_string();
+            // "." is the arguments object itself (an unknown or missing
+            // argument, whose message names it); our own messages start with
+            // the argument's name already.
+            let first = path.split(['.', '[']).next().unwrap_or_default();
+            let named = message.starts_with(first) || message.contains(&format!("`{first}`"));
+            if path == "." || first.is_empty() || named {
+                inner
+            } else {
+                serde::de::Error::custom(format!("{path}: {message}"))
+            }
+        })
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Named<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+}
+
 /// Output of `get_task_status`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TaskStatus {
@@ -402,7 +443,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
     )]
     async fn run_script(
         &self,
-        Parameters(input): Parameters<RunScriptInput>,
+        Parameters(Named(input)): Parameters<Named<RunScriptInput>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ToolError> {
         let cfg = &self.config;
@@ -522,7 +563,7 @@ Poll every few seconds until the state is final.",
     )]
     async fn get_task_status(
         &self,
-        Parameters(input): Parameters<StatusInput>,
+        Parameters(Named(input)): Parameters<Named<StatusInput>>,
     ) -> Result<Json<TaskStatus>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let tail_bytes = match input.tail_bytes {
@@ -548,7 +589,7 @@ and state is its final state.",
     )]
     async fn kill_task(
         &self,
-        Parameters(input): Parameters<TaskIdInput>,
+        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
     ) -> Result<Json<KillOutput>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let (state, killed) = self
@@ -581,7 +622,7 @@ and state is its final state.",
     )]
     async fn get_task_files(
         &self,
-        Parameters(input): Parameters<TaskIdInput>,
+        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
     ) -> Result<Json<TaskFilesOutput>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let (state, listing, zip) = self
@@ -622,7 +663,7 @@ a task's output. Tasks are kept for the server's retention period.",
     )]
     async fn list_tasks(
         &self,
-        Parameters(input): Parameters<ListTasksInput>,
+        Parameters(Named(input)): Parameters<Named<ListTasksInput>>,
     ) -> Result<Json<ListTasksOutput>, ToolError> {
         let limit = match input.limit {
             None => DEFAULT_LIST_LIMIT,
