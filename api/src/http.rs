@@ -51,6 +51,10 @@ const MAX_HEADERS: usize = 64;
 pub const MAX_REFUSALS: usize = 16_384;
 /// How long a refused connection gets to read its 503.
 const REFUSAL_TIME: Duration = Duration::from_secs(2);
+/// What is read (and dropped) of a refused body at most, so its sender gets the
+/// answer (see `linger`).
+const LINGER_BYTES: usize = 64 << 20;
+const LINGER_TIME: Duration = Duration::from_secs(5);
 
 /// Connections the kernel may hold for us before `accept` (Linux caps it at
 /// `net.core.somaxconn`, 4096 by default). tokio's default is 1024: a burst of
@@ -228,20 +232,27 @@ pub async fn mcp_body(State(gate): State<BodyGate>, req: Request, next: Next) ->
     if req.method() != Method::POST || !declared_json(req.headers()) {
         return next.run(req).await;
     }
-    let (parts, body) = req.into_parts();
+    let (parts, mut body) = req.into_parts();
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > gate.max_bytes as u64) {
+        linger(body);
         return too_large(gate.max_bytes);
     }
-    let read = read_body(body, &gate, declared.unwrap_or(0) as usize);
+    let read = read_body(&mut body, &gate, declared.unwrap_or(0) as usize);
     let (bytes, _held) = match tokio::time::timeout(gate.timeout, read).await {
         Err(_) => return body_timeout(gate.timeout),
-        Ok(Err(BodyError::TooLarge)) => return too_large(gate.max_bytes),
-        Ok(Err(BodyError::Busy)) => return busy(),
+        Ok(Err(BodyError::TooLarge)) => {
+            linger(body);
+            return too_large(gate.max_bytes);
+        }
+        Ok(Err(BodyError::Busy)) => {
+            linger(body);
+            return busy();
+        }
         Ok(Err(BodyError::Read(e))) => {
             return rpc_response(
                 StatusCode::BAD_REQUEST,
@@ -267,6 +278,25 @@ pub async fn mcp_body(State(gate): State<BodyGate>, req: Request, next: Next) ->
     response
 }
 
+/// Reads and drops what is left of a refused body, for at most `LINGER_BYTES`
+/// and `LINGER_TIME`, while the answer goes out: most clients send their whole
+/// body before they read, and one whose connection is closed mid-body sees a
+/// broken pipe instead of the 413 that says why. Nothing is kept.
+fn linger(mut body: Body) {
+    tokio::spawn(async move {
+        let drain = async {
+            let mut seen = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                seen += frame.data_ref().map_or(0, |d| d.len());
+                if seen > LINGER_BYTES {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(LINGER_TIME, drain).await;
+    });
+}
+
 fn declared_json(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -283,7 +313,7 @@ fn declared_json(headers: &HeaderMap) -> bool {
 /// Reads the whole body, never holding more than `gate.max_bytes`, and takes its
 /// size from the in-flight budget as it arrives (never waiting for it).
 async fn read_body(
-    mut body: Body,
+    body: &mut Body,
     gate: &BodyGate,
     declared: usize,
 ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyError> {

@@ -98,11 +98,36 @@ async fn read_until_closed(
     buf
 }
 
+/// Reads one HTTP answer: until its head and `Content-Length` bytes of body
+/// are in, or the server closes. Panics past `deadline`.
+async fn read_response(stream: &mut (impl AsyncReadExt + Unpin), deadline: Duration) -> Vec<u8> {
+    let mut buf = Vec::new();
+    let complete = |buf: &[u8]| {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return false;
+        };
+        let length = header_of(buf, "content-length").and_then(|v| v.parse::<usize>().ok());
+        length.is_some_and(|n| buf.len() >= end + 4 + n)
+    };
+    let read = tokio::time::timeout(deadline, async {
+        let mut chunk = [0u8; 8192];
+        while !complete(&buf) {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer within {deadline:?}");
+    buf
+}
+
 /// Sends `request` on a fresh connection and returns the raw answer.
 async fn exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).await.expect("connect");
     s.write_all(request).await.expect("write");
-    read_until_closed(&mut s, Duration::from_secs(30)).await
+    read_response(&mut s, Duration::from_secs(30)).await
 }
 
 fn status_of(answer: &[u8]) -> Option<u16> {
@@ -255,6 +280,13 @@ async fn malformed_bodies_get_the_status_and_json_rpc_error_the_transport_asks_f
             Some(-32602),
             "tool not found",
         ),
+        // A known method with params of the wrong shape.
+        (
+            br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{}}"#.to_vec(),
+            200,
+            Some(-32602),
+            "missing field `name`",
+        ),
         // A notification is accepted with 202 and no body, known or not.
         (
             br#"{"jsonrpc":"2.0","method":"notifications/whatever"}"#.to_vec(),
@@ -324,16 +356,9 @@ async fn malformed_bodies_get_the_status_and_json_rpc_error_the_transport_asks_f
 #[tokio::test]
 async fn bodies_up_to_the_limit_pass_and_larger_ones_are_refused_before_they_are_read() {
     let redis = Redis::start().await;
-    let (zip_max, stdin_max, command_max) = (256 * 1024, 64 * 1024, 4096);
-    let api = ApiProcess::start(
-        &redis.url(),
-        &[
-            ("MAX_ZIP_BYTES", &zip_max.to_string()),
-            ("MAX_STDIN_BYTES", &stdin_max.to_string()),
-            ("MAX_COMMAND_BYTES", &command_max.to_string()),
-        ],
-    )
-    .await;
+    // The default caps: a 16 MiB zip, 1 MiB of stdin, a 64 KiB command.
+    let (zip_max, stdin_max, command_max) = (16 << 20, 1 << 20, 64 << 10);
+    let api = ApiProcess::start(&redis.url(), &[]).await;
     let limit = needed_request_bytes(zip_max, stdin_max, command_max);
 
     // The largest run_script the other caps allow, written as expensively as a
@@ -613,34 +638,44 @@ async fn bodies_past_the_in_flight_budget_get_503_until_it_frees() {
         ],
     )
     .await;
-    // One client sends all but the last byte of a body as large as the budget...
-    let body = format!("{TOOLS_LIST}{}", " ".repeat(limit - TOOLS_LIST.len()));
-    let mut big = TcpStream::connect(api.addr).await.expect("connect");
-    let length = format!("Content-Length: {limit}\r\n");
-    big.write_all(head(true, &length).as_bytes())
-        .await
-        .expect("head");
-    big.write_all(&body.as_bytes()[..limit - 1])
-        .await
-        .expect("body");
-    // ...so another's small request is refused once the api holds that much.
-    let refused = wait_until(
-        "a request to be refused for the budget",
-        Duration::from_secs(20),
-        || async {
-            let (status, answer) = post(&api.url, TOOLS_LIST).await;
-            (status == 503).then_some(answer)
-        },
-    )
-    .await;
+    // Two clients send all but the last byte of bodies that each fit in the
+    // budget but not together: whichever the api reads past the budget second is
+    // refused at once, the other is served when it finishes.
+    let mut clients = Vec::new();
+    for size in [limit * 2 / 3, limit / 2] {
+        let body = format!("{TOOLS_LIST}{}", " ".repeat(size - TOOLS_LIST.len()));
+        let mut s = TcpStream::connect(api.addr).await.expect("connect");
+        let length = format!("Content-Length: {size}\r\n");
+        s.write_all(head(true, &length).as_bytes())
+            .await
+            .expect("head");
+        s.write_all(&body.as_bytes()[..size - 1])
+            .await
+            .expect("body");
+        clients.push(s);
+    }
+    let [mut first, mut second]: [TcpStream; 2] = clients.try_into().expect("two");
+    let deadline = Duration::from_secs(30);
+    let (refused, mut served) = tokio::select! {
+        a = read_response(&mut first, deadline) => (a, second),
+        b = read_response(&mut second, deadline) => (b, first),
+    };
+    assert_eq!(
+        status_of(&refused),
+        Some(503),
+        "{}",
+        String::from_utf8_lossy(&refused)
+    );
+    assert_eq!(header_of(&refused, "retry-after").as_deref(), Some("1"));
+    let refused = json_body_of(&refused);
     assert_eq!(refused["error"]["code"], -32000);
     assert!(
         refused["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("MAX_BODY_BYTES_IN_FLIGHT"))
     );
-    big.write_all(b" ").await.expect("last byte");
-    let answer = read_until_closed(&mut big, Duration::from_secs(30)).await;
+    served.write_all(b" ").await.expect("last byte");
+    let answer = read_response(&mut served, deadline).await;
     assert_eq!(status_of(&answer), Some(200));
     let (status, _) = post(&api.url, TOOLS_LIST).await;
     assert_eq!(status, 200);
