@@ -181,7 +181,7 @@ pub fn raise_fd_limit(max_connections: usize) {
     let mut limit = getrlimit(Resource::Nofile);
     if limit.current < limit.maximum {
         limit.current = limit.maximum;
-        if let Err(e) = setrlimit(Resource::Nofile, limit.clone()) {
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
             tracing::warn!(error = %e, "cannot raise the open-file limit");
         }
     }

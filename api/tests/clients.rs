@@ -595,11 +595,7 @@ async fn past_the_connection_cap_clients_get_503_and_freed_slots_serve_again() {
     for _ in 0..16 {
         held.push(TcpStream::connect(api.addr).await.expect("connect"));
     }
-    let answer = exchange(
-        api.addr,
-        format!("{}", head(false, "Content-Length: 0\r\n")).as_bytes(),
-    )
-    .await;
+    let answer = exchange(api.addr, head(false, "Content-Length: 0\r\n").as_bytes()).await;
     assert_eq!(
         status_of(&answer),
         Some(503),

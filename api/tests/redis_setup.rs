@@ -143,17 +143,19 @@ async fn a_redis_user_that_may_not_run_info_gets_a_warning_not_a_refusal() {
         .await
         .expect("redis");
     let _: () = redis::cmd("ACL")
-        .arg([
-            "SETUSER",
-            "noinfo",
-            "on",
-            ">secret-pass",
-            "~*",
-            "&*",
-            "+@all",
-            "-info",
-            "-config",
-        ])
+        .arg(
+            &[
+                "SETUSER",
+                "noinfo",
+                "on",
+                ">secret-pass",
+                "~*",
+                "&*",
+                "+@all",
+                "-info",
+                "-config",
+            ][..],
+        )
         .query_async(&mut admin)
         .await
         .expect("ACL SETUSER");
