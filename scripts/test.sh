@@ -7,9 +7,10 @@
 # scripts/build-test-image.sh). npm (with node) must be on PATH: api/tests/projects.rs
 # packs a dependency with `npm pack`. Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
-#   2. cargo test: unit tests and the integration suites in api/tests (real Redis
-#      started per test on a free port, real Docker engine and host firewall, the
-#      rmcp client, worker processes killed and restarted)
+#   2. cargo test: unit tests, property tests and the integration suites in api/tests
+#      (real Redis started per test on a free port, real Docker engine and host
+#      firewall, the rmcp client, worker processes killed and restarted, hostile HTTP
+#      clients against the api binary, the Redis set-up check)
 #   3. pytest tests/python: end to end through the official Python MCP SDK
 #   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
 #      workflows checked, then the whole stack built and brought up with Compose v2

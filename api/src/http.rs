@@ -7,12 +7,14 @@
 //!   `MAX_HEADER_BYTES` of them (431 beyond).
 //! - `mcp_body`: the body of `POST /mcp`, read here before rmcp sees it: at most
 //!   `MAX_REQUEST_BYTES` (413, refused from `Content-Length` before a byte is
-//!   read, or as soon as a chunked body passes it), within
+//!   kept, or as soon as a chunked body passes it; the rest is drained, not
+//!   kept, so the sender can read the answer), within
 //!   `REQUEST_BODY_TIMEOUT_SECONDS` (408), and within `MAX_BODY_BYTES_IN_FLIGHT`
 //!   for all clients together (503). A body rmcp cannot parse gets 400 with a
 //!   JSON-RPC error (-32700 when it is not JSON, -32600 when it is JSON but not
 //!   one JSON-RPC message), as the Streamable HTTP transport asks, instead of
-//!   rmcp's plain-text 415.
+//!   rmcp's plain-text 415. It runs after the token check, so the body of an
+//!   unauthenticated request is never read.
 //!
 //! Every wait is a timer on a task, never a thread: a slow client costs a
 //! connection slot and its buffers, nothing more.
