@@ -194,11 +194,12 @@ impl Config {
 }
 
 /// The body of the largest `run_script` the decoded-size caps allow, with room to
-/// spare: base64 is 4/3 of the bytes, and base64 wrapped at 76 columns with each
-/// line break written `\r\n` inside the JSON string is 1.41 times; 3/2 covers that
-/// and an encoder that escapes '/'. The command counts twice (base64, plus its
-/// worst-case escaping would not apply: base64 needs none), and 1 MiB covers `env`
-/// (32 KiB, up to 6 times as JSON escapes), `collect` and the JSON-RPC framing.
+/// spare. Base64 is 4/3 of the bytes; wrapped at 76 columns with each line break
+/// written `\r\n` inside the JSON string it is 1.41 times, and 3/2 also covers an
+/// encoder that escapes '/' as `\/`. The command (at most 64 KiB by default) is
+/// given twice its size, and 1 MiB covers `env` (32 KiB, up to 6 times that as JSON
+/// escapes), `collect` and the JSON-RPC framing. api/tests/clients.rs sends the
+/// largest such request and checks it fits.
 pub fn needed_request_bytes(max_zip: usize, max_stdin: usize, max_command: usize) -> usize {
     (max_zip + max_stdin) / 2 * 3 + max_command * 2 + (1 << 20)
 }
@@ -332,6 +333,39 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("REDIS_KEY_PREFIX=\"prod:eu\"")));
+    }
+
+    #[test]
+    fn the_request_limit_is_derived_from_the_caps_and_never_below_them() {
+        let c = load(&[TOKEN]).expect("config");
+        // (16 MiB + 1 MiB) * 3/2 + 2 * 64 KiB + 1 MiB
+        assert_eq!(c.http.max_request_bytes, 27_918_336);
+        assert_eq!(c.http.max_connections, 1024);
+        assert_eq!(c.redis_setup_check, support::redis_setup::Mode::Refuse);
+        let c = load(&[TOKEN, ("MAX_ZIP_BYTES", "1048576")]).expect("config");
+        assert_eq!(
+            c.http.max_request_bytes,
+            needed_request_bytes(1 << 20, 1 << 20, 1 << 16)
+        );
+        let low = load(&[TOKEN, ("MAX_REQUEST_BYTES", "20000000")]).err();
+        assert!(matches!(
+            low,
+            Some(ConfigError::RequestLimitTooSmall {
+                given: 20_000_000,
+                needed: 27_918_336
+            })
+        ));
+        let c = load(&[TOKEN, ("MAX_REQUEST_BYTES", "40000000")]).expect("config");
+        assert_eq!(c.http.max_request_bytes, 40_000_000);
+        let budget = load(&[TOKEN, ("MAX_BODY_BYTES_IN_FLIGHT", "1048576")]).err();
+        assert!(matches!(
+            budget,
+            Some(ConfigError::BodyBudgetTooSmall { .. })
+        ));
+        let mode = load(&[TOKEN, ("REDIS_SETUP_CHECK", "never")])
+            .err()
+            .map(|e| e.to_string());
+        assert!(mode.is_some_and(|m| m.starts_with("REDIS_SETUP_CHECK=\"never\"")));
     }
 
     #[test]

@@ -181,8 +181,11 @@ fn busy_response() -> Vec<u8> {
 pub fn raise_fd_limit(max_connections: usize) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        limit.current = limit.maximum;
+    // `None` is unlimited; only a finite soft limit below a finite hard one is raised.
+    if let (Some(soft), Some(hard)) = (limit.current, limit.maximum)
+        && soft < hard
+    {
+        limit.current = Some(hard);
         if let Err(e) = setrlimit(Resource::Nofile, limit) {
             tracing::warn!(error = %e, "cannot raise the open-file limit");
         }

@@ -182,8 +182,14 @@ fn unreachable(e: &RedisError) -> bool {
 /// Reads the setup over one short-lived connection. `Ok(None)`: Redis answered
 /// but refused `INFO` (an ACL user without `+info`), so nothing can be said.
 pub async fn inspect(redis_url: &str) -> Result<Option<Setup>, SetupError> {
-    let to_setup_error = |e: RedisError| SetupError::Unreachable(e);
-    let client = redis::Client::open(redis_url).map_err(to_setup_error)?;
+    let client = match redis::Client::open(redis_url) {
+        Ok(c) => c,
+        // A URL the binary's own Redis use refuses with its own message.
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check Redis's setup");
+            return Ok(None);
+        }
+    };
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(Some(Duration::from_secs(5)));
