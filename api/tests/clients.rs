@@ -723,6 +723,8 @@ async fn a_flood_of_unauthenticated_requests_is_answered_and_a_real_client_is_se
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let max_connections = std::env::var("CLIENTS_FLOOD_MAX_CONNECTIONS").unwrap_or_default();
+    // Each client is a descriptor in this process too.
+    script_runner_api::http::raise_fd_limit(n);
     let redis = Redis::start().await;
     // The clients hold their requests open until all are connected, which takes
     // a few seconds at 10,000: more than the default header timeout allows on a
