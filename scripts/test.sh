@@ -7,10 +7,11 @@
 # scripts/build-test-image.sh). npm (with node) must be on PATH: api/tests/projects.rs
 # packs a dependency with `npm pack`. Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
-#   2. cargo test: unit tests and the integration suites in api/tests (real Redis
-#      started per test on a free port, real Docker engine and host firewall, the
-#      rmcp client, worker processes killed and restarted)
-#      (run with the workers' default warm pool, then again without: TEST_POOL_SIZE=0)
+#   2. cargo test: unit tests, property tests and the integration suites in api/tests
+#      (real Redis started per test on a free port, real Docker engine and host
+#      firewall, the rmcp client, worker processes killed and restarted, hostile HTTP
+#      clients against the api binary, the Redis set-up check), run with the workers'
+#      default warm pool, then the task suites again without (TEST_POOL_SIZE=0)
 #   3. pytest tests/python: end to end through the official Python MCP SDK (both ways)
 #   3b. scripts/bench.sh --quick: the benchmark tool at a tiny size against the debug
 #      binaries built here (installs wrk), so it keeps working; its figures mean nothing
