@@ -42,6 +42,10 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
             _ = stop.cancelled() => return,
         }
         if let Err(e) = reap(&ctx, &mut suspects, ttl).await {
+            // A pass that could not look saw no heartbeat missing: suspicion must
+            // be continuous. Kept through a Redis outage (which expires every
+            // heartbeat), it would condemn a live worker on the first pass after.
+            suspects.clear();
             tracing::warn!(error = %e, "reaper pass failed");
         }
         if let Err(e) = reclaim_orphans(&ctx, &slots, ttl).await {

@@ -709,6 +709,25 @@ impl WorkerProcess {
         assert!(status.is_ok_and(|s| s.success()), "SIGTERM failed");
     }
 
+    /// SIGSTOP: the process is frozen (no heartbeat, no reaper pass) but alive,
+    /// as a worker stalled by its host would be.
+    pub fn pause(&self) {
+        self.send("-STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.send("-CONT");
+    }
+
+    fn send(&self, signal: &str) {
+        assert!(self.0.is_some(), "the process is gone");
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {signal} failed");
+    }
+
     /// Waits for it to exit (after `terminate`); whether it exited cleanly.
     pub async fn exited_cleanly(mut self) -> bool {
         let Some(mut child) = self.0.take() else {
