@@ -445,15 +445,20 @@ class Stack:
     def worker_names(self) -> list[str]:
         return [self.worker_name(s) for s in self.workers]
 
-    def containers(self, all_states: bool = True) -> list[str]:
-        """Ids of task containers of this run's workers."""
+    def containers(self, all_states: bool = True, idle_pool: bool = False) -> list[str]:
+        """Ids of task containers of this run's workers; with `idle_pool`, their idle
+        warm pool containers (`sr-pool-*`, waiting for a task) too."""
         ids: list[str] = []
         for name in self.worker_names():
             out = subprocess.run(
-                ["docker", "ps", "-q"] + (["-a"] if all_states else []) + ["--filter", f"label=script-runner.worker={name}"],
+                ["docker", "ps", "--format", "{{.ID}} {{.Names}}"] + (["-a"] if all_states else [])
+                + ["--filter", f"label=script-runner.worker={name}"],
                 capture_output=True, text=True,
             )  # fmt: skip
-            ids += out.stdout.split()
+            for line in out.stdout.splitlines():
+                cid, _, cname = line.partition(" ")
+                if idle_pool or not cname.startswith("sr-pool-"):
+                    ids.append(cid)
         return ids
 
     # -- teardown
@@ -467,7 +472,7 @@ class Stack:
             p.stop(30)
         if self.redis_proc:
             self.redis_proc.stop(10)
-        leftovers = self.containers()
+        leftovers = self.containers(idle_pool=True)
         if leftovers:
             log(f"removing {len(leftovers)} task container(s) left behind")
             subprocess.run(["docker", "rm", "-f", *leftovers], capture_output=True)
@@ -564,7 +569,7 @@ class ContainerStarts:
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             "docker", "events", "--filter", "type=container", "--filter", "event=start",
-            "--filter", "label=script-runner.task", "--format", "{{json .}}",
+            "--filter", "event=rename", "--filter", "label=script-runner.worker", "--format", "{{json .}}",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
@@ -590,6 +595,13 @@ class ContainerStarts:
                 continue
             attrs = ev.get("Actor", {}).get("Attributes", {})
             worker, task = attrs.get("script-runner.worker"), attrs.get("script-runner.task")
+            # A warm pool container started before its task existed (no task label);
+            # it is renamed sr-<task_id> when a task claims it: that is its start.
+            if ev.get("Action") == "rename":
+                name = attrs.get("name", "")
+                task = name[3:] if name.startswith("sr-") and not name.startswith("sr-pool-") else None
+            elif ev.get("Action") != "start":
+                continue
             if task and worker in self.workers:
                 self.starts.setdefault(task, []).append(worker)
 

@@ -285,7 +285,7 @@ class Soak:
             redis_used_mib=round(used / 1048576, 1),
             redis_keys=await st.r("DBSIZE"),
             containers=len(await asyncio.to_thread(st.containers)),
-            tasks_dir=len(list(st.tasks_dir.iterdir())),
+            tasks_dir=len([p for p in st.tasks_dir.iterdir() if not p.name.startswith("pool-")]),
         )
         self.samples.append(s)
         row = s.row()
@@ -316,7 +316,12 @@ class Soak:
                              capture_output=True, text=True)  # fmt: skip
         found["task_network_endpoints"] = [n for n in out.stdout.split() if n in names]
         found["new_networks"] = sorted(set(self.networks()) - self.networks_before)
-        found["tasks_dir"] = sorted(p.name for p in st.tasks_dir.iterdir())
+        # The warm pool's directory (pool-<worker>/: an empty src/ and a pipe per
+        # idle container) stays while its worker runs; no regular file may.
+        found["tasks_dir"] = sorted(
+            [p.name for p in st.tasks_dir.iterdir() if not p.name.startswith("pool-")]
+            + [str(p) for p in st.tasks_dir.rglob("*") if p.is_file()]
+        )
         keys = await scan_keys(st.redis_port, f"{st.prefix}:*")
         live = {st.keys.worker(n) for n in st.worker_names()}
         stats_minute = [k for k in keys if k.startswith(st.keys.stats() + ":")]
