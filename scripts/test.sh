@@ -11,7 +11,10 @@
 #      (real Redis started per test on a free port, real Docker engine and host
 #      firewall, the rmcp client, worker processes killed and restarted, hostile HTTP
 #      clients against the api binary, the Redis set-up check)
-#   3. pytest tests/python: end to end through the official Python MCP SDK
+#      (run with the workers' default warm pool, then again without: TEST_POOL_SIZE=0)
+#   3. pytest tests/python: end to end through the official Python MCP SDK (both ways)
+#   3b. scripts/bench.sh --quick: the benchmark tool at a tiny size against the debug
+#      binaries built here (installs wrk), so it keeps working; its figures mean nothing
 #   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
 #      workflows checked, then the whole stack built and brought up with Compose v2
 #      behind Caddy (HTTPS), a second worker joining over TLS, the deploy gate
@@ -57,7 +60,16 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The recovery tests and the Python suite run the binaries as real processes.
 cargo build --bins
-# Two cores here: two test threads keep container counts sane.
+# Two cores here: two test threads keep container counts sane. The workers keep
+# their default warm pool (POOL_SIZE) in the first run; the suites that run tasks
+# then run again with no pool, so both paths pass everything.
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+TEST_POOL_SIZE=0 cargo test -p script-runner-api --test running --test edge \
+    --test hostile --test projects --test recovery --test transitions \
+    -- --test-threads="${TEST_THREADS:-2}"
 .venv/bin/pytest -q tests/python
+TEST_POOL_SIZE=0 .venv/bin/pytest -q tests/python
+# The benchmark tool, tiny, on the debug binaries above: proves it still works
+# (BENCHMARKS.md; tests never assert on timings).
+./scripts/bench.sh --quick
 [[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh

@@ -3,13 +3,12 @@
 
 use anyhow::Context;
 use script_runner_api::{Config, run};
+use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(log_filter(std::env::var("RUST_LOG").ok().as_deref()))
         .init();
     // rediss:// goes through rustls, which needs a crypto provider chosen once per
     // process; an Err only means one is installed already.
@@ -20,4 +19,35 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen_addr))?;
     run(listener, config, support::shutdown_signal()).await?;
     Ok(())
+}
+
+/// `RUST_LOG` (default `info`), with rmcp at `warn` unless it names rmcp. On a
+/// stateless server rmcp logs three INFO lines per request (a service started,
+/// its input ended, it finished): under load that was about 8% of the api's CPU
+/// time and nearly all of its log (BENCHMARKS.md). A filter that does not parse
+/// falls back to the default, as before.
+fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    const DEFAULT: &str = "info,rmcp=warn";
+    let spec = match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        None => DEFAULT.to_owned(),
+        Some(s) if s.contains("rmcp") => s.to_owned(),
+        Some(s) => format!("{s},rmcp=warn"),
+    };
+    EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(DEFAULT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn rmcp_is_quiet_unless_named() {
+        assert_eq!(log_filter(None).to_string(), "info,rmcp=warn");
+        assert_eq!(log_filter(Some("debug")).to_string(), "debug,rmcp=warn");
+        assert_eq!(
+            log_filter(Some("info,rmcp=info")).to_string(),
+            "info,rmcp=info"
+        );
+        assert_eq!(log_filter(Some("=^=")).to_string(), "info,rmcp=warn");
+    }
 }

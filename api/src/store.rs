@@ -5,13 +5,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use deadpool_redis::redis::{self, AsyncCommands};
 use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP, parse_heartbeat};
 use shared::options::Network;
 use shared::scripts::MISSING;
 use shared::task::KILLED_BY_USER_REASON;
 use shared::{Field, Keys, ReasonKind, TaskState};
+use support::redis_pool::LeanPool;
 use support::scripts;
 
 #[derive(Debug, thiserror::Error)]
@@ -67,15 +67,40 @@ pub struct NewTask<'a> {
     pub index_horizon_ms: u64,
 }
 
-/// A task hash as read, with Redis's clock at the moment of the read.
+/// The fields of a task hash that `get` reads: what `get_task_status` shows.
+/// Reading these rather than the whole hash leaves the command, image, env and
+/// the worker's bookkeeping in Redis, and needs no map.
+pub const STATUS_FIELDS: [Field; 13] = [
+    Field::State,
+    Field::Runtime,
+    Field::TimeoutSeconds,
+    Field::CreatedAt,
+    Field::StartedAt,
+    Field::FinishedAt,
+    Field::LastOutputAt,
+    Field::ExitCode,
+    Field::Reason,
+    Field::StdoutTail,
+    Field::StderrTail,
+    Field::StdoutBytes,
+    Field::StderrBytes,
+];
+
+/// A task hash as read (the `STATUS_FIELDS`), with Redis's clock at the moment
+/// of the read.
 pub struct TaskRecord {
-    pub fields: HashMap<String, Vec<u8>>,
+    values: Vec<Option<Vec<u8>>>,
     pub now_ms: i64,
 }
 
 impl TaskRecord {
+    /// The field's value; `None` if the record has none, or if `f` is not one of
+    /// the `STATUS_FIELDS` (a debug build panics then: add it there).
     pub fn bytes(&self, f: Field) -> Option<&[u8]> {
-        self.fields.get(f.as_str()).map(Vec::as_slice)
+        let i = STATUS_FIELDS.iter().position(|s| *s == f);
+        debug_assert!(i.is_some(), "Store::get does not read {f:?}");
+        i.and_then(|i| self.values.get(i))
+            .and_then(|v| v.as_deref())
     }
 
     pub fn text(&self, f: Field) -> Option<String> {
@@ -155,15 +180,21 @@ impl ListedTask {
 
 #[derive(Clone)]
 pub struct Store {
-    pool: Pool,
+    pool: LeanPool,
     keys: Keys,
 }
 
 impl Store {
     pub fn new(redis_url: &str, keys: Keys) -> Result<Store, StoreError> {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
-        // bounded time instead of hanging on the pool.
-        let pool = support::redis_pool::build(redis_url, 32, Duration::from_secs(2))?;
+        // bounded time instead of hanging on the pool. Lean: most requests send
+        // one command, and a checked checkout would double their round trips.
+        let pool = support::redis_pool::build_lean(
+            redis_url,
+            32,
+            Duration::from_secs(2),
+            support::redis_pool::TRUSTED_FOR,
+        )?;
         Ok(Store { pool, keys })
     }
 
@@ -374,19 +405,23 @@ impl Store {
         Ok(Some((state, listing, zip)))
     }
 
-    /// The task hash, or `None` if there is no such task (or it expired).
+    /// The task hash's `STATUS_FIELDS`, or `None` if there is no such task (or
+    /// it expired).
     pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
         let mut conn = self.pool.get().await?;
-        let (fields, (secs, micros)): (HashMap<String, Vec<u8>>, (i64, i64)) = redis::pipe()
-            .hgetall(self.keys.task(id))
-            .cmd("TIME")
-            .query_async(&mut conn)
-            .await?;
-        if fields.is_empty() {
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg(self.keys.task(id));
+        for f in STATUS_FIELDS {
+            pipe.arg(f.as_str());
+        }
+        let (values, (secs, micros)): (Vec<Option<Vec<u8>>>, (i64, i64)) =
+            pipe.cmd("TIME").query_async(&mut conn).await?;
+        // Every record has a state from its first write on.
+        if values.first().is_none_or(Option::is_none) {
             return Ok(None);
         }
         Ok(Some(TaskRecord {
-            fields,
+            values,
             now_ms: secs * 1000 + micros / 1000,
         }))
     }

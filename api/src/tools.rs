@@ -3,11 +3,12 @@
 //! task is created.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 use base64::engine::{DecodePaddingMode, general_purpose};
+use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
     CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
@@ -753,7 +754,13 @@ fn summary(t: ListedTask) -> TaskSummary {
     }
 }
 
-#[tool_handler]
+/// The tools, built once. `tool_router()` (from `#[tool_router]`) builds every
+/// tool's definition anew (JSON schemas generated, names checked), and the
+/// stateless transport makes a `ScriptRunner` per request: building it per call
+/// cost about a tenth of the api's CPU time under load (BENCHMARKS.md).
+static TOOLS: LazyLock<ToolRouter<ScriptRunner>> = LazyLock::new(ScriptRunner::tool_router);
+
+#[tool_handler(router = TOOLS)]
 impl ServerHandler for ScriptRunner {
     /// rmcp parses every method it knows into its own type, and hands a request
     /// it cannot parse here as an unknown method. Under a known name that means

@@ -81,7 +81,7 @@ async fn reap(
         if ctx.queue.is_alive(&name).await? {
             continue;
         }
-        match ctx.sandbox.remove_containers_of(&name).await {
+        match crate::remove_leftovers_of(ctx, &name).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(worker = %name, containers = n, "removed a lost worker's containers")

@@ -259,6 +259,11 @@ impl Stack {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
+        // The warm pool: the worker's default unless TEST_POOL_SIZE says otherwise
+        // (scripts/test.sh runs the suites with it on and off).
+        if let Ok(size) = std::env::var("TEST_POOL_SIZE") {
+            env.insert("POOL_SIZE".to_owned(), size);
+        }
         env.extend(
             opts.extra_env
                 .iter()
@@ -634,18 +639,36 @@ pub async fn start_until_output(
     id
 }
 
-/// Ids of the containers (any state) labelled with this task.
+/// Ids of the task's containers (any state), found by name: a warm pool
+/// container is renamed `sr-<task_id>` when the task claims it (its labels were
+/// set before the task existed).
 pub fn containers_of_task(task_id: &str) -> String {
     let out = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=script-runner.task={task_id}"),
-        ])
+        .args(["ps", "-aq", "--filter", &format!("name=^/sr-{task_id}$")])
         .output()
         .expect("docker ps");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Names of the task containers (not idle warm pool ones) worker `worker` has
+/// on this engine, in any state.
+pub fn task_containers_of_worker(worker: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=script-runner.worker={worker}"),
+            "--format",
+            "{{.Names}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|n| !n.starts_with("sr-pool-"))
+        .map(str::to_owned)
+        .collect()
 }
 
 pub async fn wait_container_gone(task_id: &str) {
@@ -702,3 +725,26 @@ impl Drop for WorkerProcess {
         self.kill();
     }
 }
+
+/// What a task may and may not do, printed line by line: capabilities, limits,
+/// user, and attempts to escalate. The hostile suite checks each line; the pool
+/// suite checks a warm container prints exactly what a cold one does.
+pub const PRIVILEGES: &str = r#"
+grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
+echo "nofile=$(ulimit -n)"
+echo "cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)")"
+if [ -f /sys/fs/cgroup/memory.max ]; then
+  echo "memory=$(cat /sys/fs/cgroup/memory.max) swap=$(cat /sys/fs/cgroup/memory.swap.max)"
+else
+  m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
+  s=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/null) && s=$((s - m)) || s=unaccounted
+  echo "memory=$m swap=$s"
+fi
+echo "uid=$(id -u)"
+mount -t tmpfs none /mnt 2>/dev/null && echo "mount: ALLOWED" || echo "mount: denied"
+unshare -r true 2>/dev/null && echo "unshare: ALLOWED" || echo "unshare: denied"
+touch /pwned 2>/dev/null && echo "write-root: ALLOWED" || echo "write-root: denied"
+chmod u+s /bin/sh 2>/dev/null && echo "chmod-suid: ALLOWED" || echo "chmod-suid: denied"
+ls /var/run/docker.sock 2>/dev/null && echo "docker-socket: PRESENT" || echo "docker-socket: absent"
+mkdir -p "$HOME/.local/lib" && touch /workspace/w /tmp/t && echo "home, workspace, tmp: writable"
+"#;

@@ -1,0 +1,874 @@
+#!/usr/bin/env python3
+"""script-runner's benchmark: every figure beside a baseline measured in the same run.
+
+Run it through scripts/bench.sh, which installs what it needs and builds the
+binaries. It starts its own stack (a redis-server on a free port with AOF fsync
+every second, release workers and apis on free ports, a Redis key prefix and
+worker names unique to the run, the task firewall on as by default) and measures:
+
+  e2e     `echo hi` from run_script until a get_task_status poll sees `succeeded`,
+          through the official MCP Python SDK, for each worker configuration
+          (pool off: POOL_SIZE=0; pool on: --pool), against
+          `docker run --rm <image> sh -c 'echo hi'` on the default bridge (the floor).
+          Samples are interleaved (floor, off, on, rotating), each taken when the
+          worker is idle and its pool full.
+  burst   --burst trivial tasks at WORKER_CONCURRENCY=--concurrency per
+          configuration, against as many `docker run --rm` at that parallelism:
+          tasks/s, from the records' own timestamps (Redis's clock).
+  api     with wrk: run_script at 1 and 32 connections, get_task_status at 1 and 64
+          (random ids among finished tasks), GET /healthz (an HTTP round trip plus
+          one Redis PING: the floor of any request) at the same connections; the
+          api's resident memory idle and under load, and CPU time per request of
+          api, Redis and wrk (they share the machine's cores).
+  growth  Redis memory per finished task (real tasks from the burst, and tasks
+          written through the real Lua scripts by fill.py) and get_task_status with
+          --fill finished tasks stored, against the same with --fill-base stored.
+
+Tests never assert on these timings; `--quick` runs everything at a tiny size
+(CI runs it, against debug binaries) to prove the tool still works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from fill import Filler
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from stack import Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
+
+HERE = Path(__file__).resolve().parent
+WRK_LUA = HERE / "wrk.lua"
+FINAL = {"succeeded", "failed", "killed", "timed-out"}
+ECHO_HI = "echo hi"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# A record of a real `echo hi` task, once one ran: the fill's records are checked against it.
+REAL_RECORD: dict[str, dict[str, str]] = {}
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, int(round(p / 100 * len(v) + 0.5)) - 1))]
+
+
+@dataclass
+class Dist:
+    """min / median / p99 of samples, in the unit given."""
+
+    samples: list[float]
+    unit: str
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    def row(self) -> str:
+        s = self.samples
+        return f"{fmt(min(s))} {fmt(self.median)} {fmt(pct(s, 99))}"
+
+    def as_json(self) -> dict[str, Any]:
+        s = self.samples
+        return {"unit": self.unit, "n": len(s), "min": min(s), "median": self.median, "p99": pct(s, 99)}
+
+
+def fmt(x: float) -> str:
+    if x >= 1000:
+        return f"{x:9.0f}"
+    if x >= 10:
+        return f"{x:9.1f}"
+    return f"{x:9.2f}"
+
+
+class Report:
+    """Prints sections as they are measured and keeps every figure for --json."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.lines: list[str] = []
+
+    def out(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def section(self, title: str) -> None:
+        self.out()
+        self.out(f"== {title}")
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+
+# --------------------------------------------------------------------------- process figures
+
+
+class RssSampler:
+    """Samples VmRSS of some processes every `interval` s while running."""
+
+    def __init__(self, procs: dict[str, Proc], interval: float = 0.05) -> None:
+        self.procs = procs
+        self.interval = interval
+        self.samples: dict[str, list[int]] = {n: [] for n in procs}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name, p in self.procs.items():
+                with contextlib.suppress(OSError):
+                    self.samples[name].append(p.rss_kib())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak_mib(self, name: str) -> float:
+        return max(self.samples[name]) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def mib(kib: int) -> float:
+    return kib / 1024
+
+
+# --------------------------------------------------------------------------- wrk
+
+
+@dataclass
+class WrkResult:
+    conns: int
+    requests: int
+    seconds: float
+    errors: dict[str, int]
+    latency_ms: dict[str, float]
+    cpu_ms_per_req: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def row(self) -> str:
+        lat = self.latency_ms
+        return f"{fmt(lat['min'])} {fmt(lat['p50'])} {fmt(lat['p99'])}  {self.rps:8.0f}/s"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "connections": self.conns,
+            "requests": self.requests,
+            "seconds": self.seconds,
+            "requests_per_second": self.rps,
+            "latency_ms": self.latency_ms,
+            "errors": self.errors,
+            "cpu_ms_per_request": self.cpu_ms_per_req,
+        }
+
+
+def run_wrk(
+    url: str,
+    conns: int,
+    seconds: float,
+    tmp: Path,
+    env: dict[str, str],
+    cpu_of: dict[str, int],
+) -> WrkResult:
+    """wrk with --latency against `url`; `env` configures wrk.lua. `cpu_of`: the
+    processes whose CPU time per request is reported (wrk's own is added)."""
+    out = tmp / f"wrk-{time.monotonic_ns()}.json"
+    threads = 1 if conns == 1 else min(conns, os.cpu_count() or 2)
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(WRK_LUA), url]
+    before = {n: cpu_seconds(pid) for n, pid in cpu_of.items()}
+    proc = subprocess.Popen(
+        argv,
+        env=os.environ | env | {"BENCH_OUT": str(out)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    text = proc.stdout.read().decode(errors="replace")
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0 or not out.exists():
+        raise BenchError(f"wrk failed (exit {proc.returncode}): {' '.join(argv)}\n{text}")
+    data = json.loads(out.read_text())
+    res = WrkResult(
+        conns=conns,
+        requests=data["requests"],
+        seconds=data["duration_us"] / 1e6,
+        errors=data["errors"],
+        latency_ms={k: v / 1000 for k, v in data["latency_us"].items()},
+    )
+    if res.requests == 0:
+        raise BenchError(f"wrk made no request: {' '.join(argv)}\n{text}")
+    cpu = {n: cpu_seconds(pid) - before[n] for n, pid in cpu_of.items()}
+    cpu["wrk"] = usage.ru_utime + usage.ru_stime
+    res.cpu_ms_per_req = {n: c * 1000 / res.requests for n, c in cpu.items()}
+    bad = {k: v for k, v in res.errors.items() if v}
+    if bad:
+        raise BenchError(f"wrk saw errors {bad} in {res.requests} requests against {url}\n{text}")
+    return res
+
+
+def jsonrpc(tool: str, arguments: dict[str, Any]) -> str:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}},
+        separators=(",", ":"),
+    )
+
+
+def post_once(api: Api, token: str, body: str) -> dict[str, Any]:
+    """One POST /mcp exactly as wrk sends it (no initialize before: the transport
+    is stateless); returns the tool's structuredContent, failing on any error."""
+    req = urllib.request.Request(
+        api.mcp_url,
+        data=body.encode(),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        },
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        status, ctype, raw = r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    if status != 200 or "application/json" not in ctype:
+        raise BenchError(f"POST /mcp answered {status} {ctype}: {raw[:500]}")
+    reply = json.loads(raw)
+    result = reply.get("result")
+    if not result or result.get("isError") or "structuredContent" not in result:
+        raise BenchError(f"POST /mcp without initialize did not return a tool result: {raw[:500]}")
+    return result["structuredContent"]
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass
+class Config:
+    """A worker configuration measured against the floor: its own Redis prefix,
+    worker and api, so several run side by side on one Redis."""
+
+    label: str
+    worker_env: dict[str, str]
+    pool_expected: int
+    worker: Worker | None = None
+    api: Api | None = None
+    pool_active: bool = False
+    client: Client | None = None
+
+    @property
+    def prefix(self) -> str:
+        assert self.api is not None
+        return self.api.prefix
+
+
+def parse_pool(spec: str) -> int:
+    """Containers a POOL_SIZE value asks for in all (e.g. python3.13=2,node24=1)."""
+    total = 0
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        _, _, n = part.rpartition("=")
+        total += int(n)
+    return total
+
+
+def wait_settled(cfg: Config, deadline: float = 60.0) -> None:
+    """Until the worker holds only its pool (no task container left) and the pool
+    is full: every sample starts from the same state."""
+    assert cfg.worker is not None
+    want = cfg.pool_expected if cfg.pool_active else 0
+    wait_until(
+        f"{cfg.label}: {want} idle container(s) of worker {cfg.worker.name}",
+        lambda: len(containers_of(cfg.worker.name)) == want,  # type: ignore[union-attr]
+        cfg.worker.proc,
+        deadline,
+    )
+
+
+def detect_pool(cfg: Config, rep: Report) -> None:
+    """Waits for the pool to fill. A worker that starts no pool container within
+    10 s is taken as one without a pool (a build that ignores POOL_SIZE)."""
+    assert cfg.worker is not None
+    if cfg.pool_expected == 0:
+        return
+    start = time.monotonic()
+    while time.monotonic() - start < 10:
+        if containers_of(cfg.worker.name):
+            break
+        time.sleep(0.2)
+    else:
+        rep.out(
+            f"NOTE {cfg.label}: the worker started no pool container in 10 s with "
+            f"POOL_SIZE={cfg.worker_env.get('POOL_SIZE')}: this build has no warm pool, so "
+            f"'{cfg.label}' measures a cold worker."
+        )
+        return
+    cfg.pool_active = True
+    wait_settled(cfg, 120.0)
+    rep.out(f"{cfg.label}: pool full ({cfg.pool_expected} containers) after {time.monotonic() - start:.1f} s")
+
+
+def scrape(worker: Worker) -> dict[str, float]:
+    """The worker's Docker call latency sums and counts (worker/src/metrics.rs)."""
+    status, text = http_get(worker.metrics_url)
+    if status != 200:
+        raise BenchError(f"{worker.metrics_url} answered {status}")
+    out = {}
+    for m in re.finditer(r"^script_runner_worker_container_(\w+)_seconds_(sum|count) (\S+)$", text, re.M):
+        out[f"{m[1]}_{m[2]}"] = float(m[3])
+    return out
+
+
+def docker_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean ms per Docker call between two scrapes."""
+    means = {}
+    for op in ("create", "attach", "start", "remove"):
+        n = after.get(f"{op}_count", 0) - before.get(f"{op}_count", 0)
+        if n > 0:
+            means[op] = (after[f"{op}_sum"] - before.get(f"{op}_sum", 0)) * 1000 / n
+    return means
+
+
+def pool_container_mib(worker: Worker) -> list[float]:
+    """Memory of each idle pool container, as `docker stats` reports it (cgroup)."""
+    ids = containers_of(worker.name)
+    if not ids:
+        return []
+    out = subprocess.run(
+        ["docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", *ids],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    units = {"B": 1 / 2**20, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024, "kB": 1e3 / 2**20, "MB": 1e6 / 2**20}
+    sizes = []
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d.]+)\s*([A-Za-z]+)", line)
+        if m and m[2] in units:
+            sizes.append(float(m[1]) * units[m[2]])
+    return sizes
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+@dataclass
+class E2eSample:
+    total_ms: float
+    submit_ms: float
+    status_ms: list[float]
+    stages_ms: dict[str, float]
+
+
+async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) -> E2eSample:
+    assert cfg.client is not None
+    client = cfg.client
+    command = base64.b64encode(ECHO_HI.encode()).decode()
+    t0 = time.perf_counter()
+    r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command})
+    submit = time.perf_counter() - t0
+    if r.is_error or not r.structured_content:
+        raise BenchError(f"{cfg.label}: run_script failed: {r.content}")
+    task_id = r.structured_content["task_id"]
+    status_ms = []
+    while True:
+        c0 = time.perf_counter()
+        s = await client.call_tool("get_task_status", {"task_id": task_id, "tail_bytes": 64})
+        status_ms.append((time.perf_counter() - c0) * 1000)
+        sc = s.structured_content or {}
+        if sc.get("state") in FINAL:
+            break
+        await asyncio.sleep(poll_s)
+    total = time.perf_counter() - t0
+    seen_ms = time.time() * 1000
+    if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n":
+        raise BenchError(f"{cfg.label}: task {task_id} ended {sc}")
+    rec = redis("HGETALL", f"{cfg.prefix}:task:{task_id}")
+    assert isinstance(rec, list)
+    record = dict(zip(rec[::2], rec[1::2], strict=True))
+    REAL_RECORD.setdefault("record", record)
+    f = {k: int(v) for k, v in record.items() if k.endswith("_at")}
+    stages = {
+        "queued (created -> claimed)": f["claimed_at"] - f["created_at"],
+        "claimed -> started": f["started_at"] - f["claimed_at"],
+        "started -> finished": f["finished_at"] - f["started_at"],
+        "finished -> seen by a poll": seen_ms - f["finished_at"],
+    }
+    return E2eSample(total * 1000, submit * 1000, status_ms, stages)
+
+
+def docker_run(image: str, command: str) -> float:
+    t0 = time.perf_counter()
+    out = subprocess.run(["docker", "run", "--rm", image, "sh", "-c", command], capture_output=True, text=True)
+    took = (time.perf_counter() - t0) * 1000
+    if out.returncode != 0 or out.stdout != "hi\n":
+        raise BenchError(f"docker run --rm {image} failed ({out.returncode}): {out.stderr.strip()}")
+    return took
+
+
+async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
+    rep.section(
+        f"end to end: `{ECHO_HI}`, run_script until a get_task_status poll sees succeeded "
+        f"(poll every {args.poll_ms} ms, MCP Python SDK), {args.e2e_runs} runs each, interleaved"
+    )
+    targets: list[Config | None] = [None, *configs]  # None: the docker run floor
+    floor: list[float] = []
+    samples: dict[str, list[E2eSample]] = {c.label: [] for c in configs}
+    before = {c.label: scrape(c.worker) for c in configs if c.worker}
+    for i in range(args.e2e_runs):
+        k = i % len(targets)
+        for t in targets[k:] + targets[:k]:
+            for c in configs:
+                wait_settled(c)
+            if t is None:
+                floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI))
+            else:
+                samples[t.label].append(await e2e_service(t, redis, args.runtime, args.poll_ms / 1000))
+    after = {c.label: scrape(c.worker) for c in configs if c.worker}
+    fd = Dist(floor, "ms")
+    rep.out(f"{'':34}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median)")
+    rep.out(f"{'docker run --rm (floor)':34}{fd.row()}")
+    out: dict[str, Any] = {"floor_ms": fd.as_json(), "poll_ms": args.poll_ms}
+    for c in configs:
+        d = Dist([s.total_ms for s in samples[c.label]], "ms")
+        note = "" if c.pool_expected == 0 or c.pool_active else "  (no pool in this build)"
+        rep.out(f"{c.label:34}{d.row()}  {d.median / fd.median:5.2f}x{note}")
+        out[c.label] = {"total_ms": d.as_json(), "ratio_median": d.median / fd.median, "pool_active": c.pool_active}
+    rep.out()
+    rep.out("where the time goes, medians in ms (record timestamps are Redis's clock):")
+    stage_names = list(samples[configs[0].label][0].stages_ms)
+    header = ["run_script call", *stage_names, "get_task_status call"]
+    for c in configs:
+        ss = samples[c.label]
+        vals = {
+            "run_script call": statistics.median(s.submit_ms for s in ss),
+            **{n: statistics.median(s.stages_ms[n] for s in ss) for n in stage_names},
+            "get_task_status call": statistics.median(x for s in ss for x in s.status_ms),
+            "polls per task": statistics.median(len(s.status_ms) for s in ss),
+        }
+        means = docker_means(before[c.label], after[c.label])
+        rep.out(f"  {c.label}:")
+        for n in header:
+            rep.out(f"    {n:34}{vals[n]:8.1f}")
+        rep.out(f"    {'polls per task':34}{vals['polls per task']:8.1f}")
+        rep.out(
+            "    Docker calls, mean ms (worker metrics): "
+            + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items())
+        )
+        out[c.label]["stages_median_ms"] = vals
+        out[c.label]["docker_call_mean_ms"] = means
+    rep.put("e2e", out)
+
+
+# --------------------------------------------------------------------------- burst
+
+
+async def submit_many(cfg: Config, runtime: str, n: int, parallel: int = 8) -> list[str]:
+    assert cfg.client is not None
+    client = cfg.client
+    command = base64.b64encode(ECHO_HI.encode()).decode()
+    sem = asyncio.Semaphore(parallel)
+
+    async def one() -> str:
+        async with sem:
+            r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command})
+            if r.is_error or not r.structured_content:
+                raise BenchError(f"{cfg.label}: run_script failed: {r.content}")
+            return str(r.structured_content["task_id"])
+
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+def wait_final(redis: Redis, prefix: str, ids: list[str], deadline: float, proc: Proc) -> list[dict[str, str]]:
+    """Until every task is final (read straight from Redis every 50 ms, so the
+    wait adds no api load); returns their records."""
+
+    def states() -> list[object]:
+        return redis.pipeline([("HGET", f"{prefix}:task:{i}", "state") for i in ids])
+
+    wait_until(f"{len(ids)} tasks to finish", lambda: all(s in FINAL for s in states()), proc, deadline)
+    recs = redis.pipeline([("HGETALL", f"{prefix}:task:{i}") for i in ids])
+    return [dict(zip(r[::2], r[1::2], strict=True)) for r in recs]  # type: ignore[index]
+
+
+def used_memory(redis: Redis) -> int:
+    """Redis's memory for data: used_memory without client buffers (each new
+    pooled connection costs tens of KiB), the AOF buffer and the script cache."""
+    m = redis.info("memory")
+    return int(m["used_memory"]) - sum(int(m.get(k, 0)) for k in ("mem_clients_normal", "mem_aof_buffer", "used_memory_scripts"))
+
+
+async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
+    n, par = args.burst, args.concurrency
+    rep.section(f"burst: {n} trivial tasks (`{ECHO_HI}`) at WORKER_CONCURRENCY={par}, against {n} `docker run --rm` at parallelism {par}")
+    # The floor.
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(par) as pool:
+        floor_each = list(pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n)))
+    floor_rate = n / (time.perf_counter() - t0)
+    rep.out(f"{'':34}{'tasks/s':>9}   ratio   per task: min / median / p99 ms")
+    rep.out(f"{'docker run --rm, parallel':34}{floor_rate:9.2f}          {Dist(floor_each, 'ms').row()}")
+    out: dict[str, Any] = {"floor_tasks_per_s": floor_rate, "floor_each_ms": Dist(floor_each, "ms").as_json()}
+    for c in configs:
+        assert c.worker is not None
+        # One task first: the first tasks on a prefix create its stream, group,
+        # index and counters, a one-off cost that is not per task.
+        first = await submit_many(c, args.runtime, 1)
+        wait_final(redis, c.prefix, first, 60, c.worker.proc)
+        wait_settled(c)
+        mem0 = used_memory(redis)
+        with RssSampler({"worker": c.worker.proc}) as rss:
+            ids = await submit_many(c, args.runtime, n)
+            recs = wait_final(redis, c.prefix, ids, 30 + n * 5, c.worker.proc)
+            wait_settled(c)
+        bad = [r for r in recs if r.get("state") != "succeeded" or r.get("stdout_tail") != "hi\n"]
+        if bad:
+            raise BenchError(f"{c.label}: {len(bad)} burst tasks did not succeed, e.g. {bad[0]}")
+        wait_until("the jobs stream to empty", lambda: redis("XLEN", f"{c.prefix}:jobs") == 0, c.worker.proc, 30)
+        mem1 = used_memory(redis)
+        created = min(int(r["created_at"]) for r in recs)
+        finished = max(int(r["finished_at"]) for r in recs)
+        rate = n / ((finished - created) / 1000)
+        each = Dist([int(r["finished_at"]) - int(r["created_at"]) for r in recs], "ms")
+        rep.out(f"{c.label:34}{rate:9.2f}   {rate / floor_rate:5.2f}x  {each.row()}  (submit to finished)")
+        out[c.label] = {
+            "tasks_per_s": rate,
+            "ratio": rate / floor_rate,
+            "each_ms": each.as_json(),
+            "worker_peak_rss_mib": rss.peak_mib("worker"),
+            "redis_bytes_per_task": (mem1 - mem0) / n,
+            "sample_record": recs[0],
+        }
+    rep.put("burst", out)
+
+
+# --------------------------------------------------------------------------- api
+
+
+def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Report, sections: set[str]) -> None:
+    prefix = f"bench-{stack.run_id}-api"
+    # No worker on this prefix: the queued tasks run_script creates stay queued.
+    api = stack.start_api("load", prefix, {"MAX_QUEUED_TASKS": "10000000"})
+    time.sleep(0.5)  # let start-up allocations settle before reading idle memory
+    idle_kib = api.proc.rss_kib()
+    assert stack.redis_proc is not None
+    cpu_of = {"api": api.proc.pid, "redis": stack.redis_proc.pid}
+    token_env = {"BENCH_TOKEN": stack.token}
+    secs = args.wrk_seconds
+    out: dict[str, Any] = {"api_idle_rss_mib": mib(idle_kib)}
+    run_body = jsonrpc(
+        "run_script", {"runtime": args.runtime, "command_base64": base64.b64encode(ECHO_HI.encode()).decode()}
+    )
+    filler = Filler(redis, prefix, args.runtime, args.image)
+
+    def wrk(path: str, conns: int, env: dict[str, str]) -> WrkResult:
+        return run_wrk(f"{api.base_url}{path}", conns, secs, stack.tmp_dir, env, cpu_of)
+
+    if "api" in sections:
+        rep.section(f"api: wrk --latency, {secs:g} s per row, {os.cpu_count()} cores shared by wrk, api and Redis")
+        # A single POST works without initialize (stateless); prove it before
+        # wrk counts only HTTP statuses.
+        sc = post_once(api, stack.token, run_body)
+        if sc.get("state") != "queued":
+            raise BenchError(f"run_script by a single POST answered {sc}")
+        rep.out(f"{'':40}{'min':>9} {'p50':>9} {'p99':>9}  throughput   ms of CPU per request")
+        rows: dict[str, WrkResult] = {}
+
+        def show(name: str, r: WrkResult, target: str = "") -> None:
+            cpu = ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_ms_per_req.items())
+            rep.out(f"{name:40}{r.row()}   {cpu}{target}")
+            rows[name] = r
+
+        for c in (1, 32, 64):
+            show(f"GET /healthz, {c} conn (floor)", wrk("/healthz", c, {}))
+        sub0 = int(redis("HGET", f"{prefix}:stats", "submitted") or 0)
+        rss = RssSampler({"api": api.proc})
+        with rss:
+            show("run_script, 1 conn", wrk("/mcp", 1, token_env | {"BENCH_BODY": run_body}))
+            show(
+                "run_script, 32 conns",
+                wrk("/mcp", 32, token_env | {"BENCH_BODY": run_body}),
+                "   target p99 < 10 ms",
+            )
+        sub1 = int(redis("HGET", f"{prefix}:stats", "submitted") or 0)
+        made = rows["run_script, 1 conn"].requests + rows["run_script, 32 conns"].requests
+        if sub1 - sub0 < made:
+            raise BenchError(f"wrk made {made} run_script calls but only {sub1 - sub0} tasks were stored")
+        out["api_peak_rss_run_script_mib"] = rss.peak_mib("api")
+        # The api may still be storing calls wrk gave up on: wait until the count
+        # holds still. Then drop the queued jobs, which the fill's XREADGROUP
+        # would read (their records stay, as a backlog's would).
+        counts = [-1]
+
+        def settled() -> bool:
+            time.sleep(0.3)
+            counts.append(int(redis("HGET", f"{prefix}:stats", "submitted") or 0))
+            return counts[-1] == counts[-2]
+
+        wait_until("run_script calls to stop arriving", settled, api.proc, 60)
+        redis("DEL", f"{prefix}:jobs")
+        filler = Filler(redis, prefix, args.runtime, args.image)
+
+    mem0 = used_memory(redis)
+    ids = filler.fill(args.fill_base)
+    per_task_fill = (used_memory(redis) - mem0) / len(ids)
+    status_tpl = jsonrpc("get_task_status", {"task_id": "{ID}"})
+    sc = post_once(api, stack.token, status_tpl.replace("{ID}", ids[0]))
+    if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n" or sc.get("exit_code") != 0:
+        raise BenchError(f"a filled task reads back wrong through get_task_status: {sc}")
+    check_fill_matches_real(redis, prefix, ids[0], rep)
+
+    def status_rows(ids_now: list[str], label: str) -> dict[str, WrkResult]:
+        ids_file = stack.tmp_dir / f"ids-{len(ids_now)}.txt"
+        ids_file.write_text("\n".join(ids_now) + "\n")
+        env = token_env | {"BENCH_TEMPLATE": status_tpl, "BENCH_IDS": str(ids_file)}
+        res = {}
+        rss = RssSampler({"api": api.proc})
+        with rss:
+            res[1] = wrk("/mcp", 1, env)
+            res[64] = wrk("/mcp", 64, env)
+        out[f"api_peak_rss_status_{label}_mib"] = rss.peak_mib("api")
+        return res
+
+    base = status_rows(ids, "base")
+    if "api" in sections:
+        for c, r in base.items():
+            show(f"get_task_status, {c} conn{'s' if c > 1 else ''}", r, "   target >= 5000/s" if c == 64 else "")
+        out["wrk"] = {k: v.as_json() for k, v in rows.items()}
+        rep.out()
+        rep.out(
+            f"api resident memory (VmRSS): idle {out['api_idle_rss_mib']:.1f} MiB, "
+            f"peak under run_script load {out['api_peak_rss_run_script_mib']:.1f} MiB, "
+            f"peak under get_task_status load {out['api_peak_rss_status_base_mib']:.1f} MiB   target < 30 MiB"
+        )
+
+    if "growth" in sections:
+        rep.section(f"growth: Redis memory per finished task, and get_task_status with {args.fill:,} finished tasks stored")
+        mem0 = used_memory(redis)
+        more = filler.fill(args.fill - len(ids))
+        per_task_big = (used_memory(redis) - mem0) / len(more)
+        ids += more
+        big = status_rows(ids, "big")
+        rep.out(f"Redis used_memory per finished task (fill path, {len(ids):,} tasks): {per_task_big:.0f} B "
+                f"(first {args.fill_base:,}: {per_task_fill:.0f} B)")
+        rep.out(f"{'':40}{'min':>9} {'p50':>9} {'p99':>9}  throughput   ratio to {args.fill_base:,} stored (p50, rps)")
+        for c in (1, 64):
+            b, g = base[c], big[c]
+            name = f"get_task_status, {c} conn{'s' if c > 1 else ''}, {len(ids):,} stored"
+            rep.out(f"{name:40}{g.row()}   {g.latency_ms['p50'] / b.latency_ms['p50']:.2f}x, {g.rps / b.rps:.2f}x")
+        out["growth"] = {
+            "redis_bytes_per_task_fill": per_task_big,
+            "redis_bytes_per_task_fill_base": per_task_fill,
+            "stored": len(ids),
+            "status_base": {c: r.as_json() for c, r in base.items()},
+            "status_big": {c: r.as_json() for c, r in big.items()},
+        }
+    out["api_end_rss_mib"] = mib(api.proc.rss_kib())
+    rep.put("api", out)
+
+
+def check_fill_matches_real(redis: Redis, prefix: str, filled_id: str, rep: Report) -> None:
+    """A filled record has the fields a real `echo hi` record has (compared with
+    one from the burst when it ran)."""
+    rec = redis("HGETALL", f"{prefix}:task:{filled_id}")
+    assert isinstance(rec, list)
+    filled = dict(zip(rec[::2], rec[1::2], strict=True))
+    real = REAL_RECORD.get("record")
+    if real is None:
+        return
+    if set(filled) != set(real):
+        raise BenchError(
+            f"a filled record's fields differ from a real one's: only filled {sorted(set(filled) - set(real))}, "
+            f"only real {sorted(set(real) - set(filled))}"
+        )
+    for f in ("state", "reason", "reason_kind", "exit_code", "runtime", "network", "timeout_seconds"):
+        if filled.get(f) != real.get(f):
+            raise BenchError(f"a filled record's {f} is {filled.get(f)!r}, a real one's {real.get(f)!r}")
+    rep.out(f"(fill checked: a filled record has the same {len(filled)} fields as a real one)")
+
+
+# --------------------------------------------------------------------------- main
+
+
+async def with_clients(configs: list[Config], token: str, body: Callable[[], Any]) -> Any:
+    async with contextlib.AsyncExitStack() as stack:
+        for c in configs:
+            assert c.api is not None
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0))
+            )
+            c.client = await stack.enter_async_context(Client(streamable_http_client(c.api.mcp_url, http_client=http)))
+        return await body()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", type=Path, required=True, help="where script-runner-api and -worker are")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: proves the tool works (CI)")
+    ap.add_argument("--only", default="e2e,burst,api,growth", help="sections to run (default: all)")
+    ap.add_argument("--runtime", default="python3.13")
+    ap.add_argument(
+        "--image",
+        default=os.environ.get("TEST_RUNTIME_IMAGE") or "script-runner-test/python:3.13-trixie",
+        help="the image the runtime runs in, and the floor's (default $TEST_RUNTIME_IMAGE or the test image)",
+    )
+    ap.add_argument("--concurrency", type=int, default=4, help="WORKER_CONCURRENCY, and the floor's parallelism")
+    ap.add_argument("--pool", default=None, help="POOL_SIZE of the pool-on worker (default <runtime>=<concurrency>, quick 1; 0 skips it)")
+    ap.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE", help="more worker settings, both configurations")
+    ap.add_argument("--poll-ms", type=int, default=10, help="get_task_status poll interval in the e2e runs")
+    ap.add_argument("--e2e-runs", type=int, default=None, help="samples per target (default 30, quick 3)")
+    ap.add_argument("--burst", type=int, default=None, help="tasks per burst (default 200, quick 6)")
+    ap.add_argument("--wrk-seconds", type=int, default=None, help="per wrk row (default 10, quick 1)")
+    ap.add_argument("--fill-base", type=int, default=None, help="finished tasks stored for the status rows (default 1000, quick 200)")
+    ap.add_argument("--fill", type=int, default=None, help="finished tasks stored for the growth rows (default 100000, quick 1000)")
+    ap.add_argument("--json", type=Path, help="also write every figure here")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs)")
+    args = ap.parse_args()
+    q = args.quick
+    args.e2e_runs = args.e2e_runs or (3 if q else 30)
+    args.burst = args.burst or (6 if q else 200)
+    args.wrk_seconds = args.wrk_seconds or (1 if q else 10)
+    args.fill_base = args.fill_base or (200 if q else 1000)
+    args.fill = max(args.fill or (1000 if q else 100_000), args.fill_base + 1)
+    if args.pool is None:
+        args.pool = f"{args.runtime}={1 if q else args.concurrency}"
+    sections = set(filter(None, args.only.split(",")))
+    unknown = sections - {"e2e", "burst", "api", "growth"}
+    if unknown:
+        ap.error(f"--only: unknown section(s) {sorted(unknown)}")
+
+    for tool in ("wrk", "redis-server", "docker"):
+        if shutil.which(tool) is None:
+            raise BenchError(f"`{tool}` is not on PATH (scripts/bench.sh installs it)")
+    for b in ("script-runner-api", "script-runner-worker"):
+        if not os.access(args.bin_dir / b, os.X_OK):
+            raise BenchError(f"{args.bin_dir / b} is missing: build it (cargo build --release --bins)")
+    needs_image = bool(sections & {"e2e", "burst"})
+    if needs_image and subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
+        raise BenchError(f"image {args.image} is not in the local engine (scripts/build-test-image.sh builds it)")
+
+    tmp = Path(tempfile.mkdtemp(prefix="script-runner-bench-"))
+    stack = Stack(bin_dir=args.bin_dir.resolve(), tmp_dir=tmp, runtime_images=f"{args.runtime}={args.image}")
+    rep = Report()
+    rep.out(
+        f"script-runner benchmark, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} cores, "
+        f"binaries {stack.bin_dir}, image {args.image}{', QUICK (tiny sizes)' if q else ''}"
+    )
+    rep.put(
+        "run",
+        {
+            "date": time.strftime("%Y-%m-%d"),
+            "cores": os.cpu_count(),
+            "bin_dir": str(stack.bin_dir),
+            "image": args.image,
+            "quick": q,
+            "args": {k: str(v) for k, v in vars(args).items()},
+        },
+    )
+    status = 1
+    try:
+        stack.start_redis()
+        redis = stack.redis()
+        rep.out(f"redis-server {redis.info('server')['redis_version']} on port {stack.redis_port}, AOF everysec")
+        extra = dict(kv.split("=", 1) for kv in args.worker_env)
+        common = {"WORKER_CONCURRENCY": str(args.concurrency)} | extra
+        configs = [Config("pool off", common | {"POOL_SIZE": "0"}, 0)]
+        if args.pool != "0":
+            configs.append(Config(f"pool on ({args.pool})", common | {"POOL_SIZE": args.pool}, parse_pool(args.pool)))
+        mem: dict[str, Any] = {}
+        if sections & {"e2e", "burst"}:
+            # The floor first: warm the engine (image cache, network) for everyone.
+            for _ in range(2):
+                docker_run(args.image, ECHO_HI)
+            for i, c in enumerate(configs):
+                label = "off" if i == 0 else "on"
+                prefix = f"bench-{stack.run_id}-{label}"
+                c.worker = stack.start_worker(label, prefix, c.worker_env)
+                c.api = stack.start_api(label, prefix)
+                time.sleep(0.5)
+                detect_pool(c, rep)
+                mem[c.label] = {"worker_idle_rss_mib": mib(c.worker.proc.rss_kib())}
+                if c.pool_active:
+                    each = pool_container_mib(c.worker)
+                    mem[c.label]["pool_container_mib"] = each
+            rep.section("resident memory (VmRSS) of the workers, idle")
+            for c in configs:
+                m = mem[c.label]
+                line = f"{c.label:34}worker {m['worker_idle_rss_mib']:.1f} MiB"
+                if "pool_container_mib" in m:
+                    each = m["pool_container_mib"]
+                    line += f" (pool full); each idle pool container {statistics.median(each):.1f} MiB (docker stats, median of {len(each)})"
+                rep.out(line + "   target < 50 MiB (pool containers aside)")
+
+            async def services() -> None:
+                if "e2e" in sections:
+                    await e2e(configs, args, redis, rep)
+                if "burst" in sections:
+                    await burst(configs, args, redis, rep)
+
+            asyncio.run(with_clients(configs, stack.token, services))
+            if "burst" in sections:
+                b = rep.data["burst"]
+                REAL_RECORD.setdefault("record", b[configs[0].label]["sample_record"])
+                rep.out()
+                for c in configs:
+                    rep.out(
+                        f"{c.label}: worker peak RSS during the burst {b[c.label]['worker_peak_rss_mib']:.1f} MiB; "
+                        f"Redis used_memory per finished task {b[c.label]['redis_bytes_per_task']:.0f} B (real tasks)"
+                    )
+            for c in configs:
+                mem[c.label]["worker_end_rss_mib"] = mib(c.worker.proc.rss_kib())  # type: ignore[union-attr]
+            rep.put("memory", mem)
+        if sections & {"api", "growth"}:
+            api_and_growth(stack, args, redis, rep, sections)
+        status = 0
+    except BenchError as e:
+        print(f"\nbench: {e}", file=sys.stderr)
+    finally:
+        left = stack.stop_all()
+        if left:
+            print(f"bench: removed {len(left)} container(s) a worker left behind", file=sys.stderr)
+            status = status or 1
+        if args.json:
+            args.json.write_text(json.dumps(rep.data, indent=2, default=str) + "\n")
+        if args.keep or status:
+            print(f"bench: logs kept in {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
