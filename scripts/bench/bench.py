@@ -55,7 +55,7 @@ import httpx2
 from fill import Filler
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from stack import Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
+from stack import LABEL_WORKER, Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
@@ -389,13 +389,92 @@ class E2eSample:
     total_ms: float
     submit_ms: float
     status_ms: list[float]
-    stages_ms: dict[str, float]
+    task_id: str
+    # Wall clock (ms since the epoch) of the run_script call and of the poll that
+    # saw the end, and the record's *_at timestamps (Redis's clock, same host).
+    t0_ms: float
+    seen_ms: float
+    at: dict[str, int]
+
+
+@dataclass
+class FloorSample:
+    total_ms: float
+    label: str
+    t0_ms: float
+    t1_ms: float
+
+
+FLOOR_LABEL = "script-runner-bench.floor"
+TASK_LABEL = "script-runner.task"  # worker/src/sandbox.rs LABEL_TASK
+
+
+def docker_events(since_s: float, label_filter: str, key: str) -> dict[str, dict[str, float]]:
+    """Container events (create, attach, start, die, destroy) from `since_s` until
+    now, of containers matching `label_filter`, keyed by their label `key`:
+    {label value: {action: ms since the epoch}} (the engine's clock, this host)."""
+    until = time.time()
+    out = subprocess.run(
+        ["docker", "events", "--since", f"{since_s:.3f}", "--until", f"{until:.3f}",
+         "--filter", "type=container", "--filter", f"label={label_filter}", "--format", "{{json .}}"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    events: dict[str, dict[str, float]] = {}
+    for line in out.stdout.splitlines():
+        ev = json.loads(line)
+        value = ev.get("Actor", {}).get("Attributes", {}).get(key)
+        action = ev.get("Action", "")
+        if value and action in ("create", "attach", "start", "die", "destroy"):
+            events.setdefault(value, {}).setdefault(action, ev["timeNano"] / 1e6)
+    return events
+
+
+def stage_medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Median of each stage over the samples that have it."""
+    names = list(dict.fromkeys(n for r in rows for n in r))
+    return {n: statistics.median(r[n] for r in rows if n in r) for n in names}
+
+
+def service_stages(s: E2eSample, ev: dict[str, float]) -> dict[str, float]:
+    """Where one task's time went, in ms, in the order things happen on a cold
+    start. With a pool, the container's create and start come before the claim
+    (negative stages)."""
+    at = s.at
+    st: dict[str, float] = {
+        "run_script call -> record created": at["created_at"] - s.t0_ms,
+        "queued (created -> claimed)": at["claimed_at"] - at["created_at"],
+    }
+    if {"create", "start", "die"} <= ev.keys():
+        st["claimed -> container created"] = ev["create"] - at["claimed_at"]
+        st["created -> started (attach, start)"] = ev["start"] - ev["create"]
+        st["started -> exited (the script)"] = ev["die"] - ev["start"]
+        st["exited -> finished recorded"] = at["finished_at"] - ev["die"]
+    else:
+        st["claimed -> started recorded"] = at["started_at"] - at["claimed_at"]
+        st["started -> finished recorded"] = at["finished_at"] - at["started_at"]
+    if "destroy" in ev:
+        st["(container removed, from finished)"] = ev["destroy"] - at["finished_at"]
+    st["finished -> seen by a poll"] = s.seen_ms - at["finished_at"]
+    return st
+
+
+def floor_stages(s: FloorSample, ev: dict[str, float]) -> dict[str, float]:
+    if not {"create", "start", "die", "destroy"} <= ev.keys():
+        return {}
+    return {
+        "CLI start -> container created": ev["create"] - s.t0_ms,
+        "created -> started (attach, start)": ev["start"] - ev["create"],
+        "started -> exited (the script)": ev["die"] - ev["start"],
+        "exited -> removed (--rm)": ev["destroy"] - ev["die"],
+        "removed -> CLI returns": s.t1_ms - ev["destroy"],
+    }
 
 
 async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) -> E2eSample:
     assert cfg.client is not None
     client = cfg.client
     command = base64.b64encode(ECHO_HI.encode()).decode()
+    t0_ms = time.time() * 1000
     t0 = time.perf_counter()
     r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command})
     submit = time.perf_counter() - t0
@@ -419,23 +498,21 @@ async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) ->
     assert isinstance(rec, list)
     record = dict(zip(rec[::2], rec[1::2], strict=True))
     REAL_RECORD.setdefault("record", record)
-    f = {k: int(v) for k, v in record.items() if k.endswith("_at")}
-    stages = {
-        "queued (created -> claimed)": f["claimed_at"] - f["created_at"],
-        "claimed -> started": f["started_at"] - f["claimed_at"],
-        "started -> finished": f["finished_at"] - f["started_at"],
-        "finished -> seen by a poll": seen_ms - f["finished_at"],
-    }
-    return E2eSample(total * 1000, submit * 1000, status_ms, stages)
+    at = {k: int(v) for k, v in record.items() if k.endswith("_at")}
+    return E2eSample(total * 1000, submit * 1000, status_ms, task_id, t0_ms, seen_ms, at)
 
 
-def docker_run(image: str, command: str) -> float:
+def docker_run(image: str, command: str, label: str = "") -> FloorSample:
+    """`docker run --rm image sh -c command`; `label` (a value of FLOOR_LABEL)
+    finds its events afterwards."""
+    argv = ["docker", "run", "--rm", *(["--label", f"{FLOOR_LABEL}={label}"] if label else []), image, "sh", "-c", command]
+    t0_ms = time.time() * 1000
     t0 = time.perf_counter()
-    out = subprocess.run(["docker", "run", "--rm", image, "sh", "-c", command], capture_output=True, text=True)
+    out = subprocess.run(argv, capture_output=True, text=True)
     took = (time.perf_counter() - t0) * 1000
     if out.returncode != 0 or out.stdout != "hi\n":
         raise BenchError(f"docker run --rm {image} failed ({out.returncode}): {out.stderr.strip()}")
-    return took
+    return FloorSample(took, label, t0_ms, t0_ms + took)
 
 
 async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
@@ -444,20 +521,25 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
         f"(poll every {args.poll_ms} ms, MCP Python SDK), {args.e2e_runs} runs each, interleaved"
     )
     targets: list[Config | None] = [None, *configs]  # None: the docker run floor
-    floor: list[float] = []
+    floor: list[FloorSample] = []
     samples: dict[str, list[E2eSample]] = {c.label: [] for c in configs}
     before = {c.label: scrape(c.worker) for c in configs if c.worker}
+    since = time.time() - 1
     for i in range(args.e2e_runs):
         k = i % len(targets)
         for t in targets[k:] + targets[:k]:
             for c in configs:
                 wait_settled(c)
             if t is None:
-                floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI))
+                label = f"{args.run_id}-{i}"
+                floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI, label))
             else:
                 samples[t.label].append(await e2e_service(t, redis, args.runtime, args.poll_ms / 1000))
     after = {c.label: scrape(c.worker) for c in configs if c.worker}
-    fd = Dist(floor, "ms")
+    for c in configs:
+        wait_settled(c)  # the last containers removed: their destroy events exist
+    floor_events = docker_events(since, FLOOR_LABEL, FLOOR_LABEL)
+    fd = Dist([f.total_ms for f in floor], "ms")
     rep.out(f"{'':34}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median)")
     rep.out(f"{'docker run --rm (floor)':34}{fd.row()}")
     out: dict[str, Any] = {"floor_ms": fd.as_json(), "poll_ms": args.poll_ms}
@@ -467,24 +549,29 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
         rep.out(f"{c.label:34}{d.row()}  {d.median / fd.median:5.2f}x{note}")
         out[c.label] = {"total_ms": d.as_json(), "ratio_median": d.median / fd.median, "pool_active": c.pool_active}
     rep.out()
-    rep.out("where the time goes, medians in ms (record timestamps are Redis's clock):")
-    stage_names = list(samples[configs[0].label][0].stages_ms)
-    header = ["run_script call", *stage_names, "get_task_status call"]
+    rep.out(
+        "where the time goes, medians in ms: the engine's container events (docker events), "
+        "the task record's timestamps (Redis's clock) and the client's clock, all on this host"
+    )
+    fs = stage_medians([floor_stages(f, floor_events.get(f.label, {})) for f in floor])
+    rep.out("  docker run --rm (floor):")
+    for n, v in fs.items():
+        rep.out(f"    {n:44}{v:8.1f}")
+    out["floor_stages_median_ms"] = fs
     for c in configs:
+        assert c.worker is not None
         ss = samples[c.label]
-        vals = {
-            "run_script call": statistics.median(s.submit_ms for s in ss),
-            **{n: statistics.median(s.stages_ms[n] for s in ss) for n in stage_names},
-            "get_task_status call": statistics.median(x for s in ss for x in s.status_ms),
-            "polls per task": statistics.median(len(s.status_ms) for s in ss),
-        }
+        events = docker_events(since, f"{LABEL_WORKER}={c.worker.name}", TASK_LABEL)
+        vals = stage_medians([service_stages(s, events.get(s.task_id, {})) for s in ss])
+        vals["run_script call (client)"] = statistics.median(s.submit_ms for s in ss)
+        vals["get_task_status call (client)"] = statistics.median(x for s in ss for x in s.status_ms)
+        vals["polls per task"] = statistics.median(len(s.status_ms) for s in ss)
         means = docker_means(before[c.label], after[c.label])
         rep.out(f"  {c.label}:")
-        for n in header:
-            rep.out(f"    {n:34}{vals[n]:8.1f}")
-        rep.out(f"    {'polls per task':34}{vals['polls per task']:8.1f}")
+        for n, v in vals.items():
+            rep.out(f"    {n:44}{v:8.1f}")
         rep.out(
-            "    Docker calls, mean ms (worker metrics): "
+            "    Docker calls, mean ms (the worker's metrics): "
             + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items())
         )
         out[c.label]["stages_median_ms"] = vals
@@ -536,7 +623,7 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
     # The floor.
     t0 = time.perf_counter()
     with ThreadPoolExecutor(par) as pool:
-        floor_each = list(pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n)))
+        floor_each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n))]
     floor_rate = n / (time.perf_counter() - t0)
     rep.out(f"{'':34}{'tasks/s':>9}   ratio   per task: min / median / p99 ms")
     rep.out(f"{'docker run --rm, parallel':34}{floor_rate:9.2f}          {Dist(floor_each, 'ms').row()}")
@@ -781,6 +868,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="script-runner-bench-"))
     stack = Stack(bin_dir=args.bin_dir.resolve(), tmp_dir=tmp, runtime_images=f"{args.runtime}={args.image}")
+    args.run_id = stack.run_id
     rep = Report()
     rep.out(
         f"script-runner benchmark, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} cores, "
