@@ -55,7 +55,7 @@ import httpx2
 from fill import Filler
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from stack import LABEL_WORKER, Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
+from stack import Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
@@ -409,24 +409,37 @@ FLOOR_LABEL = "script-runner-bench.floor"
 TASK_LABEL = "script-runner.task"  # worker/src/sandbox.rs LABEL_TASK
 
 
-def docker_events(since_s: float, label_filter: str, key: str) -> dict[str, dict[str, float]]:
-    """Container events (create, attach, start, die, destroy) from `since_s` until
-    now, of containers matching `label_filter`, keyed by their label `key`:
-    {label value: {action: ms since the epoch}} (the engine's clock, this host)."""
-    until = time.time()
-    out = subprocess.run(
-        ["docker", "events", "--since", f"{since_s:.3f}", "--until", f"{until:.3f}",
-         "--filter", "type=container", "--filter", f"label={label_filter}", "--format", "{{json .}}"],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    events: dict[str, dict[str, float]] = {}
-    for line in out.stdout.splitlines():
-        ev = json.loads(line)
-        value = ev.get("Actor", {}).get("Attributes", {}).get(key)
-        action = ev.get("Action", "")
-        if value and action in ("create", "attach", "start", "die", "destroy"):
-            events.setdefault(value, {}).setdefault(action, ev["timeNano"] / 1e6)
-    return events
+class DockerEvents:
+    """Records container events (create, attach, start, die, destroy) while a
+    phase runs (`docker events` running throughout: the engine replays only its
+    last 256 events to a late `--since`, and several label filters would have to
+    match all at once). `by(key)` then gives, for containers with the label
+    `key`, {its value: {action: ms since the epoch}}, on the engine's clock,
+    which is this host's."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.path = tmp / f"events-{time.monotonic_ns()}.jsonl"
+        with open(self.path, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["docker", "events", "--filter", "type=container", "--format", "{{json .}}"],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def stop(self) -> None:
+        time.sleep(0.5)  # the last events on their way
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def by(self, key: str) -> dict[str, dict[str, float]]:
+        events: dict[str, dict[str, float]] = {}
+        for line in self.path.read_text().splitlines():
+            ev = json.loads(line)
+            value = ev.get("Actor", {}).get("Attributes", {}).get(key)
+            action = ev.get("Action", "")
+            if value and action in ("create", "attach", "start", "die", "destroy"):
+                events.setdefault(value, {}).setdefault(action, ev["timeNano"] / 1e6)
+        return events
 
 
 def stage_medians(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -524,7 +537,7 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
     floor: list[FloorSample] = []
     samples: dict[str, list[E2eSample]] = {c.label: [] for c in configs}
     before = {c.label: scrape(c.worker) for c in configs if c.worker}
-    since = time.time() - 1
+    recorder = DockerEvents(args.tmp)
     for i in range(args.e2e_runs):
         k = i % len(targets)
         for t in targets[k:] + targets[:k]:
@@ -538,7 +551,9 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
     after = {c.label: scrape(c.worker) for c in configs if c.worker}
     for c in configs:
         wait_settled(c)  # the last containers removed: their destroy events exist
-    floor_events = docker_events(since, FLOOR_LABEL, FLOOR_LABEL)
+    recorder.stop()
+    floor_events = recorder.by(FLOOR_LABEL)
+    task_events = recorder.by(TASK_LABEL)
     fd = Dist([f.total_ms for f in floor], "ms")
     rep.out(f"{'':34}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median)")
     rep.out(f"{'docker run --rm (floor)':34}{fd.row()}")
@@ -561,8 +576,7 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
     for c in configs:
         assert c.worker is not None
         ss = samples[c.label]
-        events = docker_events(since, f"{LABEL_WORKER}={c.worker.name}", TASK_LABEL)
-        vals = stage_medians([service_stages(s, events.get(s.task_id, {})) for s in ss])
+        vals = stage_medians([service_stages(s, task_events.get(s.task_id, {})) for s in ss])
         vals["run_script call (client)"] = statistics.median(s.submit_ms for s in ss)
         vals["get_task_status call (client)"] = statistics.median(x for s in ss for x in s.status_ms)
         vals["polls per task"] = statistics.median(len(s.status_ms) for s in ss)
@@ -868,7 +882,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="script-runner-bench-"))
     stack = Stack(bin_dir=args.bin_dir.resolve(), tmp_dir=tmp, runtime_images=f"{args.runtime}={args.image}")
-    args.run_id = stack.run_id
+    args.run_id, args.tmp = stack.run_id, tmp
     rep = Report()
     rep.out(
         f"script-runner benchmark, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} cores, "
