@@ -650,6 +650,7 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
         wait_final(redis, c.prefix, first, 60, c.worker.proc)
         wait_settled(c)
         mem0 = used_memory(redis)
+        before = scrape(c.worker)
         with RssSampler({"worker": c.worker.proc}) as rss:
             ids = await submit_many(c, args.runtime, n)
             recs = wait_final(redis, c.prefix, ids, 30 + n * 5, c.worker.proc)
@@ -663,11 +664,14 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
         finished = max(int(r["finished_at"]) for r in recs)
         rate = n / ((finished - created) / 1000)
         each = Dist([int(r["finished_at"]) - int(r["created_at"]) for r in recs], "ms")
+        means = docker_means(before, scrape(c.worker))
         rep.out(f"{c.label:34}{rate:9.2f}   {rate / floor_rate:5.2f}x  {each.row()}  (submit to finished)")
+        rep.out(f"{'':34}Docker calls, mean ms: " + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items()))
         out[c.label] = {
             "tasks_per_s": rate,
             "ratio": rate / floor_rate,
             "each_ms": each.as_json(),
+            "docker_call_mean_ms": means,
             "worker_peak_rss_mib": rss.peak_mib("worker"),
             "redis_bytes_per_task": (mem1 - mem0) / n,
             "sample_record": recs[0],
@@ -884,10 +888,15 @@ def main() -> int:
     stack = Stack(bin_dir=args.bin_dir.resolve(), tmp_dir=tmp, runtime_images=f"{args.runtime}={args.image}")
     args.run_id, args.tmp = stack.run_id, tmp
     rep = Report()
+    commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    engine = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True)
     rep.out(
         f"script-runner benchmark, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} cores, "
-        f"binaries {stack.bin_dir}, image {args.image}{', QUICK (tiny sizes)' if q else ''}"
+        f"load average {os.getloadavg()[0]:.1f}, commit {commit.stdout.strip() or '?'}, Docker {engine.stdout.strip() or '?'}"
     )
+    rep.out(f"binaries {stack.bin_dir}, image {args.image}")
+    if q:
+        rep.out("QUICK: tiny sizes (proves the tool works; these figures mean nothing)")
     rep.put(
         "run",
         {
