@@ -14,8 +14,8 @@ async fn main() -> anyhow::Result<()> {
     // process; an Err only means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = Config::from_env().context("invalid configuration")?;
-    let listener = tokio::net::TcpListener::bind(config.listen_addr)
-        .await
+    script_runner_api::http::raise_fd_limit(config.http.max_connections);
+    let listener = script_runner_api::http::bind(config.listen_addr)
         .with_context(|| format!("cannot listen on {}", config.listen_addr))?;
     run(listener, config, support::shutdown_signal()).await?;
     Ok(())

@@ -65,26 +65,6 @@ print('listening', ip, flush=True)
 threading.Event().wait()
 ""#;
 
-const PRIVILEGES: &str = r#"
-grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
-echo "nofile=$(ulimit -n)"
-echo "cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)")"
-if [ -f /sys/fs/cgroup/memory.max ]; then
-  echo "memory=$(cat /sys/fs/cgroup/memory.max) swap=$(cat /sys/fs/cgroup/memory.swap.max)"
-else
-  m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
-  s=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/null) && s=$((s - m)) || s=unaccounted
-  echo "memory=$m swap=$s"
-fi
-echo "uid=$(id -u)"
-mount -t tmpfs none /mnt 2>/dev/null && echo "mount: ALLOWED" || echo "mount: denied"
-unshare -r true 2>/dev/null && echo "unshare: ALLOWED" || echo "unshare: denied"
-touch /pwned 2>/dev/null && echo "write-root: ALLOWED" || echo "write-root: denied"
-chmod u+s /bin/sh 2>/dev/null && echo "chmod-suid: ALLOWED" || echo "chmod-suid: denied"
-ls /var/run/docker.sock 2>/dev/null && echo "docker-socket: PRESENT" || echo "docker-socket: absent"
-mkdir -p "$HOME/.local/lib" && touch /workspace/w /tmp/t && echo "home, workspace, tmp: writable"
-"#;
-
 #[tokio::test]
 async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     let disk_before = free_bytes("/var/lib/docker");
@@ -327,12 +307,18 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     assert_eq!(health.status(), 200);
     let after = run_to_end(&client, "python3.13", "echo still-fine", json!({})).await;
     assert_eq!(after["stdout_tail"], "still-fine\n");
-    let label = format!("label=script-runner.worker={}", stack.worker_name);
-    assert_eq!(
-        docker_out(&["ps", "-aq", "--filter", &label]),
-        "",
-        "containers left behind"
-    );
+    // Containers are removed in the background once a task is recorded; idle
+    // warm pool containers are not left behind, they wait for the next task.
+    wait_until(
+        "no task container left",
+        Duration::from_secs(30),
+        || async {
+            task_containers_of_worker(&stack.worker_name)
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
     let disk_after = free_bytes("/var/lib/docker");
     let tmp_after = free_bytes(&std::env::temp_dir().display().to_string());
     let mib = |a: u64, b: u64| (a as i64 - b as i64).abs() / (1 << 20);

@@ -405,7 +405,11 @@ fn sample_names(text: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn the_dashboard_queries_only_metrics_a_real_api_and_worker_serve() {
     let metrics_port = free_port();
-    let stack = Stack::start(ops_options(metrics_port)).await;
+    let mut options = ops_options(metrics_port);
+    // Cold starts only, so each count below is exactly the two tasks' (the pool's
+    // own metrics are checked in api/tests/pool.rs).
+    options.extra_env.push(("POOL_SIZE", "0".to_owned()));
+    let stack = Stack::start(options).await;
     let client = stack.client().await;
     run_to_end(&client, "python3.13", "echo hi", json!({})).await;
     run_to_end(&client, "python3.13", "exit 1", json!({})).await;
@@ -427,13 +431,23 @@ async fn the_dashboard_queries_only_metrics_a_real_api_and_worker_serve() {
         },
     )
     .await;
-    let worker = http
-        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .send()
-        .await
-        .expect("the worker serves metrics on WORKER_METRICS_ADDR");
-    assert_eq!(worker.status(), 200);
-    let worker = worker.text().await.expect("worker metrics");
+    // Containers are removed after their task is recorded: wait for both.
+    let worker = wait_until(
+        "the worker's metrics to show both removals",
+        Duration::from_secs(30),
+        || async {
+            let r = http
+                .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+                .send()
+                .await
+                .ok()?;
+            assert_eq!(r.status(), 200);
+            let text = r.text().await.ok()?;
+            text.contains("script_runner_worker_container_remove_seconds_count 2\n")
+                .then_some(text)
+        },
+    )
+    .await;
     // What the worker saw of its own work.
     for want in [
         "script_runner_worker_task_run_seconds_count{runtime=\"python3.13\"}",

@@ -354,3 +354,108 @@ async fn a_task_cannot_outlive_its_timeout_even_when_its_worker_dies() {
     .await;
     stack.shutdown().await;
 }
+
+/// Calls of `command` Redis has served since it started (`INFO commandstats`).
+async fn calls_of(stack: &Stack, command: &str) -> Option<u64> {
+    let mut c = stack
+        .redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Some(
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+/// Found by the fault run (tests/reliability/faults.py): a worker restarting
+/// (so its heartbeat missing for a moment) just before Redis went down was taken
+/// for dead by another worker's reaper the moment Redis came back. The reaper's
+/// suspicion, begun before the outage, kept ageing through passes that could see
+/// nothing, and every heartbeat had expired during the outage.
+#[tokio::test]
+async fn a_suspicion_from_before_a_redis_outage_does_not_get_a_live_worker_reaped() {
+    let mut stack = Stack::start(without_worker()).await;
+    let client = stack.client().await;
+    let frozen = stack
+        .spawn_worker_process(
+            "frozen",
+            &[
+                ("WORKER_HEARTBEAT_SECONDS", "1"),
+                ("WORKER_CONCURRENCY", "1"),
+            ],
+        )
+        .await;
+    let id = start_until_output(&client, "echo up; sleep 20; echo done", json!({}), "up\n").await;
+    // The watcher passes every 2 s and takes a worker for dead once it has seen
+    // its heartbeat missing for 6 s.
+    stack
+        .start_worker("watcher", &[("WORKER_HEARTBEAT_SECONDS", "6")])
+        .await;
+
+    // The first worker stalls: its heartbeat expires, and the watcher sees it
+    // missing (its reaper's EXISTS on that key is the only EXISTS anyone sends).
+    frozen.pause();
+    let redis = stack.redis.client();
+    let key = stack.keys().worker(&stack.worker("frozen"));
+    wait_until(
+        "the stalled worker's heartbeat to expire",
+        Duration::from_secs(10),
+        || {
+            let (redis, key) = (redis.clone(), key.clone());
+            async move {
+                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+                let ttl: i64 = c.pttl(&key).await.ok()?;
+                (ttl == -2).then_some(())
+            }
+        },
+    )
+    .await;
+    let seen = calls_of(&stack, "exists").await.expect("commandstats");
+    wait_until(
+        "the watcher to see the heartbeat missing",
+        Duration::from_secs(10),
+        || async { (calls_of(&stack, "exists").await? > seen).then_some(()) },
+    )
+    .await;
+
+    // Redis goes away for longer than the watcher's whole period, and comes back
+    // with every heartbeat expired.
+    stack.redis.stop();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    stack.redis.restart().await;
+    // The watcher looks at the stalled worker again before it can heartbeat.
+    wait_until(
+        "the watcher's first look after the outage",
+        Duration::from_secs(10),
+        || async { (calls_of(&stack, "exists").await? > 0).then_some(()) },
+    )
+    .await;
+    frozen.resume();
+
+    let s = wait_status(
+        &client,
+        &id,
+        "the task to finish",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(
+        (s["state"].as_str(), s["reason"].as_str()),
+        (Some("succeeded"), Some("exited with code 0")),
+        "a live worker was taken for dead after the outage: {s}"
+    );
+    assert_eq!(s["stdout_tail"], "up\ndone\n");
+    stack.shutdown().await;
+}

@@ -42,6 +42,9 @@ IMAGE = os.environ.get("TEST_RUNTIME_IMAGE") or "script-runner-test/python:3.13-
 NODE_IMAGE = os.environ.get("TEST_NODE_IMAGE") or "script-runner-test/node:24-trixie"
 RUNTIMES = ("node24", "python3.13", "python3.8")
 RUNTIME_IMAGES = f"node24={NODE_IMAGE},python3.13={IMAGE},python3.8={IMAGE}"
+# The warm pool the workers keep: TEST_POOL_SIZE (e.g. 0 for none) or the worker's
+# default. scripts/test.sh runs the suites both ways.
+POOL_SIZE = os.environ.get("TEST_POOL_SIZE")
 
 STARTUP_DEADLINE = 30.0  # seconds for each process to become ready
 STOP_DEADLINE = 10.0  # seconds between SIGTERM and SIGKILL
@@ -248,9 +251,11 @@ def _start_redis(stack: Stack) -> Service:
     last_error: Exception | None = None
     for _ in range(5):  # a port picked by free_port() can be taken before redis binds it
         port = free_port()
+        # An append-only file (in the stack's temporary directory, its cwd): the api
+        # and the worker refuse a Redis that would lose tasks on a restart.
         service = spawn(
             "redis",
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"],
             base_env(),
             stack.tmp_dir,
         )
@@ -276,6 +281,7 @@ def _start_worker(stack: Stack) -> Service:
         "WORKER_CONCURRENCY": "2",
         "SHUTDOWN_GRACE_SECONDS": "0",
         "RUNTIME_IMAGES": RUNTIME_IMAGES,
+        **({"POOL_SIZE": POOL_SIZE} if POOL_SIZE is not None else {}),
     }
     service = spawn("worker", [str(WORKER_BIN)], env, stack.tmp_dir)
     # Ready when its heartbeat key is in Redis (it has joined the consumer group by then).

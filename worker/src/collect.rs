@@ -34,19 +34,18 @@ impl Collector {
     /// the pipe after the script.
     pub async fn start(tasks_dir: &Path, task_id: &str) -> std::io::Result<Collector> {
         let fifo = tasks_dir.join(format!("{task_id}.collect"));
-        let _ = tokio::fs::remove_file(&fifo).await;
-        let made = tokio::process::Command::new("mkfifo")
-            .arg("-m")
-            .arg("0666")
-            .arg(&fifo)
-            .status()
-            .await?;
-        if !made.success() {
-            return Err(std::io::Error::other(format!(
-                "mkfifo {} failed: {made}",
-                fifo.display()
-            )));
-        }
+        let path = fifo.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = std::fs::remove_file(&path);
+            make_fifo(&path)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        Ok(Collector::open(fifo))
+    }
+
+    /// Starts reading a pipe made earlier (a warm pool container's).
+    pub fn open(fifo: PathBuf) -> Collector {
         let path = fifo.clone();
         let reader = tokio::spawn(async move {
             let file = tokio::fs::File::open(&path).await?;
@@ -56,7 +55,7 @@ impl Collector {
                 .await?;
             Ok(buf)
         });
-        Ok(Collector { fifo, reader })
+        Collector { fifo, reader }
     }
 
     pub fn fifo(&self) -> &Path {
@@ -93,6 +92,24 @@ impl Collector {
             .await
             .ok()
             .flatten()
+    }
+}
+
+/// Makes a FIFO at `path` that the task's user can write (`-m` is not subject
+/// to the umask). Blocking: it runs `mkfifo`.
+pub fn make_fifo(path: &Path) -> std::io::Result<()> {
+    let made = std::process::Command::new("mkfifo")
+        .arg("-m")
+        .arg("0666")
+        .arg(path)
+        .status()?;
+    if made.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "mkfifo {} failed: {made}",
+            path.display()
+        )))
     }
 }
 

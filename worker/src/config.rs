@@ -16,6 +16,8 @@ pub enum ConfigError {
     Runtime(#[from] RuntimeError),
     #[error("WORKER_NAME {0:?} is not allowed: use letters, digits, '.', '-' and '_'")]
     BadWorkerName(String),
+    #[error("POOL_SIZE={value:?}: {why}")]
+    PoolSize { value: String, why: String },
 }
 
 /// Caps applied to every task container.
@@ -80,6 +82,87 @@ pub struct Config {
     /// `WORKER_METRICS_ADDR`: where to serve the worker's Prometheus metrics
     /// (`GET /metrics`); `None` (the default, empty) serves none.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `POOL_SIZE` and `POOL_MAX_AGE_SECONDS`: the warm pool.
+    pub pool: PoolConfig,
+    /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
+    pub redis_setup_check: support::redis_setup::Mode,
+}
+
+/// The warm pool: containers created and started ahead of time, idle until a
+/// task claims one (see `pool.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// `POOL_SIZE`: idle containers kept per runtime, with the image each runs
+    /// (this worker's catalogue: its `RUNTIME_IMAGES` over the defaults).
+    /// Empty: no pool.
+    pub sizes: Vec<PoolTarget>,
+    /// `POOL_MAX_AGE_SECONDS`: an idle container older than this is replaced,
+    /// so the next task gets a fresh start.
+    pub max_age: Duration,
+}
+
+/// One runtime's share of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolTarget {
+    pub runtime: String,
+    pub image: String,
+    pub size: usize,
+}
+
+/// Idle containers per runtime at most: each holds a little memory on the host.
+const MAX_POOL_PER_RUNTIME: usize = 64;
+
+impl PoolConfig {
+    /// `runtime=n,runtime=n`, or `0` (or empty) for no pool. Every runtime named
+    /// must be in `catalog`.
+    fn parse(
+        value: &str,
+        catalog: &RuntimeCatalog,
+        max_age: Duration,
+    ) -> Result<Self, ConfigError> {
+        let bad = |why: String| ConfigError::PoolSize {
+            value: value.to_owned(),
+            why,
+        };
+        let mut sizes: Vec<PoolTarget> = Vec::new();
+        let value_t = value.trim();
+        if !(value_t.is_empty() || value_t == "0") {
+            for entry in value_t.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                let Some((runtime, n)) = entry.split_once('=').map(|(r, n)| (r.trim(), n.trim()))
+                else {
+                    return Err(bad(format!(
+                        "entry {entry:?} is not runtime=count (e.g. python3.13=2,node24=1; 0 turns the pool off)"
+                    )));
+                };
+                let Some(image) = catalog.image(runtime) else {
+                    return Err(bad(format!(
+                        "unknown runtime {runtime:?}; this worker's runtimes are {}",
+                        catalog.names_list()
+                    )));
+                };
+                let size = n
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n <= MAX_POOL_PER_RUNTIME)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "count {n:?} for {runtime} is not a whole number from 0 to {MAX_POOL_PER_RUNTIME}"
+                        ))
+                    })?;
+                if sizes.iter().any(|t| t.runtime == runtime) {
+                    return Err(bad(format!("runtime {runtime} is listed twice")));
+                }
+                if size > 0 {
+                    sizes.push(PoolTarget {
+                        runtime: runtime.to_owned(),
+                        image: image.to_owned(),
+                        size,
+                    });
+                }
+            }
+        }
+        Ok(PoolConfig { sizes, max_age })
+    }
 }
 
 impl std::fmt::Debug for Config {
@@ -113,10 +196,13 @@ const TASK_BLOCKED_CIDRS: Var = Var::new("TASK_BLOCKED_CIDRS", "");
 const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15");
 const SHUTDOWN_GRACE_SECONDS: Var = Var::new("SHUTDOWN_GRACE_SECONDS", "30");
 const WORKER_METRICS_ADDR: Var = Var::new("WORKER_METRICS_ADDR", "");
+const POOL_SIZE: Var = Var::new("POOL_SIZE", "python3.13=2,node24=1");
+const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 15] = [
+pub const VARS: [Var; 18] = [
+    support::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
     TASK_CPUS,
@@ -132,6 +218,8 @@ pub const VARS: [Var; 15] = [
     WORKER_HEARTBEAT_SECONDS,
     SHUTDOWN_GRACE_SECONDS,
     WORKER_METRICS_ADDR,
+    POOL_SIZE,
+    POOL_MAX_AGE_SECONDS,
 ];
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ less the NUL).
@@ -155,7 +243,14 @@ impl Config {
         {
             return Err(ConfigError::BadWorkerName(worker_name));
         }
+        let catalog = RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?;
+        let pool = PoolConfig::parse(
+            &POOL_SIZE.get(&var),
+            &catalog,
+            Duration::from_secs(POOL_MAX_AGE_SECONDS.range(&var, 10, 86_400)?),
+        )?;
         Ok(Config {
+            pool,
             redis_url: common.redis_url,
             keys: common.keys,
             worker_name,
@@ -173,6 +268,7 @@ impl Config {
             retention_seconds: common.retention_seconds,
             heartbeat_ttl: Duration::from_secs(WORKER_HEARTBEAT_SECONDS.range(&var, 1, 3600)?),
             shutdown_grace: Duration::from_secs(SHUTDOWN_GRACE_SECONDS.range(&var, 0, 86_400)?),
+            redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
             metrics_addr: match WORKER_METRICS_ADDR.get(&var).trim() {
                 "" => None,
                 _ => Some(WORKER_METRICS_ADDR.parse(
@@ -267,6 +363,48 @@ mod tests {
         assert_eq!(c.limits.user, "65534:65534");
         assert!(c.limits.firewall);
         assert_eq!(c.metrics_addr, None);
+        let sizes: Vec<_> = c
+            .pool
+            .sizes
+            .iter()
+            .map(|t| (t.runtime.as_str(), t.size))
+            .collect();
+        assert_eq!(sizes, [("python3.13", 2), ("node24", 1)]);
+        assert_eq!(c.pool.sizes[0].image, "python:3.13-slim");
+    }
+
+    #[test]
+    fn the_pool_is_per_runtime_and_zero_turns_it_off() {
+        let c = load(&[
+            ("POOL_SIZE", "node24=3, python3.8=0"),
+            ("RUNTIME_IMAGES", "node24=mirror/node"),
+        ])
+        .expect("valid");
+        assert_eq!(
+            c.pool.sizes,
+            [PoolTarget {
+                runtime: "node24".into(),
+                image: "mirror/node".into(),
+                size: 3
+            }]
+        );
+        assert!(
+            load(&[("POOL_SIZE", "0")])
+                .expect("off")
+                .pool
+                .sizes
+                .is_empty()
+        );
+        let unknown = refused(&[("POOL_SIZE", "ruby3=1")]);
+        assert!(unknown.contains("unknown runtime \"ruby3\""), "{unknown}");
+        assert!(
+            unknown.contains("node24, python3.13, python3.8"),
+            "{unknown}"
+        );
+        assert!(refused(&[("POOL_SIZE", "node24")]).contains("runtime=count"));
+        assert!(refused(&[("POOL_SIZE", "node24=lots")]).contains("from 0 to 64"));
+        assert!(refused(&[("POOL_SIZE", "node24=1,node24=2")]).contains("twice"));
+        assert!(refused(&[("POOL_MAX_AGE_SECONDS", "1")]).starts_with("POOL_MAX_AGE_SECONDS="));
     }
 
     #[test]

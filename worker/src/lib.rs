@@ -8,6 +8,7 @@ pub mod collect;
 pub mod config;
 pub mod firewall;
 pub mod metrics;
+pub mod pool;
 pub mod queue;
 pub mod reaper;
 pub mod runner;
@@ -45,6 +46,8 @@ pub enum WorkerError {
     Metrics(#[from] metrics::ServeError),
     #[error("TASKS_DIR {path}: {error}")]
     TasksDir { path: String, error: std::io::Error },
+    #[error(transparent)]
+    RedisSetup(#[from] support::redis_setup::SetupError),
 }
 
 /// The worker's capacity: `WORKER_CONCURRENCY` slots, and the runners holding them.
@@ -131,12 +134,17 @@ pub async fn run(
     ));
     recover(&ctx, &stop).await?;
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
-    tracing::info!(worker = %ctx.queue.worker(), concurrency = ctx.config.concurrency, "worker started");
+    // Empties itself when `stop` fires; claimed containers are their runners'.
+    let pool = tokio::spawn(ctx.pool.clone().run(stop.clone()));
+    tracing::info!(worker = %ctx.queue.worker(), concurrency = ctx.config.concurrency, pool = ?ctx.config.pool.sizes, "worker started");
 
     take_jobs(&ctx, &slots, &stop).await;
 
     reaper.abort();
     drain(&ctx, &slots).await;
+    let _ = pool.await;
+    ctx.cleanups.close();
+    ctx.cleanups.wait().await;
     heartbeat_stop.cancel();
     let _ = heartbeat.await;
     if let Some(server) = metrics_server {
@@ -178,11 +186,29 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     }
     // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
     retry("create consumer group", stop, || queue.ensure_group()).await?;
+    // Before taking any job: a Redis that evicts keys or keeps nothing on disk
+    // loses tasks (see support::redis_setup).
+    tokio::select! {
+        r = support::redis_setup::check_until_answered(
+            &config.redis_url,
+            config.redis_setup_check,
+            Duration::from_secs(2),
+        ) => r?,
+        _ = stop.cancelled() => {}
+    }
+    let pool = pool::Pool::new(
+        sandbox.clone(),
+        config.pool.clone(),
+        &config.tasks_dir,
+        &config.worker_name,
+    );
     Ok(Ctx {
         queue,
         sandbox,
         config: Arc::new(config),
         abort: CancellationToken::new(),
+        pool,
+        cleanups: TaskTracker::new(),
     })
 }
 
@@ -265,9 +291,12 @@ async fn pause(stop: &CancellationToken) {
 /// stays pending under this worker, and the reaper's orphan pass takes it later.
 async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), WorkerError> {
     let me = ctx.queue.worker().to_owned();
-    let orphans = ctx.sandbox.remove_containers_of(&me).await?;
+    let orphans = remove_leftovers_of(ctx, &me).await?;
     if orphans > 0 {
-        tracing::warn!(orphans, "removed task containers left by a previous run");
+        tracing::warn!(
+            orphans,
+            "removed task and pool containers left by a previous run"
+        );
     }
     let pending = retry("read this worker's pending jobs", stop, || async {
         let mut conn = ctx.queue.blocking_connection(READ_BLOCK).await?;
@@ -280,6 +309,15 @@ async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), WorkerError>
         settle_or_log(ctx, job, Outcome::worker_restarted()).await;
     }
     Ok(())
+}
+
+/// Removes every container worker `owner` left on this host (task and warm pool
+/// containers alike: all carry its label) and its pool directories; how many
+/// containers there were.
+pub(crate) async fn remove_leftovers_of(ctx: &Ctx, owner: &str) -> Result<usize, SandboxError> {
+    let n = ctx.sandbox.remove_containers_of(owner).await?;
+    pool::remove_dir(pool::pool_root(&ctx.config.tasks_dir, owner)).await;
+    Ok(n)
 }
 
 /// `settle`, logging a failure instead of returning it, so one bad job does not

@@ -31,10 +31,12 @@ pub enum Op {
     Start,
     Remove,
     Attach,
+    /// Handing a warm pool container its task (create and start the process).
+    Exec,
 }
 
 impl Op {
-    const ALL: [Op; 4] = [Op::Create, Op::Start, Op::Remove, Op::Attach];
+    const ALL: [Op; 5] = [Op::Create, Op::Start, Op::Remove, Op::Attach, Op::Exec];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -42,6 +44,7 @@ impl Op {
             Op::Start => "start",
             Op::Remove => "remove",
             Op::Attach => "attach",
+            Op::Exec => "exec",
         }
     }
 }
@@ -108,6 +111,9 @@ struct Registry {
     run: BTreeMap<String, Histogram>,
     firewall: Option<bool>,
     identity: Option<Identity>,
+    /// Idle warm containers by runtime, and claims served warm / cold.
+    pool_idle: BTreeMap<String, usize>,
+    pool_claims: [u64; 2],
 }
 
 #[derive(Debug, Clone)]
@@ -125,7 +131,7 @@ pub struct Metrics(Arc<Mutex<Registry>>);
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics(Arc::new(Mutex::new(Registry {
-            latency: [Op::Create, Op::Start, Op::Remove]
+            latency: [Op::Create, Op::Start, Op::Remove, Op::Exec]
                 .into_iter()
                 .map(|op| (op, Histogram::new(DOCKER_BUCKETS)))
                 .collect(),
@@ -133,6 +139,8 @@ impl Default for Metrics {
             run: BTreeMap::new(),
             firewall: None,
             identity: None,
+            pool_idle: BTreeMap::new(),
+            pool_claims: [0; 2],
         })))
     }
 }
@@ -169,6 +177,16 @@ impl Metrics {
             .entry(runtime.to_owned())
             .or_insert_with(|| Histogram::new(RUN_BUCKETS))
             .observe(ran);
+    }
+
+    /// How many warm containers of `runtime` wait idle now.
+    pub fn set_pool_idle(&self, runtime: &str, idle: usize) {
+        self.registry().pool_idle.insert(runtime.to_owned(), idle);
+    }
+
+    /// A task was served by a warm container (`hit`) or a cold one.
+    pub fn pool_claim(&self, hit: bool) {
+        self.registry().pool_claims[usize::from(hit)] += 1;
     }
 
     /// Whether the task firewall was installed at start (`TASK_FIREWALL`).
@@ -249,6 +267,26 @@ impl Metrics {
         );
         for (runtime, h) in &m.run {
             h.render(&mut out, run, &format!("runtime=\"{}\"", escape(runtime)));
+        }
+        let idle = "script_runner_worker_pool_idle";
+        head(
+            &mut out,
+            idle,
+            "gauge",
+            "Warm pool containers waiting idle for a task, by runtime (POOL_SIZE).",
+        );
+        for (runtime, n) in &m.pool_idle {
+            let _ = writeln!(out, "{idle}{{runtime=\"{}\"}} {n}", escape(runtime));
+        }
+        let claims = "script_runner_worker_pool_claims_total";
+        head(
+            &mut out,
+            claims,
+            "counter",
+            "Tasks started in a warm pool container (warm) or a new one (cold).",
+        );
+        for (path, n) in ["cold", "warm"].iter().zip(m.pool_claims) {
+            let _ = writeln!(out, "{claims}{{path=\"{path}\"}} {n}");
         }
         let errors = "script_runner_worker_docker_errors_total";
         head(

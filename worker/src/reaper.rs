@@ -42,6 +42,10 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
             _ = stop.cancelled() => return,
         }
         if let Err(e) = reap(&ctx, &mut suspects, ttl).await {
+            // A pass that could not look saw no heartbeat missing: suspicion must
+            // be continuous. Kept through a Redis outage (which expires every
+            // heartbeat), it would condemn a live worker on the first pass after.
+            suspects.clear();
             tracing::warn!(error = %e, "reaper pass failed");
         }
         if let Err(e) = reclaim_orphans(&ctx, &slots, ttl).await {
@@ -81,7 +85,7 @@ async fn reap(
         if ctx.queue.is_alive(&name).await? {
             continue;
         }
-        match ctx.sandbox.remove_containers_of(&name).await {
+        match crate::remove_leftovers_of(ctx, &name).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(worker = %name, containers = n, "removed a lost worker's containers")

@@ -1,7 +1,9 @@
 //! One task from claim to acknowledgement:
-//! claim -> source files -> container (attach, start) -> supervise (tails, kill,
-//! timeout) -> remove container and source files -> record output and outcome
-//! -> ack. Docker resources are released before anything that needs Redis.
+//! claim -> source files -> container (a warm one from the pool, handed the
+//! task as an exec; else a new one: attach, start) -> supervise (tails, kill,
+//! timeout) -> record output and outcome -> ack. The container and source files
+//! are removed in the background as soon as the process has ended: off the
+//! critical path, and without waiting for Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,14 +11,17 @@ use std::time::{Duration, Instant};
 use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use shared::TaskState;
+use shared::options::Network;
 use shared::tail::{TAIL_CAP, TailBuffer};
 use shared::task::{Caps, ContainerExit, Outcome};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::collect::Collector;
 use crate::config::Config;
+use crate::pool::{Pool, Warm};
 use crate::queue::{Collected, Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
-use crate::sandbox::{ContainerSpec, OutputStream, Sandbox};
+use crate::sandbox::{ContainerSpec, OutputStream, Sandbox, StdinWriter};
 use crate::workspace;
 
 /// How often a running task's tails are published and its state re-read (which
@@ -31,6 +36,9 @@ pub struct Ctx {
     pub config: Arc<Config>,
     /// Cancelled when the worker's shutdown grace period is over.
     pub abort: CancellationToken,
+    pub pool: Pool,
+    /// Removals of ended tasks' containers and files, waited for at shutdown.
+    pub cleanups: TaskTracker,
 }
 
 /// Runs a job to its end and acknowledges it. Never panics, never returns an error:
@@ -89,91 +97,237 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
 
 /// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
 /// output (and puts in `collected` the files `collect` gathered). Docker
-/// resources are released here whether or not Redis answers.
+/// resources are released whether or not Redis answers.
 async fn execute(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
     collected: &mut Option<Collected>,
 ) -> (Outcome, Option<Tails>) {
-    let workspace_failed = |e: String| (Outcome::workspace_failed(e), None);
-    let source = if spec.has_zip {
-        let zip = match retry("read zip", &ctx.abort, || ctx.queue.zip(task_id)).await {
-            Ok(Some(zip)) => zip,
-            Ok(None) => return workspace_failed("the task's zip is no longer in the store".into()),
-            Err(e) => return workspace_failed(e.to_string()),
-        };
-        let (dir, id, limits) = (
-            ctx.config.tasks_dir.clone(),
-            task_id.to_owned(),
-            ctx.config.zip_limits,
-        );
-        let prepared =
-            tokio::task::spawn_blocking(move || workspace::prepare(&dir, &id, &zip, &limits)).await;
-        match prepared
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-        {
-            Ok(src) => Some(src),
-            Err(e) => return workspace_failed(e),
-        }
-    } else {
-        None
-    };
-    let stdin = if spec.has_stdin {
-        match retry("read stdin", &ctx.abort, || ctx.queue.stdin(task_id)).await {
-            // Gone only if the task ended meanwhile: then it will not run anyway.
-            Ok(stdin) => Some(stdin.unwrap_or_default()),
-            Err(e) => return workspace_failed(format!("could not read the task's stdin: {e}")),
-        }
-    } else {
-        None
-    };
     // The api recorded the image at submit; a host may override it (a mirror).
     let image = ctx
         .config
         .runtime_overrides
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
-    let collector = if spec.collect.is_empty() {
-        None
-    } else {
-        match Collector::start(&ctx.config.tasks_dir, task_id).await {
-            Ok(c) => Some(c),
-            Err(e) => return workspace_failed(format!("could not set up collect: {e}")),
+    // A task without a network must not run where a network was set up.
+    let warm = match spec.network {
+        Network::Internet => ctx.pool.take(&spec.runtime, image),
+        Network::None => None,
+    };
+    if ctx.pool.enabled() {
+        ctx.sandbox.metrics().pool_claim(warm.is_some());
+    }
+    let mut warm = warm;
+    let (launched, inputs) = loop {
+        let inputs = match Inputs::gather(ctx, task_id, spec, warm.as_ref()).await {
+            Ok(inputs) => inputs,
+            Err(e) => {
+                if let Some(warm) = warm {
+                    ctx.pool.discard(warm).await;
+                }
+                return (Outcome::workspace_failed(e), None);
+            }
+        };
+        let container_spec = ContainerSpec {
+            task_id,
+            image,
+            command: &spec.command,
+            source: inputs.source.as_deref(),
+            timeout_seconds: spec.timeout_seconds,
+            env: &spec.env,
+            network: spec.network,
+            stdin: inputs.stdin.is_some(),
+            collect: inputs
+                .collector
+                .as_ref()
+                .map(|c| (c.fifo(), &spec.collect[..])),
+        };
+        match &warm {
+            Some(w) => match launch_warm(ctx, w, &container_spec).await {
+                Ok(launched) => break (Ok(launched), inputs),
+                Err(e) => {
+                    // Nothing of the task ran: a pool container that died while
+                    // idle (an engine restart, a hand) costs a cold start, not
+                    // the task.
+                    tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
+                    if let Some(c) = inputs.collector {
+                        c.finish().await;
+                    }
+                    // Removed before the cold one is made: it may already bear
+                    // the task's container name.
+                    if let Some(w) = warm.take() {
+                        ctx.pool.discard(w).await;
+                    }
+                }
+            },
+            None => break (launch_cold(ctx, &container_spec).await, inputs),
         }
     };
-    let container_spec = ContainerSpec {
-        task_id,
-        image,
-        command: &spec.command,
-        source: source.as_deref(),
-        timeout_seconds: spec.timeout_seconds,
-        env: &spec.env,
-        network: spec.network,
-        stdin: stdin.is_some(),
-        collect: collector.as_ref().map(|c| (c.fifo(), &spec.collect[..])),
-    };
-    let ended = match ctx.sandbox.create(&container_spec).await {
-        Ok(container) => {
-            let ended = supervise(ctx, task_id, spec, &container, stdin).await;
-            if let Some(c) = collector {
+    match launched {
+        Ok(launched) => {
+            let container = launched.container.clone();
+            let ended = supervise(ctx, task_id, spec, launched, inputs.stdin).await;
+            if let Some(c) = inputs.collector {
                 *collected = c.finish().await;
             }
-            ctx.sandbox.remove(&container).await;
+            ctx.cleanups
+                .spawn(clean_up(ctx.clone(), Some(container), inputs.source, warm));
             ended
         }
-        Err(e) => {
-            if let Some(c) = collector {
+        Err((outcome, container)) => {
+            if let Some(c) = inputs.collector {
                 c.finish().await;
             }
-            (Outcome::start_failed(e), None)
+            ctx.cleanups
+                .spawn(clean_up(ctx.clone(), container, inputs.source, warm));
+            (outcome, None)
         }
-    };
-    if let Some(src) = source {
-        let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
     }
-    ended
+}
+
+/// What a task brings besides its command, ready for its container.
+struct Inputs {
+    /// The extracted zip on the host: a new directory, or the warm container's.
+    source: Option<std::path::PathBuf>,
+    stdin: Option<Vec<u8>>,
+    collector: Option<Collector>,
+}
+
+impl Inputs {
+    async fn gather(
+        ctx: &Ctx,
+        task_id: &str,
+        spec: &TaskSpec,
+        warm: Option<&Warm>,
+    ) -> Result<Inputs, String> {
+        let source = if spec.has_zip {
+            let zip = match retry("read zip", &ctx.abort, || ctx.queue.zip(task_id)).await {
+                Ok(Some(zip)) => zip,
+                Ok(None) => return Err("the task's zip is no longer in the store".into()),
+                Err(e) => return Err(e.to_string()),
+            };
+            let limits = ctx.config.zip_limits;
+            let prepared = match warm {
+                Some(w) => {
+                    let dir = w.source();
+                    tokio::task::spawn_blocking(move || {
+                        workspace::fill(&dir, &zip, &limits).map(|()| dir)
+                    })
+                    .await
+                }
+                None => {
+                    let (dir, id) = (ctx.config.tasks_dir.clone(), task_id.to_owned());
+                    tokio::task::spawn_blocking(move || {
+                        workspace::prepare(&dir, &id, &zip, &limits)
+                    })
+                    .await
+                }
+            };
+            Some(
+                prepared
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        let stdin = if spec.has_stdin {
+            match retry("read stdin", &ctx.abort, || ctx.queue.stdin(task_id)).await {
+                // Gone only if the task ended meanwhile: then it will not run anyway.
+                Ok(stdin) => Some(stdin.unwrap_or_default()),
+                Err(e) => return Err(format!("could not read the task's stdin: {e}")),
+            }
+        } else {
+            None
+        };
+        let collector = match (spec.collect.is_empty(), warm) {
+            (true, _) => None,
+            (false, Some(w)) => Some(Collector::open(w.fifo())),
+            (false, None) => match Collector::start(&ctx.config.tasks_dir, task_id).await {
+                Ok(c) => Some(c),
+                Err(e) => return Err(format!("could not set up collect: {e}")),
+            },
+        };
+        Ok(Inputs {
+            source,
+            stdin,
+            collector,
+        })
+    }
+}
+
+/// A task's process, started: in its own container, or as an exec in a warm one.
+struct Launched {
+    container: String,
+    /// The exec running the task in a warm container.
+    exec: Option<String>,
+    stream: OutputStream,
+    input: Option<StdinWriter>,
+}
+
+/// A cold start: creates the container, attaches (before the start, so no byte
+/// is missed), starts it. On failure, the outcome and the container to remove.
+async fn launch_cold(
+    ctx: &Ctx,
+    spec: &ContainerSpec<'_>,
+) -> Result<Launched, (Outcome, Option<String>)> {
+    let sandbox = &ctx.sandbox;
+    let container = sandbox
+        .create(spec)
+        .await
+        .map_err(|e| (Outcome::start_failed(e), None))?;
+    let failed = |e, c: &str| (Outcome::start_failed(e), Some(c.to_owned()));
+    let (stream, input) = sandbox
+        .attach(&container, spec.stdin)
+        .await
+        .map_err(|e| failed(e, &container))?;
+    sandbox
+        .start(&container)
+        .await
+        .map_err(|e| failed(e, &container))?;
+    Ok(Launched {
+        container,
+        exec: None,
+        stream,
+        input,
+    })
+}
+
+/// A warm start: the pool container, already running, runs the task's prelude
+/// as a process of its own.
+async fn launch_warm(
+    ctx: &Ctx,
+    warm: &Warm,
+    spec: &ContainerSpec<'_>,
+) -> Result<Launched, crate::sandbox::SandboxError> {
+    let exec = ctx.sandbox.exec_task(&warm.id, spec).await?;
+    Ok(Launched {
+        container: warm.id.clone(),
+        exec: Some(exec.id),
+        stream: exec.output,
+        input: exec.input,
+    })
+}
+
+/// Removes an ended task's container and host files (its extracted zip, or the
+/// warm container's directory). Runs in the background: the task's record does
+/// not wait for it.
+async fn clean_up(
+    ctx: Ctx,
+    container: Option<String>,
+    source: Option<std::path::PathBuf>,
+    warm: Option<Warm>,
+) {
+    match (warm, container) {
+        (Some(warm), _) => ctx.pool.discard(warm).await,
+        (None, Some(c)) => ctx.sandbox.remove(&c).await,
+        (None, None) => {}
+    }
+    if let Some(src) = source {
+        // A warm container's source directory went with its directory.
+        crate::pool::remove_dir(src).await;
+    }
 }
 
 /// Both streams' tails and when the last byte arrived.
@@ -237,25 +391,23 @@ impl Tails {
     }
 }
 
-/// Runs a created container to its end: streams output into the tails, publishes
+/// Runs a started task to its end: streams output into the tails, publishes
 /// them every tick, and stops the container on kill, timeout or worker shutdown.
 /// How the task ended is decided by `Outcome`'s rules, from what was seen here.
 async fn supervise(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
-    container: &str,
+    launched: Launched,
     stdin: Option<Vec<u8>>,
 ) -> (Outcome, Option<Tails>) {
     let sandbox = &ctx.sandbox;
-    // Attached before the start, so no byte is missed.
-    let (stream, input) = match sandbox.attach(container, stdin.is_some()).await {
-        Ok(o) => o,
-        Err(e) => return (Outcome::start_failed(e), None),
-    };
-    if let Err(e) = sandbox.start(container).await {
-        return (Outcome::start_failed(e), None);
-    }
+    let Launched {
+        container,
+        exec,
+        stream,
+        input,
+    } = launched;
     if let (Some(input), Some(bytes)) = (input, stdin) {
         // In the background: a script that reads slowly (or never) must not hold
         // up supervision; the writer ends with the container at the latest.
@@ -265,14 +417,21 @@ async fn supervise(
     let started = Instant::now();
     let mut output = Output { stream, open: true };
     let mut tails = Tails::new();
-    let end = match record_start(ctx, task_id, container).await {
+    let process = match &exec {
+        Some(exec) => Process::Exec {
+            container: &container,
+            exec,
+        },
+        None => Process::Container(&container),
+    };
+    let end = match record_start(ctx, task_id, &container).await {
         Some(end) => end,
         None => {
             watch(
                 ctx,
                 task_id,
                 spec,
-                container,
+                process,
                 &mut output,
                 &mut tails,
                 started,
@@ -280,6 +439,11 @@ async fn supervise(
             .await
         }
     };
+    if exec.is_some() && output.open {
+        // A process the script left behind still holds its output: in a cold
+        // container it would die with the container's main process.
+        sandbox.kill(&container).await;
+    }
     output.drain(&mut tails).await;
     sandbox.metrics().task_ran(&spec.runtime, started.elapsed());
     let outcome = match end {
@@ -303,6 +467,60 @@ async fn supervise(
         }
     };
     (outcome, Some(tails))
+}
+
+/// What runs a task: a container's main process (cold), or an exec in a warm
+/// container.
+#[derive(Clone, Copy)]
+enum Process<'a> {
+    Container(&'a str),
+    Exec { container: &'a str, exec: &'a str },
+}
+
+impl Process<'_> {
+    fn container(&self) -> &str {
+        match self {
+            Process::Container(c) | Process::Exec { container: c, .. } => c,
+        }
+    }
+
+    /// Waits for the task's process to exit; its exit code. `closed` is
+    /// notified when its output ends, which is when an exec has usually
+    /// exited; were a child it left behind to hold its output open, asking
+    /// every second catches the exit.
+    async fn exited(
+        &self,
+        sandbox: &Sandbox,
+        closed: &tokio::sync::Notify,
+    ) -> Result<i64, crate::sandbox::SandboxError> {
+        match *self {
+            Process::Container(c) => sandbox.wait(c).await,
+            Process::Exec { exec, .. } => {
+                // The engine closes an exec's output when it exits (seen on
+                // 20.10), so this poll is a safety net, kept cheap.
+                let mut every = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = closed.notified() => return sandbox.exec_exit(exec).await,
+                        _ = every.tick() => if let Some(code) = sandbox.exec_code(exec).await? {
+                            return Ok(code);
+                        },
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the kernel OOM-killed the task (exit code 137 at the memory cap).
+    /// The engine records it on the container when the container stops, so a
+    /// warm container (whose main process lives on) is stopped first.
+    async fn oom_killed(&self, sandbox: &Sandbox) -> bool {
+        if let Process::Exec { container, .. } = self {
+            sandbox.kill(container).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), sandbox.wait(container)).await;
+        }
+        sandbox.oom_killed(self.container()).await
+    }
 }
 
 /// Records the container's start. One attempt, not a retry: the container runs
@@ -330,17 +548,19 @@ async fn watch(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
-    container: &str,
+    process: Process<'_>,
     output: &mut Output,
     tails: &mut Tails,
     started: Instant,
 ) -> End {
     let sandbox = &ctx.sandbox;
+    let container = process.container();
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = tokio::time::sleep(Duration::from_secs(spec.timeout_seconds));
     tokio::pin!(deadline);
-    let wait = sandbox.wait(container);
+    let closed = tokio::sync::Notify::new();
+    let wait = process.exited(sandbox, &closed);
     tokio::pin!(wait);
     loop {
         tokio::select! {
@@ -348,7 +568,7 @@ async fn watch(
                 Ok(code) => {
                     let ran = started.elapsed();
                     // 137 is SIGKILL; at the memory cap it is the OOM killer.
-                    let oom_killed = code == 137 && sandbox.oom_killed(container).await;
+                    let oom_killed = code == 137 && process.oom_killed(sandbox).await;
                     End::Exited(ContainerExit { code, oom_killed, ran })
                 }
                 // It had started: whatever happened to it, it is no start failure.
@@ -359,8 +579,12 @@ async fn watch(
                 Some(Err(e)) => {
                     tracing::warn!(task_id, error = %e, "output stream failed");
                     output.open = false;
+                    closed.notify_one();
                 }
-                None => output.open = false,
+                None => {
+                    output.open = false;
+                    closed.notify_one();
+                }
             },
             _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
                 Ok(TaskStateReply::State(TaskState::Running)) => {}
@@ -385,7 +609,7 @@ async fn watch(
 }
 
 /// Writes a task's stdin, then closes it, so the script sees EOF.
-async fn feed_stdin(mut input: crate::sandbox::StdinWriter, bytes: Vec<u8>, task_id: String) {
+async fn feed_stdin(mut input: StdinWriter, bytes: Vec<u8>, task_id: String) {
     use tokio::io::AsyncWriteExt;
     let written = async {
         input.write_all(&bytes).await?;

@@ -8,19 +8,37 @@ use std::path::Path;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
+use bollard::exec::StartExecResults;
 use bollard::models::{
     ContainerCreateBody, HostConfig, HostConfigLogConfig, NetworkCreateRequest, ResourcesUlimits,
 };
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
     KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    RenameContainerOptionsBuilder,
 };
 use futures_util::{Stream, StreamExt};
 use shared::options::Network;
 use shared::task::self_deadline_seconds;
+use std::time::Duration;
 
 use crate::config::SandboxLimits;
 use crate::metrics::{Metrics, Op};
+
+/// The variables every task gets, after the task's own: the api refuses the
+/// reserved names, and a later duplicate would win anyway.
+fn task_env(extra: &[(String, String)]) -> Vec<String> {
+    let mut env: Vec<String> = extra.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    env.extend([
+        "HOME=/tmp".to_owned(),
+        "LANG=C.UTF-8".to_owned(),
+        "PYTHONUNBUFFERED=1".to_owned(),
+    ]);
+    env
+}
+
+/// The longest timeout the api accepts (`MAX_TIMEOUT_SECONDS` at most).
+const MAX_TASK_SECONDS: u64 = 86_400;
 
 /// The container's command: copy the zip's files in (if any), then run the user's
 /// command under `timeout -s KILL <deadline>` where the image has `timeout`
@@ -86,6 +104,9 @@ const OPT_ICC: &str = "com.docker.network.bridge.enable_icc";
 /// Labels on every task container, so a worker can find its own after a crash.
 pub const LABEL_TASK: &str = "script-runner.task";
 pub const LABEL_WORKER: &str = "script-runner.worker";
+/// On warm pool containers: the runtime whose pool holds it. A claimed one is
+/// renamed `sr-<task_id>` (labels cannot change).
+pub const LABEL_POOL: &str = "script-runner.pool";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -119,6 +140,32 @@ pub struct ContainerSpec<'a> {
     pub stdin: bool,
     /// `collect`: the collection pipe on the host and the patterns.
     pub collect: Option<(&'a Path, &'a [String])>,
+}
+
+/// A warm pool container to be.
+pub struct WarmSpec<'a> {
+    /// The container's name, `sr-pool-...`.
+    pub name: &'a str,
+    pub runtime: &'a str,
+    pub image: &'a str,
+    /// Mounted where a cold task's extracted zip is: filled at claim.
+    pub source: &'a Path,
+    /// The collection pipe, mounted ahead of time.
+    pub fifo: &'a Path,
+    pub max_age: std::time::Duration,
+}
+
+/// Host paths mounted into a task container.
+struct Mounts<'a> {
+    source: Option<&'a Path>,
+    collect: Option<&'a Path>,
+}
+
+/// A task's process in a warm container.
+pub struct Exec {
+    pub id: String,
+    pub output: OutputStream,
+    pub input: Option<StdinWriter>,
 }
 
 #[derive(Clone)]
@@ -241,38 +288,84 @@ impl Sandbox {
             self_deadline_seconds(spec.timeout_seconds),
             spec.collect.map_or(&[][..], |(_, patterns)| patterns),
         );
-        // The sandbox's own variables last: the api refuses the reserved names,
-        // and a later duplicate would win anyway.
-        let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        env.extend([
-            "HOME=/tmp".to_owned(),
-            "LANG=C.UTF-8".to_owned(),
-            "PYTHONUNBUFFERED=1".to_owned(),
-        ]);
+        let mounts = Mounts {
+            source: spec.source,
+            collect: spec.collect.map(|(fifo, _)| fifo),
+        };
         let body = ContainerCreateBody {
             image: Some(spec.image.to_owned()),
             cmd: Some(cmd),
-            working_dir: Some("/workspace".into()),
-            user: Some(self.limits.user.clone()),
-            env: Some(env),
+            env: Some(task_env(spec.env)),
             labels: Some(HashMap::from([
                 (LABEL_TASK.to_owned(), spec.task_id.to_owned()),
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
             ])),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
-            tty: Some(false),
             // With stdin, the container's stdin is closed when the worker closes
             // its side of the attach (stdin_once): the script then sees EOF.
             attach_stdin: Some(spec.stdin),
             open_stdin: Some(spec.stdin),
             stdin_once: Some(spec.stdin),
-            host_config: Some(self.host_config(spec)),
-            ..Default::default()
+            host_config: Some(self.host_config(&mounts, spec.network)),
+            ..self.base_body()
         };
-        let opts = CreateContainerOptionsBuilder::default()
-            .name(&format!("sr-{}", spec.task_id))
-            .build();
+        self.create_named(&format!("sr-{}", spec.task_id), spec.image, body)
+            .await
+    }
+
+    /// Creates and starts a warm pool container: the very container a cold task
+    /// of this image gets (caps, mounts, network, user), with its source
+    /// directory and collection pipe mounted ahead of time (a running container
+    /// cannot get a new mount), idle until `exec_task` hands it one task.
+    ///
+    /// Its only process sleeps: no CPU, no traffic. The sleep outlives any task
+    /// (`max_age` idle, then at most the longest timeout), so a pool container
+    /// whose worker died and never came back ends by itself.
+    pub async fn create_warm(&self, warm: &WarmSpec<'_>) -> Result<String, SandboxError> {
+        let idle_seconds = warm.max_age.as_secs() + MAX_TASK_SECONDS + 120;
+        let body = ContainerCreateBody {
+            image: Some(warm.image.to_owned()),
+            cmd: Some(vec!["sleep".to_owned(), idle_seconds.to_string()]),
+            env: Some(task_env(&[])),
+            labels: Some(HashMap::from([
+                (LABEL_WORKER.to_owned(), self.worker.clone()),
+                (LABEL_POOL.to_owned(), warm.runtime.to_owned()),
+            ])),
+            host_config: Some(self.host_config(
+                &Mounts {
+                    source: Some(warm.source),
+                    collect: Some(warm.fifo),
+                },
+                Network::Internet,
+            )),
+            ..self.base_body()
+        };
+        let id = self.create_named(warm.name, warm.image, body).await?;
+        if let Err(e) = self.start(&id).await {
+            self.remove(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// What every task container has, cold or warm.
+    fn base_body(&self) -> ContainerCreateBody {
+        ContainerCreateBody {
+            working_dir: Some("/workspace".into()),
+            user: Some(self.limits.user.clone()),
+            tty: Some(false),
+            ..Default::default()
+        }
+    }
+
+    async fn create_named(
+        &self,
+        name: &str,
+        image: &str,
+        body: ContainerCreateBody,
+    ) -> Result<String, SandboxError> {
+        let opts = CreateContainerOptionsBuilder::default().name(name).build();
         let create = self
             .docker
             .create_container(Some(opts.clone()), body.clone());
@@ -281,7 +374,7 @@ impl Sandbox {
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
             }) => {
-                self.pull(spec.image).await?;
+                self.pull(image).await?;
                 let create = self.docker.create_container(Some(opts), body);
                 Ok(self.metrics.docker(Op::Create, create).await?.id)
             }
@@ -289,20 +382,109 @@ impl Sandbox {
         }
     }
 
+    /// Hands a warm container its task: runs the same prelude a cold container
+    /// runs as its command, as a process of its own in the running container,
+    /// with the task's environment, attached to its output (and stdin, if it has
+    /// one). Renames the container `sr-<task_id>` meanwhile, so it is found by
+    /// name like a cold one.
+    pub async fn exec_task(
+        &self,
+        container: &str,
+        spec: &ContainerSpec<'_>,
+    ) -> Result<Exec, SandboxError> {
+        let cmd = container_command(
+            spec.command,
+            spec.source.is_some(),
+            self_deadline_seconds(spec.timeout_seconds),
+            spec.collect.map_or(&[][..], |(_, patterns)| patterns),
+        );
+        let config = bollard::exec::CreateExecOptions {
+            attach_stdin: Some(spec.stdin),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            env: Some(task_env(spec.env)),
+            cmd: Some(cmd),
+            user: Some(self.limits.user.clone()),
+            working_dir: Some("/workspace".to_owned()),
+            ..Default::default()
+        };
+        let rename = self.docker.rename_container(
+            container,
+            RenameContainerOptionsBuilder::default()
+                .name(&format!("sr-{}", spec.task_id))
+                .build(),
+        );
+        let create = self.metrics.docker(Op::Exec, async {
+            let exec = self.docker.create_exec(container, config).await?;
+            let started = self.docker.start_exec(&exec.id, None).await?;
+            Ok::<_, DockerError>((exec.id, started))
+        });
+        let (renamed, created) = tokio::join!(rename, create);
+        if let Err(e) = renamed {
+            tracing::debug!(container, error = %e, "could not rename the pool container");
+        }
+        match created? {
+            (id, StartExecResults::Attached { output, input }) => Ok(Exec {
+                id,
+                output,
+                input: spec.stdin.then_some(input),
+            }),
+            (_, StartExecResults::Detached) => {
+                Err(SandboxError::Docker(DockerError::DockerStreamError {
+                    error: "the task's process started detached".into(),
+                }))
+            }
+        }
+    }
+
+    /// Waits for a task's process in a warm container to exit, once its output
+    /// has ended; returns its exit code. The output can end a moment before the
+    /// engine records the exit, so this asks a few times; a process that closed
+    /// its output early is waited for as long as it runs.
+    pub async fn exec_exit(&self, exec: &str) -> Result<i64, SandboxError> {
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let state = self.docker.inspect_exec(exec).await?;
+            match (state.running, state.exit_code) {
+                (Some(false), Some(code)) => return Ok(code),
+                // Not running and no code: its container was stopped under it.
+                (Some(false), None) => {
+                    return Err(SandboxError::Docker(DockerError::DockerStreamError {
+                        error:
+                            "the task's process ended without an exit code (its container stopped)"
+                                .into(),
+                    }));
+                }
+                _ => {}
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// The exit code of a task's process in a warm container, if it has exited.
+    pub async fn exec_code(&self, exec: &str) -> Result<Option<i64>, SandboxError> {
+        let state = self.docker.inspect_exec(exec).await?;
+        Ok(match state.running {
+            Some(false) => Some(state.exit_code.unwrap_or(-1)),
+            _ => None,
+        })
+    }
+
     /// The hardening and caps every task container gets.
-    fn host_config(&self, spec: &ContainerSpec<'_>) -> HostConfig {
+    fn host_config(&self, mounts: &Mounts<'_>, network: Network) -> HostConfig {
         let l = &self.limits;
         let memory = (l.memory_mib * 1024 * 1024) as i64;
         let mut binds: Vec<String> = Vec::new();
-        if let Some(src) = spec.source {
+        if let Some(src) = mounts.source {
             binds.push(format!("{}:{SOURCE_MOUNT}:ro", src.display()));
         }
         // A pipe, not a file: what the prelude writes goes to the worker's
         // memory (bounded by what it reads), never to the host's disk.
-        if let Some((fifo, _)) = spec.collect {
+        if let Some(fifo) = mounts.collect {
             binds.push(format!("{}:{COLLECT_MOUNT}", fifo.display()));
         }
-        let network = spec.network;
         HostConfig {
             binds: (!binds.is_empty()).then_some(binds),
             memory: Some(memory),

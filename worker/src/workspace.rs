@@ -45,9 +45,17 @@ pub fn prepare(
         fs::remove_dir_all(&dir)?;
     }
     fs::create_dir(&dir)?;
-    extract(&dir, zip, limits)?;
-    make_readable(&dir)?;
+    fill(&dir, zip, limits)?;
     Ok(dir)
+}
+
+/// Extracts `zip` into `dir`, an empty directory that already exists (a warm
+/// pool container's source directory, mounted before the task was known), with
+/// the same checks and modes as `prepare`.
+pub fn fill(dir: &Path, zip: &[u8], limits: &ZipLimits) -> Result<(), WorkspaceError> {
+    extract(dir, zip, limits)?;
+    make_readable(dir)?;
+    Ok(())
 }
 
 fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), WorkspaceError> {

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod process;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::TcpListener as StdListener;
@@ -80,7 +82,21 @@ pub struct Redis {
     pub port: u16,
     bind: String,
     dir: std::path::PathBuf,
+    /// The persistence and memory options, `DURABLE` unless a test asks otherwise.
+    config: Vec<String>,
 }
+
+/// What every test Redis runs with unless it asks otherwise: an append-only file,
+/// fsynced on every write, and nothing evicted (Redis's default policy). The api
+/// and the worker refuse a Redis that can lose tasks (REDIS_SETUP_CHECK).
+pub const DURABLE: &[&str] = &[
+    "--save",
+    "",
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+];
 
 impl Redis {
     pub async fn start() -> Redis {
@@ -89,6 +105,11 @@ impl Redis {
 
     /// On `bind` (e.g. "0.0.0.0", to check that tasks cannot reach it anyway).
     pub async fn start_on(bind: &str) -> Redis {
+        Redis::start_with(bind, DURABLE).await
+    }
+
+    /// With `config` instead of `DURABLE` (e.g. `--maxmemory-policy allkeys-lru`).
+    pub async fn start_with(bind: &str, config: &[&str]) -> Redis {
         let dir = std::env::temp_dir().join(format!("sr-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("redis dir");
         let mut r = Redis {
@@ -96,6 +117,7 @@ impl Redis {
             port: free_port(),
             bind: bind.to_owned(),
             dir,
+            config: config.iter().map(|s| (*s).to_owned()).collect(),
         };
         r.spawn();
         r.wait_ready().await;
@@ -112,14 +134,7 @@ impl Redis {
                 "--protected-mode",
                 "no",
             ])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
+            .args(&self.config)
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -244,6 +259,11 @@ impl Stack {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
+        // The warm pool: the worker's default unless TEST_POOL_SIZE says otherwise
+        // (scripts/test.sh runs the suites with it on and off).
+        if let Ok(size) = std::env::var("TEST_POOL_SIZE") {
+            env.insert("POOL_SIZE".to_owned(), size);
+        }
         env.extend(
             opts.extra_env
                 .iter()
@@ -619,18 +639,36 @@ pub async fn start_until_output(
     id
 }
 
-/// Ids of the containers (any state) labelled with this task.
+/// Ids of the task's containers (any state), found by name: a warm pool
+/// container is renamed `sr-<task_id>` when the task claims it (its labels were
+/// set before the task existed).
 pub fn containers_of_task(task_id: &str) -> String {
     let out = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=script-runner.task={task_id}"),
-        ])
+        .args(["ps", "-aq", "--filter", &format!("name=^/sr-{task_id}$")])
         .output()
         .expect("docker ps");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Names of the task containers (not idle warm pool ones) worker `worker` has
+/// on this engine, in any state.
+pub fn task_containers_of_worker(worker: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=script-runner.worker={worker}"),
+            "--format",
+            "{{.Names}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|n| !n.starts_with("sr-pool-"))
+        .map(str::to_owned)
+        .collect()
 }
 
 pub async fn wait_container_gone(task_id: &str) {
@@ -671,6 +709,25 @@ impl WorkerProcess {
         assert!(status.is_ok_and(|s| s.success()), "SIGTERM failed");
     }
 
+    /// SIGSTOP: the process is frozen (no heartbeat, no reaper pass) but alive,
+    /// as a worker stalled by its host would be.
+    pub fn pause(&self) {
+        self.send("-STOP");
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.send("-CONT");
+    }
+
+    fn send(&self, signal: &str) {
+        assert!(self.0.is_some(), "the process is gone");
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {signal} failed");
+    }
+
     /// Waits for it to exit (after `terminate`); whether it exited cleanly.
     pub async fn exited_cleanly(mut self) -> bool {
         let Some(mut child) = self.0.take() else {
@@ -687,3 +744,26 @@ impl Drop for WorkerProcess {
         self.kill();
     }
 }
+
+/// What a task may and may not do, printed line by line: capabilities, limits,
+/// user, and attempts to escalate. The hostile suite checks each line; the pool
+/// suite checks a warm container prints exactly what a cold one does.
+pub const PRIVILEGES: &str = r#"
+grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status
+echo "nofile=$(ulimit -n)"
+echo "cpu=$(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)")"
+if [ -f /sys/fs/cgroup/memory.max ]; then
+  echo "memory=$(cat /sys/fs/cgroup/memory.max) swap=$(cat /sys/fs/cgroup/memory.swap.max)"
+else
+  m=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes)
+  s=$(cat /sys/fs/cgroup/memory/memory.memsw.limit_in_bytes 2>/dev/null) && s=$((s - m)) || s=unaccounted
+  echo "memory=$m swap=$s"
+fi
+echo "uid=$(id -u)"
+mount -t tmpfs none /mnt 2>/dev/null && echo "mount: ALLOWED" || echo "mount: denied"
+unshare -r true 2>/dev/null && echo "unshare: ALLOWED" || echo "unshare: denied"
+touch /pwned 2>/dev/null && echo "write-root: ALLOWED" || echo "write-root: denied"
+chmod u+s /bin/sh 2>/dev/null && echo "chmod-suid: ALLOWED" || echo "chmod-suid: denied"
+ls /var/run/docker.sock 2>/dev/null && echo "docker-socket: PRESENT" || echo "docker-socket: absent"
+mkdir -p "$HOME/.local/lib" && touch /workspace/w /tmp/t && echo "home, workspace, tmp: writable"
+"#;

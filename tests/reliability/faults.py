@@ -1,0 +1,776 @@
+"""Faults under load: real processes, one command, a bounded run.
+
+    scripts/faults.sh [--tasks 300] [--release] [...]      (or: .venv/bin/python tests/reliability/faults.py)
+
+A redis-server with an append-only file (appendfsync everysec, as deployed), three
+workers on this host (distinct WORKER_NAME, one prefix, WORKER_HEARTBEAT_SECONDS=3
+so a lost worker is settled in seconds rather than the default 15 s's half minute),
+two api replicas behind one address (Caddy, round robin, retrying a refused
+connection on the other replica), and clients submitting short tasks as fast as
+the api takes them: the api's MAX_QUEUED_TASKS is small (twice the slots), so the
+queue stays short, clients are told "at capacity" and retry, and submissions go on
+for the whole run, through every fault. Meanwhile, in order, each at a fixed share
+of the tasks (clients wait at that point until the fault is injected, so every
+fault lands mid-run at any size):
+
+  1. worker w1 is SIGKILLed while it runs tasks, just after a job was read under its
+     name but not claimed (as if it died between XREADGROUP and CLAIM); another
+     worker's reaper settles its jobs; then w1 is started again under its name;
+  2. worker w2 is SIGTERMed while it runs tasks (SHUTDOWN_GRACE_SECONDS=10) and
+     started again once it has exited;
+  3. redis-server is SIGKILLed, left down for --redis-outage seconds, and started
+     again from its append-only file;
+  4. api replica api1 is SIGKILLed and left dead: clients go on through the proxy.
+
+Then every task is waited for, and checked (exit status 1 if any check fails):
+every task_id handed out ends terminal; none is unknown afterwards (lost) or goes
+back to an earlier state; no task's container started twice (`docker events`);
+w1's running tasks end "worker lost" and its read-but-unclaimed job runs once
+elsewhere; w2 exits 0 and its running tasks succeed; submits during the Redis
+outage get the store's "try again shortly" error; api and workers recover by
+themselves; no container or stream entry is left. A summary with the figures is
+printed (and written as JSON with --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import re
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    FINAL_STATES,
+    REPO_ROOT,
+    ContainerStarts,
+    Mcp,
+    ProtocolError,
+    Stack,
+    Unreachable,
+    log,
+    pairs,
+    print_table,
+    scan_keys,
+    wait_for,
+)
+
+STATE_RANK = {"queued": 0, "running": 1} | {s: 2 for s in FINAL_STATES}
+FAULTS = ("worker-kill", "worker-term", "redis-kill", "api-kill")
+# Where each fault lands, as a share of the tasks submitted.
+FAULT_AT = {"worker-kill": 0.15, "worker-term": 0.35, "redis-kill": 0.55, "api-kill": 0.75}
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def command_for(index: int) -> tuple[str, str]:
+    """A short task and the stdout it must produce. The index in the output ties
+    a task record back to the submission that made it."""
+    pause = ("0.3", "0.8", "1.5", "2.5")[index % 4]
+    return f"echo start {index}; sleep {pause}; echo end {index}", f"start {index}\nend {index}\n"
+
+
+@dataclass
+class Task:
+    index: int
+    task_id: str
+    states: list[str] = field(default_factory=list)  # distinct states seen, in order
+    final: dict[str, Any] | None = None
+    regressions: list[str] = field(default_factory=list)
+    vanished: int = 0  # "no task with id" after it had been seen
+
+
+@dataclass
+class Errors:
+    """Client-side failures, by phase of the run and kind."""
+
+    counts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (phase, call, kind)
+    samples: dict[str, list[str]] = field(default_factory=dict)
+    max_store_error_latency: float = 0.0
+    unreachable: list[str] = field(default_factory=list)  # when and what, for the proxy's log
+
+    def add(self, phase: str, call: str, kind: str, text: str) -> None:
+        self.counts[(phase, call, kind)] += 1
+        if kind == "unreachable" and len(self.unreachable) < 50:
+            self.unreachable.append(f"{time.strftime('%H:%M:%S')} {phase} {call}: {text[:200]}")
+        s = self.samples.setdefault(kind, [])
+        if len(s) < 3 and text not in s:
+            s.append(text[:300])
+
+    def total(self, kind: str | None = None, phase: str | None = None, call: str | None = None) -> int:
+        return sum(
+            n
+            for (p, c, k), n in self.counts.items()
+            if (kind is None or k == kind) and (phase is None or p == phase) and (call is None or c == call)
+        )
+
+
+def classify_tool_error(text: str) -> str:
+    if "at capacity" in text:
+        return "at-capacity"
+    if text.startswith("the task store (Redis)") and text.rstrip().endswith("try again shortly"):
+        return "store-unavailable"
+    if text.startswith("no task with id"):
+        return "unknown-task"
+    return "unexpected-tool-error"
+
+
+class FaultRun:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.n = args.tasks
+        self.stack = Stack(bin_dir=args.bin_dir, appendfsync=args.appendfsync, keep=args.keep)
+        self.tasks: dict[str, Task] = {}
+        self.by_index: dict[int, Task] = {}
+        self.next_index = 0
+        self.done_indices: set[int] = set()
+        self.failed_submits: list[str] = []
+        self.errors = Errors()
+        self.phase = "normal"
+        self.faults = [f for f in FAULTS if f in args.faults]
+        self.gates = {f: int(FAULT_AT[f] * self.n) for f in self.faults}
+        self.injected = {f: asyncio.Event() for f in self.faults}
+        # Clients hold this far past a fault's point until it is injected: enough
+        # work for every worker meanwhile, and the fault still lands mid-run.
+        self.window = args.workers * args.concurrency
+        self.submissions_done = asyncio.Event()
+        self.figures: dict[str, Any] = {}
+        self.failures: list[str] = []
+        self.mcp: Mcp | None = None
+        self.starts: ContainerStarts | None = None
+        self.t0 = time.monotonic()
+        self.first_ok_after_redis: float | None = None
+        self.redis_restarted_at: float | None = None
+
+    # ------------------------------------------------------------------ set-up
+
+    async def start(self) -> None:
+        a, st = self.args, self.stack
+        Stack.preflight(need_caddy="api-kill" in self.faults)
+        log(f"run {st.run_id}: logs in {st.tmp}")
+        await st.start_redis()
+        worker_env = {
+            "WORKER_CONCURRENCY": str(a.concurrency),
+            "WORKER_HEARTBEAT_SECONDS": str(a.heartbeat),
+            "SHUTDOWN_GRACE_SECONDS": str(a.grace),
+        }
+        for i in range(1, a.workers + 1):
+            st.add_worker(f"w{i}", worker_env)
+        self.starts = ContainerStarts(st.worker_names())
+        await self.starts.start()
+        await asyncio.gather(*(st.start_worker(s) for s in st.workers))
+        api_env = {"MAX_QUEUED_TASKS": str(a.max_queued)}
+        for name in ("api1", "api2") if "api-kill" in self.faults else ("api1",):
+            st.add_api(name, api_env)
+            await st.start_api(name)
+        if "api-kill" in self.faults:
+            await st.start_proxy()
+        self.mcp = Mcp(st.url, st.token, timeout=20.0, connections=a.clients + a.pollers + 4)
+        log(
+            f"stack up: redis :{st.redis_port} (appendfsync {a.appendfsync}), {a.workers} workers x {a.concurrency} slots, "
+            f"apis {st.api_ports}, clients via {st.url}"
+        )
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    # ------------------------------------------------------------------ clients
+
+    async def submitter(self) -> None:
+        assert self.mcp is not None
+        while self.next_index < self.n:
+            index = self.next_index
+            self.next_index += 1
+            for f in self.faults:
+                if index >= self.gates[f] + self.window:
+                    await self.injected[f].wait()
+            command, _ = command_for(index)
+            args = {"runtime": "python3.13", "command_base64": b64(command), "timeout_seconds": 60}
+            while True:
+                phase = self.phase
+                t = time.monotonic()
+                try:
+                    res = await self.mcp.call("run_script", args)
+                except Unreachable as e:
+                    self.errors.add(phase, "submit", "unreachable", str(e))
+                    await asyncio.sleep(0.2)
+                    continue
+                except ProtocolError as e:
+                    self.errors.add(phase, "submit", "protocol-error", str(e))
+                    self.failed_submits.append(f"#{index}: {e}")
+                    break
+                if res.is_error:
+                    kind = classify_tool_error(res.text)
+                    self.errors.add(phase, "submit", kind, res.text)
+                    if kind == "store-unavailable":
+                        self.errors.max_store_error_latency = max(self.errors.max_store_error_latency, time.monotonic() - t)
+                    if kind in ("at-capacity", "store-unavailable"):
+                        await asyncio.sleep(0.25)
+                        continue
+                    self.failed_submits.append(f"#{index}: {res.text}")
+                    break
+                assert res.structured is not None
+                task = Task(index, res.structured["task_id"], states=[res.structured["state"]])
+                self.tasks[task.task_id] = task
+                self.by_index[index] = task
+                if self.redis_restarted_at is not None and self.first_ok_after_redis is None:
+                    self.first_ok_after_redis = time.monotonic() - self.redis_restarted_at
+                break
+            self.done_indices.add(index)
+            if len(self.done_indices) == self.n:
+                self.submissions_done.set()
+
+    def observe(self, task: Task, status: dict[str, Any]) -> None:
+        state = status["state"]
+        if task.states and STATE_RANK[state] < STATE_RANK[task.states[-1]]:
+            task.regressions.append(f"{task.states[-1]} -> {state}")
+        if not task.states or task.states[-1] != state:
+            task.states.append(state)
+        if state in FINAL_STATES:
+            if task.final is not None and task.final["state"] != state:
+                task.regressions.append(f"final {task.final['state']} -> {state}")
+            task.final = status
+
+    async def poller(self, k: int, p: int) -> None:
+        assert self.mcp is not None
+        while not (self.submissions_done.is_set() and all(t.final for t in self.tasks.values())):
+            pending = [t for t in list(self.tasks.values()) if t.final is None and t.index % p == k]
+            for task in pending:
+                phase = self.phase
+                try:
+                    res = await self.mcp.call("get_task_status", {"task_id": task.task_id})
+                except Unreachable as e:
+                    self.errors.add(phase, "status", "unreachable", str(e))
+                    await asyncio.sleep(0.2)
+                    continue
+                except ProtocolError as e:
+                    self.errors.add(phase, "status", "protocol-error", str(e))
+                    continue
+                if res.is_error:
+                    kind = classify_tool_error(res.text)
+                    self.errors.add(phase, "status", kind, res.text)
+                    if kind == "unknown-task":
+                        task.vanished += 1
+                    continue
+                assert res.structured is not None
+                self.observe(task, res.structured)
+            await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------------ Redis views
+
+    async def pending_of(self, worker: str) -> list[tuple[str, str]]:
+        """(entry id, task id) of the stream entries pending under `worker`."""
+        st = self.stack
+        rows = await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP, "-", "+", 1000, worker)
+        out = []
+        for entry_id, *_ in rows or []:
+            got = await st.r("XRANGE", st.keys.jobs(), entry_id, entry_id)
+            if got:
+                out.append((entry_id, pairs(got[0][1]).get("task_id", "")))
+        return out
+
+    async def record(self, task_id: str, *fields: str) -> dict[str, str | None]:
+        vals = await self.stack.r("HMGET", self.stack.keys.task(task_id), *fields)
+        return dict(zip(fields, vals))
+
+    async def running_on(self, short: str) -> list[str]:
+        """Tasks whose container worker `short` has started and still runs."""
+        name = self.stack.worker_name(short)
+        ids = []
+        for _, task_id in await self.pending_of(name):
+            rec = await self.record(task_id, "state", "started_at", "worker")
+            if rec["state"] == "running" and rec["started_at"] and rec["worker"] == name:
+                ids.append(task_id)
+        return ids
+
+    async def wait_gate(self, fault: str) -> None:
+        gate = self.gates[fault]
+        await wait_for(
+            f"the {gate} submissions before {fault}",
+            lambda: asyncio.sleep(0, all(i in self.done_indices for i in range(gate))),
+            self.args.deadline,
+            every=0.1,
+        )
+
+    # ------------------------------------------------------------------ faults
+
+    async def worker_kill(self) -> None:
+        st, short = self.stack, "w1"
+        name = st.worker_name(short)
+        async def ready() -> bool:
+            # w1 runs a task, and a job waits in the stream for the read below.
+            undelivered = await st.r("XLEN", st.keys.jobs()) - (await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP))[0]
+            return undelivered > 0 and bool(await self.running_on(short))
+
+        await wait_for(f"{short} to run a task while a job waits", ready, 120, every=0.05)
+        # A job read under its name and never claimed: as if it died right after
+        # XREADGROUP. Read just before the kill, so its own reaper has no time to
+        # take it back (that needs two heartbeat periods of idleness).
+        read = await st.r("XREADGROUP", "GROUP", st.keys.GROUP, name, "COUNT", 1, "STREAMS", st.keys.jobs(), ">")
+        injected = [pairs(f).get("task_id", "") for _, entries in (read or []) for _, f in entries]
+        st.workers[short].kill()
+        t_kill = time.monotonic()
+        self.phase = "worker-kill"
+        self.injected["worker-kill"].set()
+        held = await self.pending_of(name)
+        classes: dict[str, list[str]] = {"running": [], "claimed-start-not-recorded": [], "read-not-claimed": [], "ended": []}
+        for _, task_id in held:
+            rec = await self.record(task_id, "state", "started_at")
+            if rec["state"] == "running":
+                classes["running" if rec["started_at"] else "claimed-start-not-recorded"].append(task_id)
+            elif rec["state"] == "queued":
+                classes["read-not-claimed"].append(task_id)
+            else:
+                classes["ended"].append(task_id)
+        log(f"SIGKILLed worker w1 holding {len(held)} job(s): " + ", ".join(f"{k} {len(v)}" for k, v in classes.items()))
+
+        async def forgotten() -> bool:
+            return await st.r("SISMEMBER", st.keys.workers(), name) == 0
+
+        await wait_for("w1 to be settled and forgotten by another worker's reaper", forgotten, 120, every=0.2)
+        t_forgotten = time.monotonic() - t_kill
+        # The reaper removes a lost worker's containers (same host) before it
+        # forgets the worker.
+        w1_left = await self._containers_of(name)
+        await st.start_worker(short)
+        self.phase = "normal"
+        self.figures["worker_kill"] = {
+            "held_jobs": len(held),
+            "classes": {k: len(v) for k, v in classes.items()},
+            "injected_read_not_claimed": len(injected),
+            "settled_and_forgotten_after_s": round(t_forgotten, 1),
+            "w1_containers_left_after_reap": len(w1_left),
+            "restarted_after_s": round(time.monotonic() - t_kill, 1),
+        }
+        self.kill_classes = classes
+        log(f"w1 settled and forgotten after {t_forgotten:.1f} s; restarted")
+
+    async def _containers_of(self, worker: str) -> list[str]:
+        def q() -> list[str]:
+            import subprocess
+
+            out = subprocess.run(
+                ["docker", "ps", "-aq", "--filter", f"label=script-runner.worker={worker}"], capture_output=True, text=True
+            )
+            return out.stdout.split()
+
+        return await asyncio.to_thread(q)
+
+    async def worker_term(self) -> None:
+        st, short = self.stack, "w2"
+        running = await wait_for(f"{short} to run a task", lambda: self.running_on(short), 120, every=0.2)
+        proc = st.workers[short]
+        proc.signal(signal.SIGTERM)
+        t = time.monotonic()
+        self.phase = "worker-term"
+        self.injected["worker-term"].set()
+        log(f"SIGTERMed worker w2 running {len(running)} task(s)")
+        code = await proc.wait_exit(self.args.grace + 60)
+        drained = time.monotonic() - t
+        await st.start_worker(short)
+        self.phase = "normal"
+        self.term_running = running
+        self.figures["worker_term"] = {"running_at_signal": len(running), "exit_code": code, "exited_after_s": round(drained, 1)}
+        if code != 0:
+            self.failures.append(f"w2 exited with code {code} after SIGTERM (expected 0)")
+        log(f"w2 exited {code} after {drained:.1f} s; restarted")
+
+    async def redis_kill(self) -> None:
+        st = self.stack
+        assert st.redis_proc is not None
+        # With everysec, Redis write()s the AOF before it answers (unless an fsync
+        # is still running, when it may postpone the write for up to 2 s), so
+        # killing the process loses what the kernel has not yet fsynced only if the
+        # machine goes down too, which no process kill shows.
+        st.redis_proc.kill()
+        t_kill = time.monotonic()
+        self.phase = "redis-down"
+        self.injected["redis-kill"].set()
+        log(f"SIGKILLed redis-server; down for {self.args.redis_outage} s")
+        # The outage itself: this is the fault's length, not a wait for something.
+        health = []
+        end = t_kill + self.args.redis_outage
+        while time.monotonic() < end:
+            try:
+                import httpx2
+
+                async with httpx2.AsyncClient(timeout=5.0) as c:
+                    health.append((await c.get(f"{st.url}/healthz")).status_code)
+            except Exception as e:  # noqa: BLE001 - counted as what it is
+                health.append(type(e).__name__)
+            await asyncio.sleep(0.5)
+        # From here on, answers may come from the restarted Redis.
+        self.phase = "redis-recovery"
+        down = time.monotonic() - t_kill
+        await st.start_redis()
+        t_up = time.monotonic()
+        self.redis_restarted_at = t_up
+        outage = t_up - t_kill
+
+        async def api_healthy() -> bool:
+            import httpx2
+
+            async with httpx2.AsyncClient(timeout=5.0) as c:
+                return (await c.get(f"{st.url}/healthz")).status_code == 200
+
+        await wait_for("the api to report healthy after Redis came back", api_healthy, 60)
+        api_back = time.monotonic() - t_up
+
+        async def all_beating() -> bool:
+            return all([await st.r("EXISTS", st.keys.worker(n)) == 1 for n in st.worker_names()])
+
+        await wait_for("every worker to heartbeat after Redis came back", all_beating, 60)
+        workers_back = time.monotonic() - t_up
+        await wait_for("a submit to succeed after Redis came back", lambda: asyncio.sleep(0, self.first_ok_after_redis is not None), 60)
+        self.phase = "normal"
+        self.figures["redis_kill"] = {
+            "down_s": round(down, 1),
+            "outage_s": round(outage, 1),
+            "aof_load_s": round(outage - down, 1),
+            "healthz_during_outage": dict(Counter(str(h) for h in health)),
+            "api_healthy_after_restart_s": round(api_back, 1),
+            "workers_heartbeating_after_restart_s": round(workers_back, 1),
+            "first_submit_ok_after_restart_s": round(self.first_ok_after_redis or 0, 1),
+        }
+        if any(h != 503 for h in health):
+            self.failures.append(f"/healthz during the Redis outage answered {dict(Counter(map(str, health)))} (expected 503)")
+        log(f"redis back after {outage:.1f} s; api healthy {api_back:.1f} s and workers {workers_back:.1f} s later")
+
+    async def api_kill(self) -> None:
+        st = self.stack
+        st.apis["api1"].kill()
+        self.phase = "api-killed"
+        self.injected["api-kill"].set()
+        log("SIGKILLed api1; clients go on through the proxy")
+
+    async def controller(self) -> None:
+        run = {"worker-kill": self.worker_kill, "worker-term": self.worker_term, "redis-kill": self.redis_kill, "api-kill": self.api_kill}
+        for f in self.faults:
+            await self.wait_gate(f)
+            await run[f]()
+
+    # ------------------------------------------------------------------ checks
+
+    async def final_checks(self) -> None:
+        st = self.stack
+        assert self.mcp is not None and self.starts is not None
+        starts_seen = self.starts
+        # Each task as a client sees it now, through the proxy.
+        for task in self.tasks.values():
+            for _ in range(20):
+                try:
+                    res = await self.mcp.call("get_task_status", {"task_id": task.task_id})
+                    break
+                except Unreachable:
+                    await asyncio.sleep(0.5)
+            else:
+                self.failures.append(f"task {task.task_id}: no answer in the final pass")
+                continue
+            if res.is_error:
+                if classify_tool_error(res.text) == "unknown-task":
+                    task.vanished += 1
+                    task.final = None
+                else:
+                    self.failures.append(f"task {task.task_id}: final pass error {res.text}")
+                continue
+            assert res.structured is not None
+            self.observe(task, res.structured)
+        # Every record under the prefix, including tasks no client was told about
+        # (a retried submit whose first answer was lost).
+        all_ids = [k.split(":")[2] for k in await scan_keys(st.redis_port, f"{st.prefix}:task:*") if k.count(":") == 2]
+        records = {}
+        for tid in all_ids:
+            records[tid] = pairs(await st.r("HGETALL", st.keys.task(tid)))
+        orphans = [tid for tid in all_ids if tid not in self.tasks]
+        # Container starts, from docker events: wait until every task that says it
+        # started has been seen (the event stream lags a little).
+        async def events_caught_up() -> bool:
+            return all(tid in starts_seen.starts for tid, r in records.items() if r.get("started_at"))
+
+        try:
+            await wait_for("docker events for every started task", events_caught_up, 20)
+        except TimeoutError as e:
+            self.failures.append(str(e))
+        await starts_seen.stop()
+
+        async def no_containers() -> bool:
+            return not await asyncio.to_thread(st.containers)
+
+        try:
+            await wait_for("every task container to be removed", no_containers, 60)
+        except TimeoutError:
+            self.failures.append(f"task containers left behind: {st.containers()}")
+
+        async def stream_empty() -> bool:
+            return await st.r("XLEN", st.keys.jobs()) == 0
+
+        try:
+            await wait_for("the jobs stream to be empty", stream_empty, 60)
+        except TimeoutError:
+            self.failures.append(f"jobs stream not empty at the end: XLEN {await st.r('XLEN', st.keys.jobs())}")
+
+        # --- the figures
+        handed = list(self.tasks.values())
+        terminal = [t for t in handed if t.final and t.final["state"] in FINAL_STATES]
+        lost = [t for t in handed if t.vanished and t.task_id not in records]
+        regressed = [t for t in handed if t.regressions]
+        starts = {tid: len(ws) for tid, ws in starts_seen.starts.items()}
+        twice = {tid: ws for tid, ws in starts_seen.starts.items() if len(ws) > 1}
+        never_started = [tid for tid in records if tid not in starts]
+        outcomes = Counter((r.get("state"), r.get("reason_kind")) for r in records.values())
+        wrong_output = []
+        for t in handed:
+            if t.final and t.final["state"] == "succeeded":
+                _, expected = command_for(t.index)
+                if t.final.get("stdout_tail") != expected:
+                    wrong_output.append(t.task_id)
+        # Two records for one submission index: a retried submit made a second task.
+        idx_of = {}
+        for tid, r in records.items():
+            cmd = r.get("command", "")
+            idx_of[tid] = int(cmd.split()[2].rstrip(";")) if cmd.startswith("echo start ") else -1
+        per_index = Counter(idx_of.values())
+        duplicate_submits = sum(n - 1 for n in per_index.values() if n > 1)
+
+        # --- checks
+        if self.failed_submits:
+            self.failures.append(f"{len(self.failed_submits)} submission(s) failed for good: {self.failed_submits[:3]}")
+        if len(handed) != self.n:
+            self.failures.append(f"{self.n - len(handed)} task(s) never got a task_id")
+        not_terminal = [t.task_id for t in handed if t not in terminal]
+        if not_terminal:
+            self.failures.append(f"{len(not_terminal)} task(s) not terminal: {not_terminal[:5]}")
+        if lost:
+            self.failures.append(f"{len(lost)} task(s) lost (unknown after they had a task_id): {[t.task_id for t in lost[:5]]}")
+        if regressed:
+            self.failures.append(f"{len(regressed)} task(s) went back to an earlier state: {[(t.task_id, t.regressions) for t in regressed[:5]]}")
+        if twice:
+            self.failures.append(f"{len(twice)} task(s) started twice: {list(twice.items())[:5]}")
+        # The duplicate check only means something if every run is seen.
+        unseen = [tid for tid, r in records.items() if r.get("state") == "succeeded" and tid not in starts]
+        if unseen:
+            self.failures.append(
+                f"{len(unseen)} succeeded task(s) whose container start docker events never reported "
+                f"(does a task still start its own labelled container?): {unseen[:5]}"
+            )
+        if wrong_output:
+            self.failures.append(f"{len(wrong_output)} succeeded task(s) with wrong output: {wrong_output[:5]}")
+        for tid in orphans:
+            if records[tid].get("state") not in FINAL_STATES:
+                self.failures.append(f"orphan task {tid} (created by a retried submit) is not terminal")
+        unexpected = self.errors.total("unexpected-tool-error") + self.errors.total("protocol-error")
+        if unexpected:
+            self.failures.append(f"{unexpected} unexpected error answer(s): {self.errors.samples}")
+
+        expected_lost: set[str] = set()
+        if "worker-kill" in self.faults:
+            c = self.kill_classes
+            expected_lost = set(c["running"]) | set(c["claimed-start-not-recorded"])
+            if not c["running"]:
+                self.failures.append("w1 was running no task when SIGKILLed")
+            for tid in expected_lost:
+                r = records.get(tid, {})
+                if (r.get("state"), r.get("reason_kind"), r.get("reason")) != ("killed", "worker-lost", "worker lost"):
+                    self.failures.append(f"w1's running task {tid} ended {r.get('state')} {r.get('reason_kind')} {r.get('reason')!r}, expected killed \"worker lost\"")
+                api_says = self.tasks[tid].final if tid in self.tasks else None
+                if api_says and api_says.get("reason") != "worker lost":
+                    self.failures.append(f"get_task_status of w1's task {tid} says {api_says.get('reason')!r}")
+            ran_elsewhere = {}
+            for tid in c["read-not-claimed"]:
+                r = records.get(tid, {})
+                ran_elsewhere[tid] = r.get("worker")
+                if r.get("state") != "succeeded" or starts.get(tid) != 1:
+                    self.failures.append(f"w1's read-but-unclaimed job {tid} ended {r.get('state')} with {starts.get(tid, 0)} start(s), expected succeeded once")
+            self.figures["worker_kill"]["read_not_claimed_ran_on"] = sorted({w or "?" for w in ran_elsewhere.values()})
+            if self.figures["worker_kill"]["w1_containers_left_after_reap"]:
+                self.failures.append("w1's containers were still there after the reaper forgot it")
+        if "worker-term" in self.faults:
+            for tid in self.term_running:
+                r = records.get(tid, {})
+                if r.get("state") != "succeeded":
+                    self.failures.append(f"w2's task {tid} ended {r.get('state')} {r.get('reason')!r} after SIGTERM (grace {self.args.grace} s), expected succeeded")
+        # Only w1 died: a reaper that settled or forgot any other worker took a
+        # live one for dead (the workers log each).
+        live_reaped = Counter()
+        for proc in st.workers.values():
+            for line in proc.log_path.read_text(errors="replace").splitlines():
+                m = re.search(r"(settling the jobs of a lost worker|lost worker forgotten) worker=(\S+)", line)
+                if m and m.group(2) != st.worker_name("w1"):
+                    live_reaped[m.group(2)] += 1
+        if live_reaped:
+            self.failures.append(f"live worker(s) taken for dead by a reaper: {dict(live_reaped)}")
+        # Anything else must have succeeded: no fault but w1's death may end a task otherwise.
+        for tid, r in records.items():
+            if tid not in expected_lost and r.get("state") != "succeeded":
+                self.failures.append(f"task {tid} ended {r.get('state')} {r.get('reason_kind')} {r.get('reason')!r}")
+        if "redis-kill" in self.faults:
+            during = self.errors.total(phase="redis-down", call="submit")
+            clear = self.errors.total(kind="store-unavailable", phase="redis-down", call="submit")
+            self.figures["redis_kill"]["submits_refused_during_outage"] = during
+            self.figures["redis_kill"]["of_which_store_error_text"] = clear
+            self.figures["redis_kill"]["slowest_store_error_answer_s"] = round(self.errors.max_store_error_latency, 2)
+            if during == 0:
+                self.failures.append("no submit was tried during the Redis outage")
+            if during != clear:
+                self.failures.append(f"{during - clear} submit(s) during the Redis outage got something other than the store's error")
+        if "api-kill" in self.faults:
+            self.figures["api_kill"] = {
+                "client_errors_after_kill": self.errors.total(phase="api-killed", kind="unreachable"),
+                "all_retried": True,
+            }
+
+        total = time.monotonic() - self.t0
+        self.figures |= {
+            "tasks": self.n,
+            "task_ids_handed_out": len(handed),
+            "terminal": len(terminal),
+            "lost": len(lost),
+            "state_regressions": len(regressed),
+            "started_twice": len(twice),
+            "records_in_redis": len(records),
+            "orphan_tasks_from_retried_submits": len(orphans),
+            "duplicate_submissions": duplicate_submits,
+            "never_started": len(never_started),
+            "live_workers_reaped": sum(live_reaped.values()),
+            "outcomes": {f"{s}/{k}": n for (s, k), n in sorted(outcomes.items(), key=str)},
+            "client_errors": {f"{p}/{c}/{k}": n for (p, c, k), n in sorted(self.errors.counts.items())},
+            "error_samples": self.errors.samples,
+            "unreachable_errors": self.errors.unreachable,
+            "total_s": round(total, 1),
+            "settings": {
+                "workers": self.args.workers,
+                "concurrency": self.args.concurrency,
+                "heartbeat_s": self.args.heartbeat,
+                "grace_s": self.args.grace,
+                "max_queued": self.args.max_queued,
+                "appendfsync": self.args.appendfsync,
+                "redis_outage_s": self.args.redis_outage,
+                "clients": self.args.clients,
+                "binaries": str(self.args.bin_dir),
+                "faults": self.faults,
+            },
+        }
+
+    def summary(self) -> None:
+        f = self.figures
+        print()
+        print(f"faults under load: {f['tasks']} tasks, {f['settings']['workers']} workers x {f['settings']['concurrency']} slots, "
+              f"heartbeat {f['settings']['heartbeat_s']} s, appendfsync {f['settings']['appendfsync']}, "
+              f"MAX_QUEUED_TASKS {f['settings']['max_queued']}, {f['settings']['clients']} submitting clients")  # fmt: skip
+        rows: list[tuple[str, Any]] = [
+            ("task_ids handed out", f["task_ids_handed_out"]),
+            ("terminal", f["terminal"]),
+            ("lost", f["lost"]),
+            ("went back to an earlier state", f["state_regressions"]),
+            ("container started twice", f["started_twice"]),
+            ("never started (ended before a container)", f["never_started"]),
+            ("extra tasks from retried submits", f["orphan_tasks_from_retried_submits"]),
+            ("outcomes (state/reason_kind)", ", ".join(f"{k} {v}" for k, v in f["outcomes"].items())),
+        ]
+        if "worker_kill" in f:
+            w = f["worker_kill"]
+            rows.append(("w1 SIGKILL: jobs it held", ", ".join(f"{k} {v}" for k, v in w["classes"].items()) + f" (read-not-claimed injected: {w['injected_read_not_claimed']})"))
+            rows.append(("w1: settled and forgotten after", f"{w['settled_and_forgotten_after_s']} s (read-not-claimed ran on {w.get('read_not_claimed_ran_on')})"))
+        if "worker_term" in f:
+            w = f["worker_term"]
+            rows.append(("w2 SIGTERM", f"{w['running_at_signal']} running, exit code {w['exit_code']} after {w['exited_after_s']} s"))
+        if "redis_kill" in f:
+            r = f["redis_kill"]
+            rows.append(("Redis SIGKILL: outage", f"{r['outage_s']} s (down {r['down_s']} s, then restart and AOF load {r['aof_load_s']} s); /healthz meanwhile {r['healthz_during_outage']}"))
+            rows.append(("submits refused during outage", f"{r['submits_refused_during_outage']} ({r['of_which_store_error_text']} with the store's 'try again shortly' error; slowest answer {r['slowest_store_error_answer_s']} s)"))
+            rows.append(("recovery after restart", f"api healthy {r['api_healthy_after_restart_s']} s, workers {r['workers_heartbeating_after_restart_s']} s, first submit {r['first_submit_ok_after_restart_s']} s"))
+        if "api_kill" in f:
+            rows.append(("api1 SIGKILL: client errors, retried", f["api_kill"]["client_errors_after_kill"]))
+        rows.append(("client errors by phase/call/kind", ", ".join(f"{k} {v}" for k, v in f["client_errors"].items()) or "none"))
+        rows.append(("total time", f"{f['total_s']} s"))
+        print_table(rows)
+        if self.failures:
+            print(f"\nFAILED: {len(self.failures)} check(s)")
+            for msg in self.failures[:40]:
+                print(f"  - {msg}")
+        else:
+            print("\nall checks passed")
+
+    # ------------------------------------------------------------------ main
+
+    async def run(self) -> int:
+        try:
+            await self.start()
+            self.t0 = time.monotonic()
+            clients = [asyncio.create_task(self.submitter()) for _ in range(self.args.clients)]
+            pollers = [asyncio.create_task(self.poller(k, self.args.pollers)) for k in range(self.args.pollers)]
+            controller = asyncio.create_task(self.controller())
+            await asyncio.wait_for(asyncio.gather(controller, *clients, *pollers), self.args.deadline)
+            await self.final_checks()
+        except (TimeoutError, asyncio.TimeoutError) as e:
+            self.failures.append(f"run did not finish: {e or 'deadline'} (--deadline {self.args.deadline} s)")
+            self.dump_state()
+        finally:
+            if self.starts is not None:
+                await self.starts.stop()
+            if self.mcp:
+                await self.mcp.close()
+            self.stack.stop_all()
+        if "tasks" in self.figures:
+            self.summary()
+            if self.args.json:
+                Path(self.args.json).write_text(json.dumps(self.figures | {"failures": self.failures}, indent=2))
+        else:
+            print("\n".join(f"FAILED: {m}" for m in self.failures))
+        self.stack.cleanup(failed=bool(self.failures))
+        return 1 if self.failures else 0
+
+    def dump_state(self) -> None:
+        stuck = [t for t in self.tasks.values() if not t.final]
+        log(f"{len(self.tasks)} handed out, {len(stuck)} not final, phase {self.phase}, done {len(self.done_indices)}/{self.n}")
+        for t in stuck[:10]:
+            log(f"  {t.task_id} #{t.index}: {t.states}")
+        for p in self.stack.all_procs():
+            log(f"--- {p.name} (alive {p.alive()}) ---\n{p.log_tail(15)}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", type=int, default=300, help="short tasks to submit (default 300)")
+    p.add_argument("--workers", type=int, default=3, help="workers on this host (default 3; at least 3)")
+    p.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of each (default 2: two cores)")
+    p.add_argument("--heartbeat", type=int, default=3, help="WORKER_HEARTBEAT_SECONDS (default 3)")
+    p.add_argument("--grace", type=int, default=10, help="SHUTDOWN_GRACE_SECONDS (default 10)")
+    p.add_argument("--max-queued", type=int, default=0, help="MAX_QUEUED_TASKS (default: twice the slots)")
+    p.add_argument("--clients", type=int, default=6, help="concurrent submitting clients (default 6)")
+    p.add_argument("--pollers", type=int, default=3, help="concurrent status pollers (default 3)")
+    p.add_argument("--redis-outage", type=float, default=5.0, help="seconds Redis stays down (default 5)")
+    p.add_argument("--appendfsync", choices=("everysec", "always"), default="everysec", help="Redis AOF fsync policy (default everysec, as deployed)")
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
+    p.add_argument("--bin-dir", type=Path, default=REPO_ROOT / "target" / "debug", help="where the binaries are (default target/debug)")
+    p.add_argument("--deadline", type=float, default=900, help="abort (and fail) after this many seconds (default 900)")
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--keep", action="store_true", help="keep logs and Redis data even on success")
+    a = p.parse_args(argv)
+    a.faults = [f.strip() for f in a.faults.split(",") if f.strip()]
+    bad = [f for f in a.faults if f not in FAULTS]
+    if bad:
+        p.error(f"unknown fault(s) {bad}; known: {FAULTS}")
+    if a.workers < 3:
+        p.error("--workers must be at least 3 (w1 is killed, w2 stopped, w3 stays)")
+    if a.max_queued <= 0:
+        a.max_queued = 2 * a.workers * a.concurrency
+    return a
+
+
+def main() -> int:
+    return asyncio.run(FaultRun(parse_args(sys.argv[1:])).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

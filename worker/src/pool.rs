@@ -1,0 +1,311 @@
+//! The warm pool: per runtime, `POOL_SIZE` containers created and started ahead
+//! of time with the exact hardening of a cold task's, idle until a task claims
+//! one. A claimed container runs that one task (as an `exec` of the same
+//! prelude a cold container runs) and is removed after it: never reused. The
+//! pool refills in the background.
+//!
+//! What a running container cannot get later, it gets at creation: its source
+//! directory (`TASKS_DIR/pool-<worker>/<name>/src`, empty until a task with a
+//! zip claims it and the worker extracts the zip there) and its collection pipe
+//! are mounted ahead of time.
+//!
+//! Only tasks on the default network are served warm: a `network: "none"` task
+//! must not run in a container that was started with a network, so it gets a
+//! cold one.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::PoolConfig;
+use crate::sandbox::{Sandbox, WarmSpec};
+
+/// How long to wait before trying again when a pool container could not be made
+/// (a missing image, a busy engine); doubled at each failure in a row, up to
+/// `RETRY_MAX`.
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// A started, idle container, waiting for one task.
+#[derive(Debug)]
+pub struct Warm {
+    /// The container's id.
+    pub id: String,
+    pub image: String,
+    /// Its host directory: `src/` (mounted at the source mount) and the pipe.
+    dir: PathBuf,
+    born: Instant,
+}
+
+impl Warm {
+    /// Where a claiming task's zip is extracted (the container sees it read-only).
+    pub fn source(&self) -> PathBuf {
+        self.dir.join("src")
+    }
+
+    /// The collection pipe, mounted in the container.
+    pub fn fifo(&self) -> PathBuf {
+        self.dir.join("collect")
+    }
+
+    /// Its host directory, removed with the container.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// The warm pool of one worker. Clones share it.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sandbox: Sandbox,
+    config: PoolConfig,
+    /// `TASKS_DIR/pool-<worker>`: every pool container's host directory.
+    root: PathBuf,
+    idle: Mutex<HashMap<String, VecDeque<Warm>>>,
+    /// Woken when a container was taken.
+    taken: Notify,
+}
+
+impl Pool {
+    pub fn new(sandbox: Sandbox, config: PoolConfig, tasks_dir: &Path, worker: &str) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                sandbox,
+                config,
+                root: pool_root(tasks_dir, worker),
+                idle: Mutex::default(),
+                taken: Notify::new(),
+            }),
+        }
+    }
+
+    /// Whether any runtime has a pool.
+    pub fn enabled(&self) -> bool {
+        !self.inner.config.sizes.is_empty()
+    }
+
+    /// Takes an idle container of `runtime` running `image`, if there is one
+    /// young enough; the refill starts at once. `None` means: start a cold one.
+    pub fn take(&self, runtime: &str, image: &str) -> Option<Warm> {
+        let inner = &self.inner;
+        let target = inner.config.sizes.iter().find(|t| t.runtime == runtime)?;
+        // The image the task is recorded to run is the one it gets: a pool made
+        // from another (the api and this worker disagree on RUNTIME_IMAGES) is
+        // no use to it.
+        if target.image != image {
+            return None;
+        }
+        let warm = {
+            let mut idle = inner.lock();
+            let queue = idle.get_mut(runtime)?;
+            // Oldest first, so none ages out unused while younger ones serve;
+            // one past its age is left for the refill loop to replace.
+            let fresh = queue
+                .iter()
+                .position(|w| w.born.elapsed() < inner.config.max_age)?;
+            let warm = queue.remove(fresh);
+            inner.sandbox.metrics().set_pool_idle(runtime, queue.len());
+            warm
+        };
+        inner.taken.notify_one();
+        warm
+    }
+
+    /// Keeps every runtime's pool full and young until `stop`, then removes the
+    /// idle containers.
+    pub async fn run(self, stop: CancellationToken) {
+        if !self.enabled() {
+            return;
+        }
+        let inner = &self.inner;
+        // When the last failure was, and how long to wait after it.
+        let mut failed: Option<(Instant, Duration)> = None;
+        while !stop.is_cancelled() {
+            self.replace_old().await;
+            let backing_off = failed.is_some_and(|(at, wait)| at.elapsed() < wait);
+            if !backing_off && let Some((runtime, image)) = self.next_missing() {
+                if self.add(&runtime, &image, &stop).await {
+                    failed = None;
+                } else {
+                    let wait = failed.map_or(RETRY_AFTER, |(_, w)| (w * 2).min(RETRY_MAX));
+                    tracing::warn!(
+                        runtime,
+                        image,
+                        "pool container not made; next try in {wait:?}"
+                    );
+                    failed = Some((Instant::now(), wait));
+                }
+                continue;
+            }
+            // Full (or backing off): wait for a take, the next container to age
+            // out, or the end of the back-off.
+            let mut wait = self.next_expiry().unwrap_or(inner.config.max_age);
+            if let Some((at, back_off)) = failed {
+                wait = wait.min(back_off.saturating_sub(at.elapsed()));
+            }
+            tokio::select! {
+                _ = inner.taken.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.cancelled() => {}
+            }
+        }
+        self.clear().await;
+    }
+
+    /// The first runtime short of its size, and its image.
+    fn next_missing(&self) -> Option<(String, String)> {
+        let idle = self.inner.lock();
+        self.inner
+            .config
+            .sizes
+            .iter()
+            .find(|t| idle.get(&t.runtime).map_or(0, VecDeque::len) < t.size)
+            .map(|t| (t.runtime.clone(), t.image.clone()))
+    }
+
+    /// How long until the oldest idle container reaches its age.
+    fn next_expiry(&self) -> Option<Duration> {
+        let max_age = self.inner.config.max_age;
+        self.inner
+            .lock()
+            .values()
+            .flatten()
+            .map(|w| max_age.saturating_sub(w.born.elapsed()))
+            .min()
+    }
+
+    /// Creates and starts one container for `runtime`'s pool. False if it could
+    /// not be made (logged).
+    async fn add(&self, runtime: &str, image: &str, stop: &CancellationToken) -> bool {
+        let inner = &self.inner;
+        let name = format!("sr-pool-{}", uuid::Uuid::new_v4().simple());
+        let dir = inner.root.join(&name);
+        let made = {
+            let dir = dir.clone();
+            tokio::task::spawn_blocking(move || make_dir(&dir)).await
+        };
+        if let Err(e) = made.map_err(std::io::Error::other).and_then(|r| r) {
+            tracing::warn!(dir = %dir.display(), error = %e, "could not make a pool container's directory");
+            return false;
+        }
+        let spec = WarmSpec {
+            name: &name,
+            runtime,
+            image,
+            source: &dir.join("src"),
+            fifo: &dir.join("collect"),
+            max_age: inner.config.max_age,
+        };
+        match inner.sandbox.create_warm(&spec).await {
+            Ok(id) => {
+                let warm = Warm {
+                    id,
+                    image: image.to_owned(),
+                    dir,
+                    born: Instant::now(),
+                };
+                if stop.is_cancelled() {
+                    // Shutting down meanwhile: it would never be used.
+                    self.discard(warm).await;
+                    return true;
+                }
+                let mut idle = inner.lock();
+                let queue = idle.entry(runtime.to_owned()).or_default();
+                queue.push_back(warm);
+                inner.sandbox.metrics().set_pool_idle(runtime, queue.len());
+                true
+            }
+            Err(e) => {
+                tracing::warn!(runtime, image, error = %e, "could not start a pool container");
+                remove_dir(dir).await;
+                false
+            }
+        }
+    }
+
+    /// Removes idle containers that reached `POOL_MAX_AGE_SECONDS`.
+    async fn replace_old(&self) {
+        let max_age = self.inner.config.max_age;
+        let old: Vec<Warm> = {
+            let mut idle = self.inner.lock();
+            let mut old = Vec::new();
+            for (runtime, queue) in idle.iter_mut() {
+                let (keep, expired): (VecDeque<Warm>, VecDeque<Warm>) =
+                    queue.drain(..).partition(|w| w.born.elapsed() < max_age);
+                *queue = keep;
+                self.inner
+                    .sandbox
+                    .metrics()
+                    .set_pool_idle(runtime, queue.len());
+                old.extend(expired);
+            }
+            old
+        };
+        for warm in old {
+            tracing::debug!(container = %warm.id, "replacing a pool container that waited too long");
+            self.discard(warm).await;
+        }
+    }
+
+    /// Removes every idle container (the worker is stopping).
+    async fn clear(&self) {
+        let all: Vec<Warm> = {
+            let mut idle = self.inner.lock();
+            for (runtime, queue) in idle.iter() {
+                if !queue.is_empty() {
+                    self.inner.sandbox.metrics().set_pool_idle(runtime, 0);
+                }
+            }
+            idle.drain().flat_map(|(_, q)| q).collect()
+        };
+        let n = all.len();
+        for warm in all {
+            self.discard(warm).await;
+        }
+        if n > 0 {
+            tracing::info!(removed = n, "warm pool emptied");
+        }
+    }
+
+    /// Removes a container and its host directory.
+    pub async fn discard(&self, warm: Warm) {
+        self.inner.sandbox.remove(&warm.id).await;
+        remove_dir(warm.dir).await;
+    }
+}
+
+impl Inner {
+    /// Only held for a lookup or a push, never across an await.
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Warm>>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Where worker `worker`'s pool containers keep their host directories.
+pub fn pool_root(tasks_dir: &Path, worker: &str) -> PathBuf {
+    tasks_dir.join(format!("pool-{worker}"))
+}
+
+/// Removes a pool directory (after its container), never following a link.
+pub async fn remove_dir(dir: PathBuf) {
+    let _ = tokio::task::spawn_blocking(move || crate::workspace::remove(&dir)).await;
+}
+
+/// A pool container's host directory: `src/`, readable by the task's user, and
+/// the collection pipe.
+fn make_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755))?;
+    crate::collect::make_fifo(&dir.join("collect"))
+}
