@@ -354,7 +354,7 @@ def scrape(worker: Worker) -> dict[str, float]:
 def docker_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Mean ms per Docker call between two scrapes."""
     means = {}
-    for op in ("create", "attach", "start", "remove"):
+    for op in ("create", "attach", "start", "exec", "remove"):
         n = after.get(f"{op}_count", 0) - before.get(f"{op}_count", 0)
         if n > 0:
             means[op] = (after[f"{op}_sum"] - before.get(f"{op}_sum", 0)) * 1000 / n
@@ -432,14 +432,33 @@ class DockerEvents:
         self.proc.wait(timeout=10)
 
     def by(self, key: str) -> dict[str, dict[str, float]]:
-        events: dict[str, dict[str, float]] = {}
+        """Events of containers with label `key`, by its value."""
+        return self._group(lambda attrs: attrs.get(key))
+
+    def by_task(self) -> dict[str, dict[str, float]]:
+        """Events of task containers, by task id: a cold one carries the task's
+        label; a warm pool container gets its task at claim time and is renamed
+        `sr-<task_id>` then (its create and start came before)."""
+
+        def task(attrs: dict[str, str]) -> str | None:
+            name = attrs.get("name", "")
+            return attrs.get(TASK_LABEL) or (name[3:] if name.startswith("sr-") else None)
+
+        return self._group(task)
+
+    def _group(self, key_of: Callable[[dict[str, str]], str | None]) -> dict[str, dict[str, float]]:
+        by_id: dict[str, dict[str, float]] = {}
+        keys: dict[str, str] = {}
         for line in self.path.read_text().splitlines():
             ev = json.loads(line)
-            value = ev.get("Actor", {}).get("Attributes", {}).get(key)
-            action = ev.get("Action", "")
-            if value and action in ("create", "attach", "start", "die", "destroy"):
-                events.setdefault(value, {}).setdefault(action, ev["timeNano"] / 1e6)
-        return events
+            cid = ev.get("Actor", {}).get("ID") or ev.get("id", "")
+            attrs = ev.get("Actor", {}).get("Attributes", {})
+            action = ev.get("Action", "").split(":")[0]  # "exec_start: sh -c ..."
+            if value := key_of(attrs):
+                keys[cid] = value
+            if action in ("create", "start", "die", "destroy", "exec_start", "exec_die"):
+                by_id.setdefault(cid, {}).setdefault(action, ev["timeNano"] / 1e6)
+        return {keys[cid]: evs for cid, evs in by_id.items() if cid in keys}
 
 
 def stage_medians(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -457,7 +476,15 @@ def service_stages(s: E2eSample, ev: dict[str, float]) -> dict[str, float]:
         "run_script call -> record created": at["created_at"] - s.t0_ms,
         "queued (created -> claimed)": at["claimed_at"] - at["created_at"],
     }
-    if {"create", "start", "die"} <= ev.keys():
+    if "exec_start" in ev and ev.get("start", 0) < at["claimed_at"]:
+        # A warm pool container: started before the claim, handed the task by an exec.
+        if "start" in ev:
+            st["(pool container started, before the claim)"] = ev["start"] - at["claimed_at"]
+        st["claimed -> exec started"] = ev["exec_start"] - at["claimed_at"]
+        if "exec_die" in ev:
+            st["exec started -> exited (the script)"] = ev["exec_die"] - ev["exec_start"]
+            st["exited -> finished recorded"] = at["finished_at"] - ev["exec_die"]
+    elif {"create", "start", "die"} <= ev.keys():
         st["claimed -> container created"] = ev["create"] - at["claimed_at"]
         st["created -> started (attach, start)"] = ev["start"] - ev["create"]
         st["started -> exited (the script)"] = ev["die"] - ev["start"]
@@ -553,7 +580,7 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
         wait_settled(c)  # the last containers removed: their destroy events exist
     recorder.stop()
     floor_events = recorder.by(FLOOR_LABEL)
-    task_events = recorder.by(TASK_LABEL)
+    task_events = recorder.by_task()
     fd = Dist([f.total_ms for f in floor], "ms")
     rep.out(f"{'':34}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median)")
     rep.out(f"{'docker run --rm (floor)':34}{fd.row()}")
