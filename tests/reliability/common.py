@@ -448,19 +448,19 @@ class Stack:
     def worker_names(self) -> list[str]:
         return [self.worker_name(s) for s in self.workers]
 
-    def containers(self, all_states: bool = True, idle_pool: bool = False) -> list[str]:
-        """Ids of task containers of this run's workers; with `idle_pool`, their idle
-        warm pool containers (`sr-pool-*`, waiting for a task) too."""
+    def containers(self, idle_pool: bool = True) -> list[str]:
+        """Ids of the containers of this run's workers, any state. Without
+        `idle_pool`, leaves out warm pool containers waiting for a task (named
+        `sr-pool-...` until a task claims one and it is renamed `sr-<task_id>`)."""
         ids: list[str] = []
         for name in self.worker_names():
             out = subprocess.run(
-                ["docker", "ps", "--format", "{{.ID}} {{.Names}}"] + (["-a"] if all_states else [])
-                + ["--filter", f"label=script-runner.worker={name}"],
+                ["docker", "ps", "-a", "--filter", f"label=script-runner.worker={name}", "--format", "{{.ID}} {{.Names}}"],
                 capture_output=True, text=True,
             )  # fmt: skip
             for line in out.stdout.splitlines():
-                cid, _, cname = line.partition(" ")
-                if idle_pool or not cname.startswith("sr-pool-"):
+                cid, cname = line.split(maxsplit=1)
+                if idle_pool or not cname.startswith(IDLE_POOL_PREFIX):
                     ids.append(cid)
         return ids
 
@@ -499,7 +499,7 @@ class Stack:
             p.stop(30)
         if self.redis_proc:
             self.redis_proc.stop(10)
-        leftovers = self.containers(idle_pool=True)
+        leftovers = self.containers()
         if leftovers:
             log(f"removing {len(leftovers)} task container(s) left behind")
             subprocess.run(["docker", "rm", "-f", *leftovers], capture_output=True)
@@ -607,8 +607,8 @@ class ContainerStarts:
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             "docker", "events", "--filter", "type=container", "--filter", "event=start",
-            "--filter", "event=rename", "--filter", "label=script-runner.worker", "--format", "{{json .}}",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            "--filter", "event=exec_start", "--filter", "label=script-runner.worker",
+            "--format", "{{json .}}", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
         # `docker events` subscribes asynchronously: make sure it is listening before
@@ -632,16 +632,14 @@ class ContainerStarts:
             except ValueError:
                 continue
             attrs = ev.get("Actor", {}).get("Attributes", {})
-            worker, task = attrs.get("script-runner.worker"), attrs.get("script-runner.task")
-            # A warm pool container started before its task existed (no task label);
-            # it is renamed sr-<task_id> when a task claims it: that is its start.
-            if ev.get("Action") == "rename":
-                name = attrs.get("name", "")
-                task = name[3:] if name.startswith("sr-") and not name.startswith("sr-pool-") else None
-            elif ev.get("Action") != "start":
+            worker = attrs.get("script-runner.worker")
+            if worker not in self.workers:
                 continue
-            if task and worker in self.workers:
-                self.starts.setdefault(task, []).append(worker)
+            action = ev.get("Action", "")
+            if action == "start" and attrs.get("script-runner.task"):
+                self.by_task.setdefault(attrs["script-runner.task"], []).append(worker)
+            elif action.startswith("exec_start") and (m := self.NONCE.search(action)):
+                self.by_nonce.setdefault(m.group(1), []).append(worker)
 
     async def stop(self) -> None:
         """Stops `docker events` (idempotent)."""

@@ -290,8 +290,9 @@ class Soak:
             redis_rss_mib=mib(st.redis_proc.vm_rss_kib()),
             redis_used_mib=round(used / 1048576, 1),
             redis_keys=await st.r("DBSIZE"),
-            containers=len(await asyncio.to_thread(st.containers)),
-            tasks_dir=len([p for p in st.tasks_dir.iterdir() if not p.name.startswith("pool-")]),
+            containers=containers,
+            pool_idle=pool_idle,
+            tasks_dir=tasks_dir,
         )
         self.samples.append(s)
         row = s.row()
@@ -330,12 +331,7 @@ class Soak:
                              capture_output=True, text=True)  # fmt: skip
         found["task_network_endpoints"] = [n for n in out.stdout.split() if n in names]
         found["new_networks"] = sorted(set(self.networks()) - self.networks_before)
-        # The warm pool's directory (pool-<worker>/: an empty src/ and a pipe per
-        # idle container) stays while its worker runs; no regular file may.
-        found["tasks_dir"] = sorted(
-            [p.name for p in st.tasks_dir.iterdir() if not p.name.startswith("pool-")]
-            + [str(p) for p in st.tasks_dir.rglob("*") if p.is_file()]
-        )
+        found["tasks_dir"] = await asyncio.to_thread(st.tasks_dir_leftovers)
         keys = await scan_keys(st.redis_port, f"{st.prefix}:*")
         live = {st.keys.worker(n) for n in st.worker_names()}
         stats_minute = [k for k in keys if k.startswith(st.keys.stats() + ":")]
