@@ -7,16 +7,16 @@
 # scripts/build-test-image.sh). npm (with node) must be on PATH: api/tests/projects.rs
 # packs a dependency with `npm pack`. Then runs:
 #   1. cargo fmt --check and cargo clippy -D warnings
-#   2. cargo test: unit tests and the integration suites in api/tests (real Redis
-#      started per test on a free port, real Docker engine and host firewall, the
-#      rmcp client, worker processes killed and restarted)
-#      (run with the workers' default warm pool, then again without: TEST_POOL_SIZE=0)
+#   2. cargo test: unit tests, property tests and the integration suites in api/tests
+#      (real Redis started per test on a free port, real Docker engine and host
+#      firewall, the rmcp client, worker processes killed and restarted, hostile HTTP
+#      clients against the api binary, the Redis set-up check), run with the workers'
+#      default warm pool, then the task suites again without (TEST_POOL_SIZE=0)
 #   3. pytest tests/python: end to end through the official Python MCP SDK (both ways)
 #   3b. scripts/bench.sh --quick: the benchmark tool at a tiny size against the debug
 #      binaries built here (installs wrk), so it keeps working; its figures mean nothing
-#   3c. tests/reliability/faults.py at a small size (40 tasks, about 30 s, with the
-#      default warm pool and again without): workers, Redis and an api replica
-#      killed mid-run, nothing lost
+#   3c. tests/reliability/faults.py at a small size (40 tasks, under a minute):
+#      workers, Redis and an api replica killed mid-run, nothing lost
 #   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
 #      workflows checked, then the whole stack built and brought up with Compose v2
 #      behind Caddy (HTTPS), a second worker joining over TLS, the deploy gate
@@ -74,8 +74,6 @@ TEST_POOL_SIZE=0 .venv/bin/pytest -q tests/python
 # The benchmark tool, tiny, on the debug binaries above: proves it still works
 # (BENCHMARKS.md; tests never assert on timings).
 ./scripts/bench.sh --quick
-# Faults under load, small, both start paths: README's "Reliability" has the
-# full-size figures.
+# Faults under load, small: README's "Reliability" has the full-size figures.
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
-.venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300 --pool-size 0
 [[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh

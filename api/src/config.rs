@@ -2,6 +2,7 @@
 //! variable with its default; README.md explains each.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
 use shared::zipcheck::ZipLimits;
@@ -29,6 +30,17 @@ pub enum ConfigError {
     NoAllowedHosts,
     #[error("DEFAULT_TIMEOUT_SECONDS ({default}) must not exceed MAX_TIMEOUT_SECONDS ({max})")]
     DefaultAboveMax { default: u64, max: u64 },
+    #[error(
+        "MAX_REQUEST_BYTES ({given}) is below {needed}, the size of the largest run_script that \
+         MAX_ZIP_BYTES, MAX_STDIN_BYTES and MAX_COMMAND_BYTES allow: raise it, or leave it empty \
+         to derive it from them"
+    )]
+    RequestLimitTooSmall { given: usize, needed: usize },
+    #[error(
+        "MAX_BODY_BYTES_IN_FLIGHT ({budget}) is below MAX_REQUEST_BYTES ({request}): no request \
+         of the largest allowed size could ever be read"
+    )]
+    BodyBudgetTooSmall { budget: usize, request: usize },
 }
 
 /// Everything the api needs to run.
@@ -62,6 +74,27 @@ pub struct Config {
     pub max_queued_tasks: u64,
     /// `TASK_RETENTION_SECONDS`: how long a finished task's record is kept.
     pub retention_seconds: u64,
+    /// The HTTP limits: body size, timeouts, connections (see `crate::http`).
+    pub http: HttpLimits,
+    /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
+    pub redis_setup_check: support::redis_setup::Mode,
+}
+
+/// What the HTTP layer enforces in front of the MCP service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// `MAX_REQUEST_BYTES`: the largest request body; larger ones get 413.
+    pub max_request_bytes: usize,
+    /// `MAX_BODY_BYTES_IN_FLIGHT`: request bodies held in memory at once, all
+    /// clients together; a body that would pass it gets 503.
+    pub max_body_bytes_in_flight: usize,
+    /// `MAX_CONNECTIONS`: open connections at once; more are answered 503.
+    pub max_connections: usize,
+    /// `REQUEST_HEADER_TIMEOUT_SECONDS`: time to send a request's headers, and
+    /// the longest a kept-alive connection may sit idle.
+    pub header_timeout: Duration,
+    /// `REQUEST_BODY_TIMEOUT_SECONDS`: time to send a whole request body.
+    pub body_timeout: Duration,
 }
 
 impl std::fmt::Debug for Config {
@@ -87,10 +120,22 @@ const MAX_COMMAND_BYTES: Var = Var::new("MAX_COMMAND_BYTES", "65536");
 const MAX_ZIP_BYTES: Var = Var::new("MAX_ZIP_BYTES", "16777216");
 const MAX_QUEUED_TASKS: Var = Var::new("MAX_QUEUED_TASKS", "10000");
 const MAX_STDIN_BYTES: Var = Var::new("MAX_STDIN_BYTES", "1048576");
+/// Empty: derived from the zip, stdin and command caps (`needed_request_bytes`).
+const MAX_REQUEST_BYTES: Var = Var::new("MAX_REQUEST_BYTES", "");
+const MAX_BODY_BYTES_IN_FLIGHT: Var = Var::new("MAX_BODY_BYTES_IN_FLIGHT", "268435456");
+const MAX_CONNECTIONS: Var = Var::new("MAX_CONNECTIONS", "1024");
+const REQUEST_HEADER_TIMEOUT_SECONDS: Var = Var::new("REQUEST_HEADER_TIMEOUT_SECONDS", "10");
+const REQUEST_BODY_TIMEOUT_SECONDS: Var = Var::new("REQUEST_BODY_TIMEOUT_SECONDS", "60");
 
 /// The api's own variables with literal defaults (besides `shared`'s common ones);
 /// README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 8] = [
+pub const VARS: [Var; 14] = [
+    MAX_REQUEST_BYTES,
+    MAX_BODY_BYTES_IN_FLIGHT,
+    MAX_CONNECTIONS,
+    REQUEST_HEADER_TIMEOUT_SECONDS,
+    REQUEST_BODY_TIMEOUT_SECONDS,
+    support::redis_setup::REDIS_SETUP_CHECK,
     MAX_STDIN_BYTES,
     LISTEN_ADDR,
     ALLOWED_HOSTS,
@@ -122,6 +167,11 @@ impl Config {
         if allowed_hosts.is_empty() {
             return Err(ConfigError::NoAllowedHosts);
         }
+        let max_command_bytes = MAX_COMMAND_BYTES.range(&var, 1, 1 << 20)? as usize;
+        let max_zip_bytes = MAX_ZIP_BYTES.range(&var, 1, 256 << 20)? as usize;
+        let max_stdin_bytes = MAX_STDIN_BYTES.range(&var, 0, 64 << 20)? as usize;
+        let needed = needed_request_bytes(max_zip_bytes, max_stdin_bytes, max_command_bytes);
+        let http = http_limits(&var, needed)?;
         Ok(Config {
             token,
             redis_url: common.redis_url,
@@ -131,14 +181,58 @@ impl Config {
             runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
             default_timeout_seconds,
             max_timeout_seconds,
-            max_command_bytes: MAX_COMMAND_BYTES.range(&var, 1, 1 << 20)? as usize,
-            max_zip_bytes: MAX_ZIP_BYTES.range(&var, 1, 256 << 20)? as usize,
-            max_stdin_bytes: MAX_STDIN_BYTES.range(&var, 0, 64 << 20)? as usize,
+            max_command_bytes,
+            max_zip_bytes,
+            max_stdin_bytes,
             zip_limits: ZipLimits::from_lookup(&var)?,
             max_queued_tasks: MAX_QUEUED_TASKS.range(&var, 1, 10_000_000)?,
             retention_seconds: common.retention_seconds,
+            http,
+            redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
         })
     }
+}
+
+/// The body of the largest `run_script` the decoded-size caps allow, with room to
+/// spare. Base64 is 4/3 of the bytes; wrapped at 76 columns with each line break
+/// written `\r\n` inside the JSON string it is 1.41 times, and 3/2 also covers an
+/// encoder that escapes '/' as `\/`. The command (at most 64 KiB by default) is
+/// given twice its size, and 1 MiB covers `env` (32 KiB, up to 6 times that as JSON
+/// escapes), `collect` and the JSON-RPC framing. api/tests/clients.rs sends the
+/// largest such request and checks it fits.
+pub fn needed_request_bytes(max_zip: usize, max_stdin: usize, max_command: usize) -> usize {
+    (max_zip + max_stdin) / 2 * 3 + max_command * 2 + (1 << 20)
+}
+
+/// The HTTP limits; `needed` is `needed_request_bytes` for this configuration.
+fn http_limits(
+    var: &impl Fn(&str) -> Option<String>,
+    needed: usize,
+) -> Result<HttpLimits, ConfigError> {
+    let max_request_bytes = match var(MAX_REQUEST_BYTES.name) {
+        None => needed,
+        Some(_) => {
+            let given = MAX_REQUEST_BYTES.range(var, 1 << 16, 1 << 30)? as usize;
+            if given < needed {
+                return Err(ConfigError::RequestLimitTooSmall { given, needed });
+            }
+            given
+        }
+    };
+    let budget = MAX_BODY_BYTES_IN_FLIGHT.range(var, 1 << 16, 1 << 40)? as usize;
+    if budget < max_request_bytes {
+        return Err(ConfigError::BodyBudgetTooSmall {
+            budget,
+            request: max_request_bytes,
+        });
+    }
+    Ok(HttpLimits {
+        max_request_bytes,
+        max_body_bytes_in_flight: budget,
+        max_connections: MAX_CONNECTIONS.range(var, 1, 1_000_000)? as usize,
+        header_timeout: Duration::from_secs(REQUEST_HEADER_TIMEOUT_SECONDS.range(var, 1, 3600)?),
+        body_timeout: Duration::from_secs(REQUEST_BODY_TIMEOUT_SECONDS.range(var, 1, 3600)?),
+    })
 }
 
 /// `DEFAULT_TIMEOUT_SECONDS` and `MAX_TIMEOUT_SECONDS`. An operator who lowers
@@ -239,6 +333,39 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(e.is_some_and(|m| m.starts_with("REDIS_KEY_PREFIX=\"prod:eu\"")));
+    }
+
+    #[test]
+    fn the_request_limit_is_derived_from_the_caps_and_never_below_them() {
+        let c = load(&[TOKEN]).expect("config");
+        // (16 MiB + 1 MiB) * 3/2 + 2 * 64 KiB + 1 MiB
+        assert_eq!(c.http.max_request_bytes, 27_918_336);
+        assert_eq!(c.http.max_connections, 1024);
+        assert_eq!(c.redis_setup_check, support::redis_setup::Mode::Refuse);
+        let c = load(&[TOKEN, ("MAX_ZIP_BYTES", "1048576")]).expect("config");
+        assert_eq!(
+            c.http.max_request_bytes,
+            needed_request_bytes(1 << 20, 1 << 20, 1 << 16)
+        );
+        let low = load(&[TOKEN, ("MAX_REQUEST_BYTES", "20000000")]).err();
+        assert!(matches!(
+            low,
+            Some(ConfigError::RequestLimitTooSmall {
+                given: 20_000_000,
+                needed: 27_918_336
+            })
+        ));
+        let c = load(&[TOKEN, ("MAX_REQUEST_BYTES", "40000000")]).expect("config");
+        assert_eq!(c.http.max_request_bytes, 40_000_000);
+        let budget = load(&[TOKEN, ("MAX_BODY_BYTES_IN_FLIGHT", "1048576")]).err();
+        assert!(matches!(
+            budget,
+            Some(ConfigError::BodyBudgetTooSmall { .. })
+        ));
+        let mode = load(&[TOKEN, ("REDIS_SETUP_CHECK", "never")])
+            .err()
+            .map(|e| e.to_string());
+        assert!(mode.is_some_and(|m| m.starts_with("REDIS_SETUP_CHECK=\"never\"")));
     }
 
     #[test]

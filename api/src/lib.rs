@@ -5,6 +5,7 @@
 //! the config and binds. Tests start it on port 0.
 
 pub mod config;
+pub mod http;
 pub mod mcp_tasks;
 mod metrics;
 pub mod store;
@@ -22,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use support::redis_setup::{self, SetupError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -35,23 +37,64 @@ pub enum ApiError {
     Store(#[from] StoreError),
     #[error("the HTTP server failed: {0}")]
     Serve(#[from] std::io::Error),
+    #[error(transparent)]
+    RedisSetup(#[from] SetupError),
 }
 
 /// Serves until `shutdown` resolves, then finishes in-flight requests.
+///
+/// Redis's setup is checked first (`REDIS_SETUP_CHECK`); a Redis that does not
+/// answer yet is checked in the background once it does, and with `refuse` a bad
+/// setup found then stops the server with the reason.
 pub async fn run(
     listener: TcpListener,
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
+    let (url, mode) = (config.redis_url.clone(), config.redis_setup_check);
+    let refused = CancellationToken::new();
+    let late_check = match redis_setup::check(&url, mode).await {
+        Err(e) if e.is_transient() => {
+            tracing::warn!(error = %e, "serving; Redis's setup is checked once it answers");
+            let refused = refused.clone();
+            Some(tokio::spawn(async move {
+                let result =
+                    redis_setup::check_until_answered(&url, mode, Duration::from_secs(2)).await;
+                if result.is_err() {
+                    refused.cancel();
+                }
+                result
+            }))
+        }
+        other => {
+            other?;
+            None
+        }
+    };
     let cancel = CancellationToken::new();
+    let limits = config.http;
     let app = router(config, cancel.clone())?;
     tracing::info!(addr = %listener.local_addr()?, "api listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
+    let stop = {
+        let refused = refused.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                () = refused.cancelled() => {}
+            }
             cancel.cancel();
-        })
-        .await?;
+        }
+    };
+    http::serve(listener, app, limits, stop).await?;
+    if let Some(check) = late_check {
+        if refused.is_cancelled() {
+            if let Ok(Err(e)) = check.await {
+                return Err(e.into());
+            }
+        } else {
+            check.abort();
+        }
+    }
     Ok(())
 }
 
@@ -59,15 +102,13 @@ pub async fn run(
 pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, StoreError> {
     let config = Arc::new(config);
     let store = Store::new(&config.redis_url, config.keys.clone())?;
-    // Base64 is 4/3 of the bytes; the rest (env, JSON framing) fits in 1 MiB.
-    let max_body = (config.max_zip_bytes + config.max_stdin_bytes) / 3 * 4
-        + config.max_command_bytes * 2
-        + (1 << 20);
+    // `http::mcp_body` enforces the limit before rmcp reads anything; rmcp's own
+    // is the same number, as a second fence.
     let mcp_config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_allowed_hosts(config.allowed_hosts.clone())
-        .with_max_request_body_bytes(max_body)
+        .with_max_request_body_bytes(config.http.max_request_bytes)
         .with_cancellation_token(cancel);
     let factory = {
         let (store, config) = (store.clone(), config.clone());
@@ -79,8 +120,16 @@ pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, Store
         mcp_config,
     );
     let token = Arc::new(config.token.clone().into_bytes());
-    let authed = Router::new()
+    // Layers run outside in: the token first, so no body of an unauthenticated
+    // request is ever read; then the body gate.
+    let mcp = Router::new()
         .route_service("/mcp", mcp)
+        .layer(middleware::from_fn_with_state(
+            http::BodyGate::new(&config.http),
+            http::mcp_body,
+        ));
+    let authed = Router::new()
+        .merge(mcp)
         .route("/metrics", get(metrics::handler))
         .with_state(store.clone())
         .layer(middleware::from_fn_with_state(token, require_bearer));

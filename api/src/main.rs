@@ -14,8 +14,8 @@ async fn main() -> anyhow::Result<()> {
     // process; an Err only means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = Config::from_env().context("invalid configuration")?;
-    let listener = tokio::net::TcpListener::bind(config.listen_addr)
-        .await
+    script_runner_api::http::raise_fd_limit(config.http.max_connections);
+    let listener = script_runner_api::http::bind(config.listen_addr)
         .with_context(|| format!("cannot listen on {}", config.listen_addr))?;
     run(listener, config, support::shutdown_signal()).await?;
     Ok(())
@@ -38,16 +38,25 @@ fn log_filter(rust_log: Option<&str>) -> EnvFilter {
 
 #[cfg(test)]
 mod tests {
-    use super::log_filter;
+    use super::{EnvFilter, log_filter};
+
+    /// The filter's directives, in a fixed order: tracing-subscriber prints them
+    /// most specific first.
+    fn directives(rust_log: Option<&str>) -> Vec<String> {
+        let mut d: Vec<String> = log_filter(rust_log)
+            .to_string()
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        d.sort();
+        d
+    }
 
     #[test]
     fn rmcp_is_quiet_unless_named() {
-        assert_eq!(log_filter(None).to_string(), "info,rmcp=warn");
-        assert_eq!(log_filter(Some("debug")).to_string(), "debug,rmcp=warn");
-        assert_eq!(
-            log_filter(Some("info,rmcp=info")).to_string(),
-            "info,rmcp=info"
-        );
-        assert_eq!(log_filter(Some("=^=")).to_string(), "info,rmcp=warn");
+        assert_eq!(directives(None), ["info", "rmcp=warn"]);
+        assert_eq!(directives(Some("debug")), ["debug", "rmcp=warn"]);
+        assert_eq!(directives(Some("info,rmcp=info")), ["info", "rmcp=info"]);
+        assert_eq!(directives(Some("=^=")), ["info", "rmcp=warn"]);
     }
 }

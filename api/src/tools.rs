@@ -12,8 +12,8 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{
     CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
-    DetailedTask, GetTaskParams, GetTaskResult, Implementation, IntoContents, ServerCapabilities,
-    ServerConfig,
+    CustomRequest, CustomResult, DetailedTask, GetTaskParams, GetTaskResult, Implementation,
+    IntoContents, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -271,6 +271,47 @@ fn integral(f: f64) -> Option<i64> {
     (f.is_finite() && f.fract() == 0.0).then_some(f as i64)
 }
 
+/// A tool's arguments, whose errors name the argument at fault: serde's own
+/// message ("invalid type: integer `5`, expected a string") names none, and a
+/// model cannot tell which of seven arguments to fix. The schema is `T`'s.
+#[derive(Debug)]
+pub struct Named<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Named<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde_path_to_error::deserialize(d).map(Named).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.to_string();
+            // "." is the arguments object itself (an unknown or missing
+            // argument, whose message names it); our own messages start with
+            // the argument's name already.
+            let first = path.split(['.', '[']).next().unwrap_or_default();
+            let named = message.starts_with(first) || message.contains(&format!("`{first}`"));
+            if path == "." || first.is_empty() || named {
+                inner
+            } else {
+                serde::de::Error::custom(format!("{path}: {message}"))
+            }
+        })
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Named<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+}
+
 /// Output of `get_task_status`.
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TaskStatus {
@@ -403,7 +444,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
     )]
     async fn run_script(
         &self,
-        Parameters(input): Parameters<RunScriptInput>,
+        Parameters(Named(input)): Parameters<Named<RunScriptInput>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ToolError> {
         let cfg = &self.config;
@@ -523,7 +564,7 @@ Poll every few seconds until the state is final.",
     )]
     async fn get_task_status(
         &self,
-        Parameters(input): Parameters<StatusInput>,
+        Parameters(Named(input)): Parameters<Named<StatusInput>>,
     ) -> Result<Json<TaskStatus>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let tail_bytes = match input.tail_bytes {
@@ -549,7 +590,7 @@ and state is its final state.",
     )]
     async fn kill_task(
         &self,
-        Parameters(input): Parameters<TaskIdInput>,
+        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
     ) -> Result<Json<KillOutput>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let (state, killed) = self
@@ -582,7 +623,7 @@ and state is its final state.",
     )]
     async fn get_task_files(
         &self,
-        Parameters(input): Parameters<TaskIdInput>,
+        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
     ) -> Result<Json<TaskFilesOutput>, ToolError> {
         let task_id = parse_task_id(&input.task_id)?;
         let (state, listing, zip) = self
@@ -623,7 +664,7 @@ a task's output. Tasks are kept for the server's retention period.",
     )]
     async fn list_tasks(
         &self,
-        Parameters(input): Parameters<ListTasksInput>,
+        Parameters(Named(input)): Parameters<Named<ListTasksInput>>,
     ) -> Result<Json<ListTasksOutput>, ToolError> {
         let limit = match input.limit {
             None => DEFAULT_LIST_LIMIT,
@@ -721,6 +762,38 @@ static TOOLS: LazyLock<ToolRouter<ScriptRunner>> = LazyLock::new(ScriptRunner::t
 
 #[tool_handler(router = TOOLS)]
 impl ServerHandler for ScriptRunner {
+    /// rmcp parses every method it knows into its own type, and hands a request
+    /// it cannot parse here as an unknown method. Under a known name that means
+    /// params of the wrong shape: answer -32602 with what is wrong, as JSON-RPC
+    /// asks, rather than "method not found".
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        use rmcp::model::{
+            CallToolRequest, CancelTaskRequest, GetTaskRequest, InitializeRequest, ListToolsRequest,
+        };
+        let method = request.method;
+        let value = serde_json::json!({ "method": method, "params": request.params });
+        let why = match method.as_str() {
+            "tools/call" => serde_json::from_value::<CallToolRequest>(value).err(),
+            "tools/list" => serde_json::from_value::<ListToolsRequest>(value).err(),
+            "initialize" => serde_json::from_value::<InitializeRequest>(value).err(),
+            "tasks/get" => serde_json::from_value::<GetTaskRequest>(value).err(),
+            "tasks/cancel" => serde_json::from_value::<CancelTaskRequest>(value).err(),
+            _ => None,
+        };
+        Err(match why {
+            Some(e) => McpError::invalid_params(format!("invalid params for {method}: {e}"), None),
+            None => McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                format!("method not found: {method}"),
+                None,
+            ),
+        })
+    }
+
     /// `tasks/get`: the task's current state from its record, on any replica.
     async fn get_task(
         &self,
@@ -905,5 +978,171 @@ mod tests {
         assert!(parse_task_id("nope").is_err());
         let id = uuid::Uuid::new_v4().to_string();
         assert_eq!(parse_task_id(&format!(" {id} ")).ok(), Some(id));
+    }
+}
+
+/// Property tests of the argument parsers: arbitrary input never panics and is
+/// either accepted or refused with a message naming the argument; valid input
+/// comes back as it was sent.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    /// Any JSON value, nested a little.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,12}".prop_map(Value::from),
+            "[0-9 .e+-]{0,8}".prop_map(Value::from),
+            Just(json!("internet")),
+            Just(json!("none")),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[A-Za-z_]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn parse<T: for<'de> Deserialize<'de>>(args: Value) -> Result<T, String> {
+        serde_json::from_value::<Named<T>>(args)
+            .map(|Named(t)| t)
+            .map_err(|e| e.to_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn run_script_arguments_parse_or_name_the_argument(
+            field in prop::sample::select(vec![
+                "runtime", "command_base64", "zip_base64", "timeout_seconds",
+                "stdin_base64", "env", "network", "collect",
+            ]),
+            value in json_value(),
+        ) {
+            let mut args = json!({ "runtime": "python3.13", "command_base64": "dHJ1ZQ==" });
+            args[field] = value.clone();
+            if let Err(message) = parse::<RunScriptInput>(args) {
+                prop_assert!(message.contains(field), "{field}={value}: {message}");
+            }
+        }
+
+        #[test]
+        fn status_and_list_arguments_parse_or_name_the_argument(
+            field in prop::sample::select(vec!["task_id", "tail_bytes", "state", "cursor", "limit"]),
+            value in json_value(),
+        ) {
+            let (mut args, listing) = match field {
+                "task_id" | "tail_bytes" => (json!({ "task_id": "x" }), false),
+                _ => (json!({}), true),
+            };
+            args[field] = value.clone();
+            let result = if listing {
+                parse::<ListTasksInput>(args).map(|_| ())
+            } else {
+                parse::<StatusInput>(args).map(|_| ())
+            };
+            if let Err(message) = result {
+                prop_assert!(message.contains(field), "{field}={value}: {message}");
+            }
+        }
+
+        #[test]
+        fn whole_numbers_come_back_as_sent(n in any::<i64>(), pad in "[ \t]{0,2}") {
+            for sent in [json!(n), json!(format!("{pad}{n}{pad}"))] {
+                let args = json!({ "runtime": "r", "command_base64": "x", "timeout_seconds": sent });
+                let parsed = parse::<RunScriptInput>(args).map(|i| i.timeout_seconds);
+                prop_assert_eq!(parsed, Ok(Some(n)));
+            }
+            // As a float too, where a float holds it exactly.
+            if n.unsigned_abs() < 1 << 53 {
+                let args = json!({ "runtime": "r", "command_base64": "x", "timeout_seconds": n as f64 });
+                let parsed = parse::<RunScriptInput>(args).map(|i| i.timeout_seconds);
+                prop_assert_eq!(parsed, Ok(Some(n)));
+            }
+        }
+
+        #[test]
+        fn env_values_come_back_as_sent(env in prop::collection::btree_map("[A-Z_]{1,6}", ".{0,10}", 0..5)) {
+            let args = json!({ "runtime": "r", "command_base64": "x", "env": env });
+            let parsed = parse::<RunScriptInput>(args).map(|i| i.env);
+            prop_assert_eq!(parsed, Ok(Some(env)));
+        }
+
+        #[test]
+        fn base64_comes_back_as_sent_however_it_is_written(
+            bytes in prop::collection::vec(any::<u8>(), 0..300),
+            width in 4usize..100,
+            crlf in any::<bool>(),
+            padded in any::<bool>(),
+            url_safe in any::<bool>(),
+        ) {
+            let text = match (url_safe, padded) {
+                (false, true) => general_purpose::STANDARD.encode(&bytes),
+                (false, false) => general_purpose::STANDARD_NO_PAD.encode(&bytes),
+                (true, _) => general_purpose::URL_SAFE_NO_PAD.encode(&bytes),
+            };
+            let sep = if crlf { "\r\n" } else { "\n" };
+            let wrapped = text
+                .as_bytes()
+                .chunks(width)
+                .map(|c| String::from_utf8_lossy(c).into_owned())
+                .collect::<Vec<_>>()
+                .join(sep);
+            prop_assert_eq!(decode_base64("zip_base64", &wrapped).ok(), Some(bytes));
+        }
+
+        #[test]
+        fn any_text_as_base64_decodes_or_names_the_argument(text in ".{0,40}") {
+            if let Err(e) = decode_base64("stdin_base64", &text) {
+                prop_assert!(e.to_string().starts_with("stdin_base64 "), "{e}");
+            }
+        }
+
+        #[test]
+        fn commands_come_back_as_sent_or_say_what_is_wrong(command in "(.|\n){0,60}") {
+            let max = 40;
+            let result = decode_command(&general_purpose::STANDARD.encode(&command), max);
+            let expected_ok = command.len() <= max && !command.trim().is_empty() && !command.contains('\0');
+            match result {
+                Ok(c) => prop_assert!(expected_ok && c == command),
+                Err(e) => {
+                    prop_assert!(!expected_ok);
+                    let m = e.to_string();
+                    prop_assert!(m.contains("command"), "{m}");
+                }
+            }
+        }
+
+        #[test]
+        fn task_ids_are_uuids_in_any_usual_form(id in any::<u128>(), form in 0..4u8, pad in "[ \t\n]{0,2}") {
+            let uuid = uuid::Uuid::from_u128(id);
+            let written = match form {
+                0 => uuid.hyphenated().to_string(),
+                1 => uuid.simple().to_string().to_uppercase(),
+                2 => uuid.braced().to_string(),
+                _ => uuid.urn().to_string(),
+            };
+            let parsed = parse_task_id(&format!("{pad}{written}{pad}")).ok();
+            prop_assert_eq!(parsed, Some(uuid.hyphenated().to_string()));
+        }
+
+        #[test]
+        fn other_text_is_not_a_task_id_and_the_refusal_says_so(text in ".{0,50}") {
+            match parse_task_id(&text) {
+                Ok(id) => prop_assert!(uuid::Uuid::parse_str(text.trim()).is_ok() && id.len() == 36),
+                Err(e) => prop_assert!(e.to_string().starts_with("task_id "), "{e}"),
+            }
+        }
     }
 }

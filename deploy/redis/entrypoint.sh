@@ -33,8 +33,10 @@ esac
 
 hash() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 
-# Sent by redis-rs and deadpool-redis on every connection or pool checkout.
-conn="+ping +unwatch +client|setinfo"
+# Sent by redis-rs and deadpool-redis on every connection or pool checkout; INFO is read
+# once at start by api and worker, to check that nothing is evicted and AOF is on
+# (support/src/redis_setup.rs). It shows no keys and no configuration values.
+conn="+ping +unwatch +client|setinfo +info"
 # Lua: scripts read the clock (TIME); EVALSHA with SCRIPT LOAD on a cache miss (what
 # redis-rs's Script does). Not +@scripting, which includes SCRIPT FLUSH and FUNCTION.
 # Commands inside the scripts are checked too, so each user lists those of its scripts

@@ -55,7 +55,7 @@ import httpx2
 from fill import Filler
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from stack import Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
+from stack import LABEL_WORKER, Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
@@ -354,7 +354,7 @@ def scrape(worker: Worker) -> dict[str, float]:
 def docker_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Mean ms per Docker call between two scrapes."""
     means = {}
-    for op in ("create", "attach", "start", "remove"):
+    for op in ("create", "attach", "start", "exec", "remove"):
         n = after.get(f"{op}_count", 0) - before.get(f"{op}_count", 0)
         if n > 0:
             means[op] = (after[f"{op}_sum"] - before.get(f"{op}_sum", 0)) * 1000 / n
@@ -381,6 +381,34 @@ def pool_container_mib(worker: Worker) -> list[float]:
     return sizes
 
 
+def shim_pss_mib(worker: Worker) -> list[float]:
+    """Proportional set size (PSS, shared pages split among their users) of the
+    engine's `containerd-shim` for each of the worker's containers: the host
+    memory an idle container costs outside its own cgroup."""
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--no-trunc", "--filter", f"label={LABEL_WORKER}={worker.name}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if not argv or b"containerd-shim" not in argv[0]:
+                continue
+            cid = argv[argv.index(b"-id") + 1].decode() if b"-id" in argv else ""
+            if cid in ids:
+                for line in (proc / "smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        found.append(int(line.split()[1]) / 1024)
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -389,13 +417,132 @@ class E2eSample:
     total_ms: float
     submit_ms: float
     status_ms: list[float]
-    stages_ms: dict[str, float]
+    task_id: str
+    # Wall clock (ms since the epoch) of the run_script call and of the poll that
+    # saw the end, and the record's *_at timestamps (Redis's clock, same host).
+    t0_ms: float
+    seen_ms: float
+    at: dict[str, int]
+
+
+@dataclass
+class FloorSample:
+    total_ms: float
+    label: str
+    t0_ms: float
+    t1_ms: float
+
+
+FLOOR_LABEL = "script-runner-bench.floor"
+TASK_LABEL = "script-runner.task"  # worker/src/sandbox.rs LABEL_TASK
+
+
+class DockerEvents:
+    """Records container events (create, attach, start, die, destroy) while a
+    phase runs (`docker events` running throughout: the engine replays only its
+    last 256 events to a late `--since`, and several label filters would have to
+    match all at once). `by(key)` then gives, for containers with the label
+    `key`, {its value: {action: ms since the epoch}}, on the engine's clock,
+    which is this host's."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.path = tmp / f"events-{time.monotonic_ns()}.jsonl"
+        with open(self.path, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["docker", "events", "--filter", "type=container", "--format", "{{json .}}"],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+            )
+
+    def stop(self) -> None:
+        time.sleep(0.5)  # the last events on their way
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+    def by(self, key: str) -> dict[str, dict[str, float]]:
+        """Events of containers with label `key`, by its value."""
+        return self._group(lambda attrs: attrs.get(key))
+
+    def by_task(self) -> dict[str, dict[str, float]]:
+        """Events of task containers, by task id: a cold one carries the task's
+        label; a warm pool container gets its task at claim time and is renamed
+        `sr-<task_id>` then (its create and start came before)."""
+
+        def task(attrs: dict[str, str]) -> str | None:
+            name = attrs.get("name", "")
+            return attrs.get(TASK_LABEL) or (name[3:] if name.startswith("sr-") else None)
+
+        return self._group(task)
+
+    def _group(self, key_of: Callable[[dict[str, str]], str | None]) -> dict[str, dict[str, float]]:
+        by_id: dict[str, dict[str, float]] = {}
+        keys: dict[str, str] = {}
+        for line in self.path.read_text().splitlines():
+            ev = json.loads(line)
+            cid = ev.get("Actor", {}).get("ID") or ev.get("id", "")
+            attrs = ev.get("Actor", {}).get("Attributes", {})
+            action = ev.get("Action", "").split(":")[0]  # "exec_start: sh -c ..."
+            if value := key_of(attrs):
+                keys[cid] = value
+            if action in ("create", "start", "die", "destroy", "exec_start", "exec_die"):
+                by_id.setdefault(cid, {}).setdefault(action, ev["timeNano"] / 1e6)
+        return {keys[cid]: evs for cid, evs in by_id.items() if cid in keys}
+
+
+def stage_medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Median of each stage over the samples that have it."""
+    names = list(dict.fromkeys(n for r in rows for n in r))
+    return {n: statistics.median(r[n] for r in rows if n in r) for n in names}
+
+
+def service_stages(s: E2eSample, ev: dict[str, float]) -> dict[str, float]:
+    """Where one task's time went, in ms, in the order things happen on a cold
+    start. With a pool, the container's create and start come before the claim
+    (negative stages)."""
+    at = s.at
+    st: dict[str, float] = {
+        "run_script call -> record created": at["created_at"] - s.t0_ms,
+        "queued (created -> claimed)": at["claimed_at"] - at["created_at"],
+    }
+    if "exec_start" in ev and ev.get("start", 0) < at["claimed_at"]:
+        # A warm pool container: started before the claim, handed the task by an exec.
+        if "start" in ev:
+            st["(pool container started, before the claim)"] = ev["start"] - at["claimed_at"]
+        st["claimed -> exec started"] = ev["exec_start"] - at["claimed_at"]
+        if "exec_die" in ev:
+            st["exec started -> exited (the script)"] = ev["exec_die"] - ev["exec_start"]
+            st["exited -> finished recorded"] = at["finished_at"] - ev["exec_die"]
+    elif {"create", "start", "die"} <= ev.keys():
+        st["claimed -> container created"] = ev["create"] - at["claimed_at"]
+        st["created -> started (attach, start)"] = ev["start"] - ev["create"]
+        st["started -> exited (the script)"] = ev["die"] - ev["start"]
+        st["exited -> finished recorded"] = at["finished_at"] - ev["die"]
+    else:
+        st["claimed -> started recorded"] = at["started_at"] - at["claimed_at"]
+        st["started -> finished recorded"] = at["finished_at"] - at["started_at"]
+    if "destroy" in ev:
+        st["(container removed, from finished)"] = ev["destroy"] - at["finished_at"]
+    st["finished -> seen by a poll"] = s.seen_ms - at["finished_at"]
+    return st
+
+
+def floor_stages(s: FloorSample, ev: dict[str, float]) -> dict[str, float]:
+    if not {"create", "start", "die", "destroy"} <= ev.keys():
+        return {}
+    return {
+        "CLI start -> container created": ev["create"] - s.t0_ms,
+        "created -> started (attach, start)": ev["start"] - ev["create"],
+        "started -> exited (the script)": ev["die"] - ev["start"],
+        "exited -> removed (--rm)": ev["destroy"] - ev["die"],
+        "removed -> CLI returns": s.t1_ms - ev["destroy"],
+    }
 
 
 async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) -> E2eSample:
     assert cfg.client is not None
     client = cfg.client
     command = base64.b64encode(ECHO_HI.encode()).decode()
+    t0_ms = time.time() * 1000
     t0 = time.perf_counter()
     r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command})
     submit = time.perf_counter() - t0
@@ -419,23 +566,21 @@ async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) ->
     assert isinstance(rec, list)
     record = dict(zip(rec[::2], rec[1::2], strict=True))
     REAL_RECORD.setdefault("record", record)
-    f = {k: int(v) for k, v in record.items() if k.endswith("_at")}
-    stages = {
-        "queued (created -> claimed)": f["claimed_at"] - f["created_at"],
-        "claimed -> started": f["started_at"] - f["claimed_at"],
-        "started -> finished": f["finished_at"] - f["started_at"],
-        "finished -> seen by a poll": seen_ms - f["finished_at"],
-    }
-    return E2eSample(total * 1000, submit * 1000, status_ms, stages)
+    at = {k: int(v) for k, v in record.items() if k.endswith("_at")}
+    return E2eSample(total * 1000, submit * 1000, status_ms, task_id, t0_ms, seen_ms, at)
 
 
-def docker_run(image: str, command: str) -> float:
+def docker_run(image: str, command: str, label: str = "") -> FloorSample:
+    """`docker run --rm image sh -c command`; `label` (a value of FLOOR_LABEL)
+    finds its events afterwards."""
+    argv = ["docker", "run", "--rm", *(["--label", f"{FLOOR_LABEL}={label}"] if label else []), image, "sh", "-c", command]
+    t0_ms = time.time() * 1000
     t0 = time.perf_counter()
-    out = subprocess.run(["docker", "run", "--rm", image, "sh", "-c", command], capture_output=True, text=True)
+    out = subprocess.run(argv, capture_output=True, text=True)
     took = (time.perf_counter() - t0) * 1000
     if out.returncode != 0 or out.stdout != "hi\n":
         raise BenchError(f"docker run --rm {image} failed ({out.returncode}): {out.stderr.strip()}")
-    return took
+    return FloorSample(took, label, t0_ms, t0_ms + took)
 
 
 async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
@@ -444,20 +589,27 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
         f"(poll every {args.poll_ms} ms, MCP Python SDK), {args.e2e_runs} runs each, interleaved"
     )
     targets: list[Config | None] = [None, *configs]  # None: the docker run floor
-    floor: list[float] = []
+    floor: list[FloorSample] = []
     samples: dict[str, list[E2eSample]] = {c.label: [] for c in configs}
     before = {c.label: scrape(c.worker) for c in configs if c.worker}
+    recorder = DockerEvents(args.tmp)
     for i in range(args.e2e_runs):
         k = i % len(targets)
         for t in targets[k:] + targets[:k]:
             for c in configs:
                 wait_settled(c)
             if t is None:
-                floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI))
+                label = f"{args.run_id}-{i}"
+                floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI, label))
             else:
                 samples[t.label].append(await e2e_service(t, redis, args.runtime, args.poll_ms / 1000))
     after = {c.label: scrape(c.worker) for c in configs if c.worker}
-    fd = Dist(floor, "ms")
+    for c in configs:
+        wait_settled(c)  # the last containers removed: their destroy events exist
+    recorder.stop()
+    floor_events = recorder.by(FLOOR_LABEL)
+    task_events = recorder.by_task()
+    fd = Dist([f.total_ms for f in floor], "ms")
     rep.out(f"{'':34}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median)")
     rep.out(f"{'docker run --rm (floor)':34}{fd.row()}")
     out: dict[str, Any] = {"floor_ms": fd.as_json(), "poll_ms": args.poll_ms}
@@ -467,24 +619,28 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
         rep.out(f"{c.label:34}{d.row()}  {d.median / fd.median:5.2f}x{note}")
         out[c.label] = {"total_ms": d.as_json(), "ratio_median": d.median / fd.median, "pool_active": c.pool_active}
     rep.out()
-    rep.out("where the time goes, medians in ms (record timestamps are Redis's clock):")
-    stage_names = list(samples[configs[0].label][0].stages_ms)
-    header = ["run_script call", *stage_names, "get_task_status call"]
+    rep.out(
+        "where the time goes, medians in ms: the engine's container events (docker events), "
+        "the task record's timestamps (Redis's clock) and the client's clock, all on this host"
+    )
+    fs = stage_medians([floor_stages(f, floor_events.get(f.label, {})) for f in floor])
+    rep.out("  docker run --rm (floor):")
+    for n, v in fs.items():
+        rep.out(f"    {n:44}{v:8.1f}")
+    out["floor_stages_median_ms"] = fs
     for c in configs:
+        assert c.worker is not None
         ss = samples[c.label]
-        vals = {
-            "run_script call": statistics.median(s.submit_ms for s in ss),
-            **{n: statistics.median(s.stages_ms[n] for s in ss) for n in stage_names},
-            "get_task_status call": statistics.median(x for s in ss for x in s.status_ms),
-            "polls per task": statistics.median(len(s.status_ms) for s in ss),
-        }
+        vals = stage_medians([service_stages(s, task_events.get(s.task_id, {})) for s in ss])
+        vals["run_script call (client)"] = statistics.median(s.submit_ms for s in ss)
+        vals["get_task_status call (client)"] = statistics.median(x for s in ss for x in s.status_ms)
+        vals["polls per task"] = statistics.median(len(s.status_ms) for s in ss)
         means = docker_means(before[c.label], after[c.label])
         rep.out(f"  {c.label}:")
-        for n in header:
-            rep.out(f"    {n:34}{vals[n]:8.1f}")
-        rep.out(f"    {'polls per task':34}{vals['polls per task']:8.1f}")
+        for n, v in vals.items():
+            rep.out(f"    {n:44}{v:8.1f}")
         rep.out(
-            "    Docker calls, mean ms (worker metrics): "
+            "    Docker calls, mean ms (the worker's metrics): "
             + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items())
         )
         out[c.label]["stages_median_ms"] = vals
@@ -536,7 +692,7 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
     # The floor.
     t0 = time.perf_counter()
     with ThreadPoolExecutor(par) as pool:
-        floor_each = list(pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n)))
+        floor_each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n))]
     floor_rate = n / (time.perf_counter() - t0)
     rep.out(f"{'':34}{'tasks/s':>9}   ratio   per task: min / median / p99 ms")
     rep.out(f"{'docker run --rm, parallel':34}{floor_rate:9.2f}          {Dist(floor_each, 'ms').row()}")
@@ -549,6 +705,7 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
         wait_final(redis, c.prefix, first, 60, c.worker.proc)
         wait_settled(c)
         mem0 = used_memory(redis)
+        before = scrape(c.worker)
         with RssSampler({"worker": c.worker.proc}) as rss:
             ids = await submit_many(c, args.runtime, n)
             recs = wait_final(redis, c.prefix, ids, 30 + n * 5, c.worker.proc)
@@ -562,11 +719,14 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
         finished = max(int(r["finished_at"]) for r in recs)
         rate = n / ((finished - created) / 1000)
         each = Dist([int(r["finished_at"]) - int(r["created_at"]) for r in recs], "ms")
+        means = docker_means(before, scrape(c.worker))
         rep.out(f"{c.label:34}{rate:9.2f}   {rate / floor_rate:5.2f}x  {each.row()}  (submit to finished)")
+        rep.out(f"{'':34}Docker calls, mean ms: " + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items()))
         out[c.label] = {
             "tasks_per_s": rate,
             "ratio": rate / floor_rate,
             "each_ms": each.as_json(),
+            "docker_call_mean_ms": means,
             "worker_peak_rss_mib": rss.peak_mib("worker"),
             "redis_bytes_per_task": (mem1 - mem0) / n,
             "sample_record": recs[0],
@@ -781,11 +941,17 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="script-runner-bench-"))
     stack = Stack(bin_dir=args.bin_dir.resolve(), tmp_dir=tmp, runtime_images=f"{args.runtime}={args.image}")
+    args.run_id, args.tmp = stack.run_id, tmp
     rep = Report()
+    commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    engine = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True)
     rep.out(
         f"script-runner benchmark, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {os.cpu_count()} cores, "
-        f"binaries {stack.bin_dir}, image {args.image}{', QUICK (tiny sizes)' if q else ''}"
+        f"load average {os.getloadavg()[0]:.1f}, commit {commit.stdout.strip() or '?'}, Docker {engine.stdout.strip() or '?'}"
     )
+    rep.out(f"binaries {stack.bin_dir}, image {args.image}")
+    if q:
+        rep.out("QUICK: tiny sizes (proves the tool works; these figures mean nothing)")
     rep.put(
         "run",
         {
@@ -821,16 +987,19 @@ def main() -> int:
                 detect_pool(c, rep)
                 mem[c.label] = {"worker_idle_rss_mib": mib(c.worker.proc.rss_kib())}
                 if c.pool_active:
-                    each = pool_container_mib(c.worker)
-                    mem[c.label]["pool_container_mib"] = each
+                    mem[c.label]["pool_container_mib"] = pool_container_mib(c.worker)
+                    mem[c.label]["pool_shim_pss_mib"] = shim_pss_mib(c.worker)
             rep.section("resident memory (VmRSS) of the workers, idle")
             for c in configs:
                 m = mem[c.label]
                 line = f"{c.label:34}worker {m['worker_idle_rss_mib']:.1f} MiB"
-                if "pool_container_mib" in m:
-                    each = m["pool_container_mib"]
-                    line += f" (pool full); each idle pool container {statistics.median(each):.1f} MiB (docker stats, median of {len(each)})"
-                rep.out(line + "   target < 50 MiB (pool containers aside)")
+                rep.out(line + (" (pool full)" if "pool_container_mib" in m else "") + "   target < 50 MiB (pool containers aside)")
+                if m.get("pool_container_mib"):
+                    each, shims = m["pool_container_mib"], m.get("pool_shim_pss_mib") or [0.0]
+                    rep.out(
+                        f"{'':34}each idle pool container: {statistics.median(each):.1f} MiB in its cgroup (docker stats) "
+                        f"+ {statistics.median(shims):.1f} MiB for its containerd-shim (PSS), medians of {len(each)}"
+                    )
 
             async def services() -> None:
                 if "e2e" in sections:

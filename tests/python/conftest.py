@@ -251,9 +251,11 @@ def _start_redis(stack: Stack) -> Service:
     last_error: Exception | None = None
     for _ in range(5):  # a port picked by free_port() can be taken before redis binds it
         port = free_port()
+        # An append-only file (in the stack's temporary directory, its cwd): the api
+        # and the worker refuse a Redis that would lose tasks on a restart.
         service = spawn(
             "redis",
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"],
             base_env(),
             stack.tmp_dir,
         )

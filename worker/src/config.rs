@@ -84,6 +84,8 @@ pub struct Config {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `POOL_SIZE` and `POOL_MAX_AGE_SECONDS`: the warm pool.
     pub pool: PoolConfig,
+    /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
+    pub redis_setup_check: support::redis_setup::Mode,
 }
 
 /// The warm pool: containers created and started ahead of time, idle until a
@@ -199,7 +201,8 @@ const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 17] = [
+pub const VARS: [Var; 18] = [
+    support::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
     TASK_CPUS,
@@ -265,6 +268,7 @@ impl Config {
             retention_seconds: common.retention_seconds,
             heartbeat_ttl: Duration::from_secs(WORKER_HEARTBEAT_SECONDS.range(&var, 1, 3600)?),
             shutdown_grace: Duration::from_secs(SHUTDOWN_GRACE_SECONDS.range(&var, 0, 86_400)?),
+            redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
             metrics_addr: match WORKER_METRICS_ADDR.get(&var).trim() {
                 "" => None,
                 _ => Some(WORKER_METRICS_ADDR.parse(

@@ -46,6 +46,8 @@ pub enum WorkerError {
     Metrics(#[from] metrics::ServeError),
     #[error("TASKS_DIR {path}: {error}")]
     TasksDir { path: String, error: std::io::Error },
+    #[error(transparent)]
+    RedisSetup(#[from] support::redis_setup::SetupError),
 }
 
 /// The worker's capacity: `WORKER_CONCURRENCY` slots, and the runners holding them.
@@ -184,6 +186,16 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     }
     // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
     retry("create consumer group", stop, || queue.ensure_group()).await?;
+    // Before taking any job: a Redis that evicts keys or keeps nothing on disk
+    // loses tasks (see support::redis_setup).
+    tokio::select! {
+        r = support::redis_setup::check_until_answered(
+            &config.redis_url,
+            config.redis_setup_check,
+            Duration::from_secs(2),
+        ) => r?,
+        _ = stop.cancelled() => {}
+    }
     let pool = pool::Pool::new(
         sandbox.clone(),
         config.pool.clone(),

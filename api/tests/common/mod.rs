@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod process;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::TcpListener as StdListener;
@@ -80,7 +82,21 @@ pub struct Redis {
     pub port: u16,
     bind: String,
     dir: std::path::PathBuf,
+    /// The persistence and memory options, `DURABLE` unless a test asks otherwise.
+    config: Vec<String>,
 }
+
+/// What every test Redis runs with unless it asks otherwise: an append-only file,
+/// fsynced on every write, and nothing evicted (Redis's default policy). The api
+/// and the worker refuse a Redis that can lose tasks (REDIS_SETUP_CHECK).
+pub const DURABLE: &[&str] = &[
+    "--save",
+    "",
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+];
 
 impl Redis {
     pub async fn start() -> Redis {
@@ -89,6 +105,11 @@ impl Redis {
 
     /// On `bind` (e.g. "0.0.0.0", to check that tasks cannot reach it anyway).
     pub async fn start_on(bind: &str) -> Redis {
+        Redis::start_with(bind, DURABLE).await
+    }
+
+    /// With `config` instead of `DURABLE` (e.g. `--maxmemory-policy allkeys-lru`).
+    pub async fn start_with(bind: &str, config: &[&str]) -> Redis {
         let dir = std::env::temp_dir().join(format!("sr-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("redis dir");
         let mut r = Redis {
@@ -96,6 +117,7 @@ impl Redis {
             port: free_port(),
             bind: bind.to_owned(),
             dir,
+            config: config.iter().map(|s| (*s).to_owned()).collect(),
         };
         r.spawn();
         r.wait_ready().await;
@@ -112,14 +134,7 @@ impl Redis {
                 "--protected-mode",
                 "no",
             ])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
+            .args(&self.config)
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
