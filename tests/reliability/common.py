@@ -420,6 +420,9 @@ class Stack:
             "\t\tlb_policy round_robin\n"
             "\t\tfail_duration 30s\n"
             "\t\tmax_fails 1\n"
+            # As the deployment's Caddyfile: idle upstream connections closed
+            # before the api's header timeout (10 s) closes them under a request.
+            "\t\ttransport http {\n\t\t\tkeepalive 5s\n\t\t}\n"
             "\t}\n}\n"
         )
         env = base_env() | {"XDG_DATA_HOME": str(self.tmp / "caddy-data"), "XDG_CONFIG_HOME": str(self.tmp / "caddy-config")}
