@@ -38,7 +38,7 @@ fn log_filter(rust_log: Option<&str>) -> EnvFilter {
 
 #[cfg(test)]
 mod tests {
-    use super::{EnvFilter, log_filter};
+    use super::log_filter;
 
     /// The filter's directives, in a fixed order: tracing-subscriber prints them
     /// most specific first.
