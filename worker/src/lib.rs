@@ -291,7 +291,7 @@ async fn pause(stop: &CancellationToken) {
 /// stays pending under this worker, and the reaper's orphan pass takes it later.
 async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), WorkerError> {
     let me = ctx.queue.worker().to_owned();
-    let orphans = remove_leftovers_of(ctx, &me).await?;
+    let orphans = remove_leftovers_of(ctx, &me, None).await?;
     if orphans > 0 {
         tracing::warn!(
             orphans,
@@ -312,12 +312,30 @@ async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), WorkerError>
 }
 
 /// Removes every container worker `owner` left on this host (task and warm pool
-/// containers alike: all carry its label) and its pool directories; how many
-/// containers there were.
-pub(crate) async fn remove_leftovers_of(ctx: &Ctx, owner: &str) -> Result<usize, SandboxError> {
-    let n = ctx.sandbox.remove_containers_of(owner).await?;
-    pool::remove_dir(pool::pool_root(&ctx.config.tasks_dir, owner)).await;
-    Ok(n)
+/// containers alike: all carry its label) and the pool directories of those;
+/// how many containers there were. `created_before`: see
+/// `Sandbox::remove_containers_of` (`None` at this worker's own start, when its
+/// whole pool directory is stale).
+pub(crate) async fn remove_leftovers_of(
+    ctx: &Ctx,
+    owner: &str,
+    created_before: Option<i64>,
+) -> Result<usize, SandboxError> {
+    let removed = ctx
+        .sandbox
+        .remove_containers_of(owner, created_before)
+        .await?;
+    let root = pool::pool_root(&ctx.config.tasks_dir, owner);
+    match created_before {
+        None => pool::remove_dir(root).await,
+        // A new process of that name may keep its own pool there by now.
+        Some(_) => {
+            for name in removed.iter().filter(|n| n.starts_with("sr-pool-")) {
+                pool::remove_dir(root.join(name)).await;
+            }
+        }
+    }
+    Ok(removed.len())
 }
 
 /// `settle`, logging a failure instead of returning it, so one bad job does not

@@ -85,7 +85,13 @@ async fn reap(
         if ctx.queue.is_alive(&name).await? {
             continue;
         }
-        match crate::remove_leftovers_of(ctx, &name).await {
+        // Only what it made before it fell silent: a new process under its name
+        // (a restart racing this pass) makes containers after that.
+        let silent_since = std::time::SystemTime::now()
+            .checked_sub(since.elapsed())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs() as i64);
+        match crate::remove_leftovers_of(ctx, &name, Some(silent_since)).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(worker = %name, containers = n, "removed a lost worker's containers")

@@ -639,10 +639,17 @@ impl Sandbox {
         }
     }
 
-    /// Removes every task container on this host that worker `owner` started:
-    /// this worker's own at start-up (left by a previous run that died), or a dead
-    /// worker's that shared this Docker engine.
-    pub async fn remove_containers_of(&self, owner: &str) -> Result<usize, SandboxError> {
+    /// Removes every container on this host that worker `owner` made (task and
+    /// warm pool containers alike): this worker's own at start-up (left by a
+    /// previous run that died), or a dead worker's that shared this Docker engine.
+    /// With `created_before` (Unix seconds), only containers created before then:
+    /// a dead worker's, not those of a new process that took its name meanwhile.
+    /// Returns the names of the containers removed.
+    pub async fn remove_containers_of(
+        &self,
+        owner: &str,
+        created_before: Option<i64>,
+    ) -> Result<Vec<String>, SandboxError> {
         let filters =
             HashMap::from([("label".to_owned(), vec![format!("{LABEL_WORKER}={owner}")])]);
         let opts = ListContainersOptionsBuilder::default()
@@ -650,13 +657,18 @@ impl Sandbox {
             .filters(&filters)
             .build();
         let containers = self.docker.list_containers(Some(opts)).await?;
-        let n = containers.len();
+        let mut removed = Vec::new();
         for c in containers {
+            if created_before.is_some_and(|t| c.created.is_none_or(|made| made >= t)) {
+                continue;
+            }
             if let Some(id) = c.id {
                 self.remove(&id).await;
+                let name = c.names.and_then(|n| n.into_iter().next()).unwrap_or(id);
+                removed.push(name.trim_start_matches('/').to_owned());
             }
         }
-        Ok(n)
+        Ok(removed)
     }
 }
 
