@@ -76,4 +76,5 @@ TEST_POOL_SIZE=0 .venv/bin/pytest -q tests/python
 ./scripts/bench.sh --quick
 # Faults under load, small: README's "Reliability" has the full-size figures.
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
+.venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300 --pool-size 0
 [[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -36,6 +37,8 @@ IMAGE = os.environ.get("TEST_RUNTIME_IMAGE") or "script-runner-test/python:3.13-
 NODE_IMAGE = os.environ.get("TEST_NODE_IMAGE") or "script-runner-test/node:24-trixie"
 RUNTIME_IMAGES = f"node24={NODE_IMAGE},python3.13={IMAGE},python3.8={IMAGE}"
 FINAL_STATES = frozenset({"succeeded", "failed", "killed", "timed-out"})
+# A warm pool container's name until a task claims it (then `sr-<task_id>`).
+IDLE_POOL_PREFIX = "sr-pool-"
 
 # Only these variables reach the services from the caller's environment, so a
 # developer's shell cannot change what is measured.
@@ -417,6 +420,9 @@ class Stack:
             "\t\tlb_policy round_robin\n"
             "\t\tfail_duration 30s\n"
             "\t\tmax_fails 1\n"
+            # As the deployment's Caddyfile: idle upstream connections closed
+            # before the api's header timeout (10 s) closes them under a request.
+            "\t\ttransport http {\n\t\t\tkeepalive 5s\n\t\t}\n"
             "\t}\n}\n"
         )
         env = base_env() | {"XDG_DATA_HOME": str(self.tmp / "caddy-data"), "XDG_CONFIG_HOME": str(self.tmp / "caddy-config")}
@@ -445,16 +451,45 @@ class Stack:
     def worker_names(self) -> list[str]:
         return [self.worker_name(s) for s in self.workers]
 
-    def containers(self, all_states: bool = True) -> list[str]:
-        """Ids of task containers of this run's workers."""
+    def containers(self, idle_pool: bool = True) -> list[str]:
+        """Ids of the containers of this run's workers, any state. Without
+        `idle_pool`, leaves out warm pool containers waiting for a task (named
+        `sr-pool-...` until a task claims one and it is renamed `sr-<task_id>`)."""
         ids: list[str] = []
         for name in self.worker_names():
             out = subprocess.run(
-                ["docker", "ps", "-q"] + (["-a"] if all_states else []) + ["--filter", f"label=script-runner.worker={name}"],
+                ["docker", "ps", "-a", "--filter", f"label=script-runner.worker={name}", "--format", "{{.ID}} {{.Names}}"],
                 capture_output=True, text=True,
             )  # fmt: skip
-            ids += out.stdout.split()
+            for line in out.stdout.splitlines():
+                cid, cname = line.split(maxsplit=1)
+                if idle_pool or not cname.startswith(IDLE_POOL_PREFIX):
+                    ids.append(cid)
         return ids
+
+    def idle_pool_names(self) -> set[str]:
+        """Names of this run's warm pool containers that wait for a task."""
+        names: set[str] = set()
+        for name in self.worker_names():
+            out = subprocess.run(
+                ["docker", "ps", "-a", "--filter", f"label=script-runner.worker={name}", "--format", "{{.Names}}"],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            names |= {n for n in out.stdout.split() if n.startswith(IDLE_POOL_PREFIX)}
+        return names
+
+    def tasks_dir_leftovers(self) -> list[str]:
+        """What is in TASKS_DIR besides the directories of idle warm pool
+        containers (`pool-<worker>/<container name>`)."""
+        idle = self.idle_pool_names()
+        pool_dirs = {f"pool-{n}" for n in self.worker_names()}
+        left = []
+        for entry in sorted(self.tasks_dir.iterdir()):
+            if entry.name in pool_dirs and entry.is_dir():
+                left += [f"{entry.name}/{sub.name}" for sub in sorted(entry.iterdir()) if sub.name not in idle]
+            else:
+                left.append(entry.name)
+        return left
 
     # -- teardown
 
@@ -550,22 +585,33 @@ class Mcp:
 
 
 class ContainerStarts:
-    """Records every `start` event of a task container of the given workers, from
-    `docker events` running for the whole run: the outside counter of how many
-    times each task's container started (tasks cannot reach the host to count
-    themselves: the firewall)."""
+    """Counts how many times each task started, from `docker events` running for
+    the whole run: the outside counter (tasks cannot reach the host to count
+    themselves: the firewall). A task starts either as its own container (cold:
+    a `start` event of a container labelled `script-runner.task=<id>`) or as a
+    process exec'd in a warm pool container (an `exec_start` event, whose action
+    is the command line: the submitter puts a nonce in each command, `# n<hex>`,
+    to tell them apart). Only containers of the given workers count."""
+
+    NONCE = re.compile(r"# n([0-9a-f]{12})\b")
 
     def __init__(self, worker_names: list[str]) -> None:
         self.workers = set(worker_names)
-        self.starts: dict[str, list[str]] = {}  # task id -> workers that started it
+        self.by_task: dict[str, list[str]] = {}  # task id -> workers whose container started it
+        self.by_nonce: dict[str, list[str]] = {}  # command nonce -> workers that exec'd it
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
+
+    def runs(self, task_id: str, command: str) -> list[str]:
+        """The workers that started this task, once per start."""
+        m = self.NONCE.search(command)
+        return self.by_task.get(task_id, []) + (self.by_nonce.get(m.group(1), []) if m else [])
 
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             "docker", "events", "--filter", "type=container", "--filter", "event=start",
-            "--filter", "label=script-runner.task", "--format", "{{json .}}",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            "--filter", "event=exec_start", "--filter", "label=script-runner.worker",
+            "--format", "{{json .}}", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
         # `docker events` subscribes asynchronously: make sure it is listening before
@@ -577,8 +623,8 @@ class ContainerStarts:
              "--label", f"script-runner.worker={probe}", "--network", "none", IMAGE, "true"],
             capture_output=True, check=True,
         )  # fmt: skip
-        await wait_for("docker events to report a probe container", lambda: asyncio.sleep(0, probe in self.starts), 30)
-        self.starts.pop(probe, None)
+        await wait_for("docker events to report a probe container", lambda: asyncio.sleep(0, probe in self.by_task), 30)
+        self.by_task.pop(probe, None)
         self.workers.discard(probe)
 
     async def _read(self) -> None:
@@ -589,9 +635,14 @@ class ContainerStarts:
             except ValueError:
                 continue
             attrs = ev.get("Actor", {}).get("Attributes", {})
-            worker, task = attrs.get("script-runner.worker"), attrs.get("script-runner.task")
-            if task and worker in self.workers:
-                self.starts.setdefault(task, []).append(worker)
+            worker = attrs.get("script-runner.worker")
+            if worker not in self.workers:
+                continue
+            action = ev.get("Action", "")
+            if action == "start" and attrs.get("script-runner.task"):
+                self.by_task.setdefault(attrs["script-runner.task"], []).append(worker)
+            elif action.startswith("exec_start") and (m := self.NONCE.search(action)):
+                self.by_nonce.setdefault(m.group(1), []).append(worker)
 
     async def stop(self) -> None:
         """Stops `docker events` (idempotent)."""

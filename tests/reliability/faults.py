@@ -42,6 +42,7 @@ import re
 import signal
 import sys
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,11 +74,12 @@ def b64(s: str) -> str:
     return base64.b64encode(s.encode()).decode()
 
 
-def command_for(index: int) -> tuple[str, str]:
+def command_for(index: int, nonce: str = "") -> tuple[str, str]:
     """A short task and the stdout it must produce. The index in the output ties
-    a task record back to the submission that made it."""
+    a task record back to the submission that made it; the nonce (new for every
+    attempt, in a shell comment) ties a warm start's exec event to its task."""
     pause = ("0.3", "0.8", "1.5", "2.5")[index % 4]
-    return f"echo start {index}; sleep {pause}; echo end {index}", f"start {index}\nend {index}\n"
+    return f"echo start {index}; sleep {pause}; echo end {index} # n{nonce}", f"start {index}\nend {index}\n"
 
 
 @dataclass
@@ -163,7 +165,7 @@ class FaultRun:
             "WORKER_CONCURRENCY": str(a.concurrency),
             "WORKER_HEARTBEAT_SECONDS": str(a.heartbeat),
             "SHUTDOWN_GRACE_SECONDS": str(a.grace),
-        }
+        } | ({"POOL_SIZE": a.pool_size} if a.pool_size is not None else {})
         for i in range(1, a.workers + 1):
             st.add_worker(f"w{i}", worker_env)
         self.starts = ContainerStarts(st.worker_names())
@@ -181,9 +183,6 @@ class FaultRun:
             f"apis {st.api_ports}, clients via {st.url}"
         )
 
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
     # ------------------------------------------------------------------ clients
 
     async def submitter(self) -> None:
@@ -194,9 +193,9 @@ class FaultRun:
             for f in self.faults:
                 if index >= self.gates[f] + self.window:
                     await self.injected[f].wait()
-            command, _ = command_for(index)
-            args = {"runtime": "python3.13", "command_base64": b64(command), "timeout_seconds": 60}
             while True:
+                command, _ = command_for(index, uuid.uuid4().hex[:12])
+                args = {"runtime": "python3.13", "command_base64": b64(command), "timeout_seconds": 60}
                 phase = self.phase
                 t = time.monotonic()
                 try:
@@ -243,8 +242,12 @@ class FaultRun:
 
     async def poller(self, k: int, p: int) -> None:
         assert self.mcp is not None
-        while not (self.submissions_done.is_set() and all(t.final for t in self.tasks.values())):
-            pending = [t for t in list(self.tasks.values()) if t.final is None and t.index % p == k]
+        def followed(t: Task) -> bool:
+            # A task unknown 10 times running is lost: the final checks say so.
+            return t.final is None and t.vanished < 10
+
+        while not (self.submissions_done.is_set() and not any(map(followed, self.tasks.values()))):
+            pending = [t for t in list(self.tasks.values()) if followed(t) and t.index % p == k]
             for task in pending:
                 phase = self.phase
                 try:
@@ -261,8 +264,11 @@ class FaultRun:
                     self.errors.add(phase, "status", kind, res.text)
                     if kind == "unknown-task":
                         task.vanished += 1
+                        if task.vanished == 1:
+                            task.regressions.append(f"{task.states[-1]} -> no record")
                     continue
                 assert res.structured is not None
+                task.vanished = 0
                 self.observe(task, res.structured)
             await asyncio.sleep(0.5)
 
@@ -339,8 +345,16 @@ class FaultRun:
 
         await wait_for("w1 to be settled and forgotten by another worker's reaper", forgotten, 120, every=0.2)
         t_forgotten = time.monotonic() - t_kill
-        # The reaper removes a lost worker's containers (same host) before it
-        # forgets the worker.
+        # The reapers remove a lost worker's containers (same host) around the
+        # time they forget it (two reapers may race; one removal can still be
+        # under way): none may be left a little later.
+        async def w1_containers_gone() -> bool:
+            return not await self._containers_of(name)
+
+        try:
+            await wait_for("w1's containers to be removed", w1_containers_gone, 30, every=0.5)
+        except TimeoutError:
+            pass  # counted below
         w1_left = await self._containers_of(name)
         await st.start_worker(short)
         self.phase = "normal"
@@ -494,8 +508,11 @@ class FaultRun:
         orphans = [tid for tid in all_ids if tid not in self.tasks]
         # Container starts, from docker events: wait until every task that says it
         # started has been seen (the event stream lags a little).
+        def runs(tid: str) -> list[str]:
+            return starts_seen.runs(tid, records.get(tid, {}).get("command", ""))
+
         async def events_caught_up() -> bool:
-            return all(tid in starts_seen.starts for tid, r in records.items() if r.get("started_at"))
+            return all(runs(tid) for tid, r in records.items() if r.get("started_at"))
 
         try:
             await wait_for("docker events for every started task", events_caught_up, 20)
@@ -504,12 +521,12 @@ class FaultRun:
         await starts_seen.stop()
 
         async def no_containers() -> bool:
-            return not await asyncio.to_thread(st.containers)
+            return not await asyncio.to_thread(st.containers, False)
 
         try:
             await wait_for("every task container to be removed", no_containers, 60)
         except TimeoutError:
-            self.failures.append(f"task containers left behind: {st.containers()}")
+            self.failures.append(f"task containers left behind: {st.containers(idle_pool=False)}")
 
         async def stream_empty() -> bool:
             return await st.r("XLEN", st.keys.jobs()) == 0
@@ -524,9 +541,11 @@ class FaultRun:
         terminal = [t for t in handed if t.final and t.final["state"] in FINAL_STATES]
         lost = [t for t in handed if t.vanished and t.task_id not in records]
         regressed = [t for t in handed if t.regressions]
-        starts = {tid: len(ws) for tid, ws in starts_seen.starts.items()}
-        twice = {tid: ws for tid, ws in starts_seen.starts.items() if len(ws) > 1}
-        never_started = [tid for tid in records if tid not in starts]
+        starts = {tid: len(runs(tid)) for tid in records}
+        twice = {tid: runs(tid) for tid, n in starts.items() if n > 1}
+        never_started = [tid for tid, n in starts.items() if n == 0]
+        warm = sum(1 for tid in records if starts_seen.runs("", records[tid].get("command", "")))
+        cold = sum(1 for tid in records if starts_seen.by_task.get(tid))
         outcomes = Counter((r.get("state"), r.get("reason_kind")) for r in records.values())
         wrong_output = []
         for t in handed:
@@ -557,11 +576,11 @@ class FaultRun:
         if twice:
             self.failures.append(f"{len(twice)} task(s) started twice: {list(twice.items())[:5]}")
         # The duplicate check only means something if every run is seen.
-        unseen = [tid for tid, r in records.items() if r.get("state") == "succeeded" and tid not in starts]
+        unseen = [tid for tid, r in records.items() if r.get("state") == "succeeded" and not starts[tid]]
         if unseen:
             self.failures.append(
                 f"{len(unseen)} succeeded task(s) whose container start docker events never reported "
-                f"(does a task still start its own labelled container?): {unseen[:5]}"
+                f"(a cold start's labelled container, or a warm start's exec with the command's nonce): {unseen[:5]}"
             )
         if wrong_output:
             self.failures.append(f"{len(wrong_output)} succeeded task(s) with wrong output: {wrong_output[:5]}")
@@ -641,6 +660,8 @@ class FaultRun:
             "orphan_tasks_from_retried_submits": len(orphans),
             "duplicate_submissions": duplicate_submits,
             "never_started": len(never_started),
+            "started_warm": warm,
+            "started_cold": cold,
             "live_workers_reaped": sum(live_reaped.values()),
             "outcomes": {f"{s}/{k}": n for (s, k), n in sorted(outcomes.items(), key=str)},
             "client_errors": {f"{p}/{c}/{k}": n for (p, c, k), n in sorted(self.errors.counts.items())},
@@ -658,6 +679,7 @@ class FaultRun:
                 "clients": self.args.clients,
                 "binaries": str(self.args.bin_dir),
                 "faults": self.faults,
+                "pool_size": self.args.pool_size or "worker default",
             },
         }
 
@@ -665,6 +687,7 @@ class FaultRun:
         f = self.figures
         print()
         print(f"faults under load: {f['tasks']} tasks, {f['settings']['workers']} workers x {f['settings']['concurrency']} slots, "
+              f"POOL_SIZE {f['settings']['pool_size']}, "
               f"heartbeat {f['settings']['heartbeat_s']} s, appendfsync {f['settings']['appendfsync']}, "
               f"MAX_QUEUED_TASKS {f['settings']['max_queued']}, {f['settings']['clients']} submitting clients")  # fmt: skip
         rows: list[tuple[str, Any]] = [
@@ -672,7 +695,8 @@ class FaultRun:
             ("terminal", f["terminal"]),
             ("lost", f["lost"]),
             ("went back to an earlier state", f["state_regressions"]),
-            ("container started twice", f["started_twice"]),
+            ("started twice", f["started_twice"]),
+            ("started warm (pool exec) / cold (new container)", f"{f['started_warm']} / {f['started_cold']}"),
             ("never started (ended before a container)", f["never_started"]),
             ("extra tasks from retried submits", f["orphan_tasks_from_retried_submits"]),
             ("outcomes (state/reason_kind)", ", ".join(f"{k} {v}" for k, v in f["outcomes"].items())),
@@ -749,6 +773,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-queued", type=int, default=0, help="MAX_QUEUED_TASKS (default: twice the slots)")
     p.add_argument("--clients", type=int, default=6, help="concurrent submitting clients (default 6)")
     p.add_argument("--pollers", type=int, default=3, help="concurrent status pollers (default 3)")
+    p.add_argument("--pool-size", help="the workers' POOL_SIZE (default: theirs, a warm pool); 0 for none")
     p.add_argument("--redis-outage", type=float, default=5.0, help="seconds Redis stays down (default 5)")
     p.add_argument("--appendfsync", choices=("everysec", "always"), default="everysec", help="Redis AOF fsync policy (default everysec, as deployed)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")

@@ -57,6 +57,7 @@ from common import (  # noqa: E402
     log,
     print_table,
     scan_keys,
+    wait_for,
 )
 
 KINDS = ("short", "failing", "long", "short", "killed", "big", "short", "zip", "failing", "short")
@@ -116,16 +117,17 @@ class Sample:
     redis_used_mib: float
     redis_keys: int
     containers: int
+    pool_idle: int
     tasks_dir: int
 
     def row(self) -> list[Any]:
         return [round(self.t), self.phase, self.submitted, self.finished, self.in_flight, self.queued, self.api_mib,
                 round(sum(self.worker_mib), 1), self.redis_rss_mib, self.redis_used_mib, self.redis_keys, self.containers,
-                self.tasks_dir]  # fmt: skip
+                self.pool_idle, self.tasks_dir]  # fmt: skip
 
 
 HEADER = ["t_s", "phase", "submitted", "finished", "in_flight", "queued", "api_rss_mib", "workers_rss_mib",
-          "redis_rss_mib", "redis_used_mib", "redis_keys", "containers", "tasks_dir_entries"]  # fmt: skip
+          "redis_rss_mib", "redis_used_mib", "redis_keys", "containers", "pool_idle", "tasks_dir_entries"]  # fmt: skip
 
 
 @dataclass
@@ -156,8 +158,9 @@ class Soak:
         log(f"soak {st.run_id}: logs in {st.tmp}")
         await st.start_redis()
         st.common_env = {"TASK_RETENTION_SECONDS": str(a.retention)}
+        pool = {"POOL_SIZE": a.pool_size} if a.pool_size is not None else {}
         for i in range(1, a.workers + 1):
-            st.add_worker(f"w{i}", {"WORKER_CONCURRENCY": str(a.concurrency)})
+            st.add_worker(f"w{i}", {"WORKER_CONCURRENCY": str(a.concurrency)} | pool)
         await asyncio.gather(*(st.start_worker(s) for s in st.workers))
         st.add_api("api", {})
         await st.start_api("api")
@@ -272,6 +275,9 @@ class Soak:
         pending = (await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP))[0] if xlen else 0
         finished = sum(1 for o in self.outcomes if o.status or o.problems)
         assert st.redis_proc is not None
+        containers = len(await asyncio.to_thread(st.containers, False))
+        pool_idle = len(await asyncio.to_thread(st.idle_pool_names))
+        tasks_dir = len(await asyncio.to_thread(st.tasks_dir_leftovers))
         s = Sample(
             t=time.monotonic() - self.t0,
             phase=self.phase,
@@ -284,8 +290,9 @@ class Soak:
             redis_rss_mib=mib(st.redis_proc.vm_rss_kib()),
             redis_used_mib=round(used / 1048576, 1),
             redis_keys=await st.r("DBSIZE"),
-            containers=len(await asyncio.to_thread(st.containers)),
-            tasks_dir=len(list(st.tasks_dir.iterdir())),
+            containers=containers,
+            pool_idle=pool_idle,
+            tasks_dir=tasks_dir,
         )
         self.samples.append(s)
         row = s.row()
@@ -310,13 +317,21 @@ class Soak:
     async def leaks(self) -> dict[str, Any]:
         st = self.stack
         found: dict[str, Any] = {}
-        found["containers"] = await asyncio.to_thread(st.containers)
+
+        async def clean() -> bool:
+            return not await asyncio.to_thread(st.containers, False) and not await asyncio.to_thread(st.tasks_dir_leftovers)
+
+        try:  # a pool container being replaced shows for a moment
+            await wait_for("no task container and nothing in TASKS_DIR", clean, 30, every=1)
+        except TimeoutError:
+            pass  # reported below
+        found["containers"] = await asyncio.to_thread(st.containers, False)
         names = {f"sr-{o.task_id}" for o in self.outcomes if o.task_id}
         out = subprocess.run(["docker", "network", "inspect", TASK_NETWORK, "--format", "{{range .Containers}}{{.Name}} {{end}}"],
                              capture_output=True, text=True)  # fmt: skip
         found["task_network_endpoints"] = [n for n in out.stdout.split() if n in names]
         found["new_networks"] = sorted(set(self.networks()) - self.networks_before)
-        found["tasks_dir"] = sorted(p.name for p in st.tasks_dir.iterdir())
+        found["tasks_dir"] = await asyncio.to_thread(st.tasks_dir_leftovers)
         keys = await scan_keys(st.redis_port, f"{st.prefix}:*")
         live = {st.keys.worker(n) for n in st.worker_names()}
         stats_minute = [k for k in keys if k.startswith(st.keys.stats() + ":")]
@@ -461,6 +476,7 @@ class Soak:
                 "load_s": round(load_end - self.t0),
                 "total_s": round(time.monotonic() - self.t0),
                 "settings": {"rate": a.rate, "duration_s": a.duration, "workers": a.workers, "concurrency": a.concurrency,
+                             "pool_size": a.pool_size or "worker default",
                              "retention_s": a.retention, "sample_every_s": a.sample_every, "binaries": str(a.bin_dir)},  # fmt: skip
             }
             bad = [o for o in self.outcomes if o.problems]
@@ -506,7 +522,7 @@ class Soak:
     def report(self, r: dict[str, Any]) -> None:
         print()
         print(f"soak: {r['settings']['rate']} tasks/s for {r['settings']['duration_s']} s, {r['settings']['workers']} worker(s) x "
-              f"{r['settings']['concurrency']} slots, retention {r['settings']['retention_s']} s, {r['settings']['binaries']}")  # fmt: skip
+              f"{r['settings']['concurrency']} slots, POOL_SIZE {r['settings']['pool_size']}, retention {r['settings']['retention_s']} s, {r['settings']['binaries']}")  # fmt: skip
         print_table([
             ("tasks", r["tasks"]),
             ("as expected, by kind", ", ".join(f"{k} {v['ok']}/{v['ok'] + v['bad']}" for k, v in sorted(r["by_kind"].items()))),
@@ -533,6 +549,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--margin", type=int, default=15, help="seconds past retention before the leak checks (default 15)")
     p.add_argument("--workers", type=int, default=1, help="workers (default 1)")
     p.add_argument("--concurrency", type=int, default=12, help="WORKER_CONCURRENCY (default 12)")
+    p.add_argument("--pool-size", help="the worker's POOL_SIZE (default: its own, a warm pool); 0 for none")
     p.add_argument("--long-seconds", type=int, default=20, help="how long a 'long' task sleeps (default 20)")
     p.add_argument("--max-growth-api", type=float, default=16, help="MiB the api may grow (default 16)")
     p.add_argument("--max-growth-worker", type=float, default=16, help="MiB each worker may grow (default 16)")

@@ -37,6 +37,14 @@ fn task_env(extra: &[(String, String)]) -> Vec<String> {
     env
 }
 
+/// An exec that is not running and has no exit code: it never started, or its
+/// container stopped under it.
+fn exec_without_code() -> SandboxError {
+    SandboxError::Docker(DockerError::DockerStreamError {
+        error: "the task's process ended without an exit code (its container stopped)".into(),
+    })
+}
+
 /// The longest timeout the api accepts (`MAX_TIMEOUT_SECONDS` at most).
 const MAX_TASK_SECONDS: u64 = 86_400;
 
@@ -449,13 +457,7 @@ impl Sandbox {
             match (state.running, state.exit_code) {
                 (Some(false), Some(code)) => return Ok(code),
                 // Not running and no code: its container was stopped under it.
-                (Some(false), None) => {
-                    return Err(SandboxError::Docker(DockerError::DockerStreamError {
-                        error:
-                            "the task's process ended without an exit code (its container stopped)"
-                                .into(),
-                    }));
-                }
+                (Some(false), None) => return Err(exec_without_code()),
                 _ => {}
             }
             tokio::time::sleep(pause).await;
@@ -464,12 +466,15 @@ impl Sandbox {
     }
 
     /// The exit code of a task's process in a warm container, if it has exited.
+    /// One that ended without a code never ran, or its container was stopped
+    /// under it: an error, never a made-up code.
     pub async fn exec_code(&self, exec: &str) -> Result<Option<i64>, SandboxError> {
         let state = self.docker.inspect_exec(exec).await?;
-        Ok(match state.running {
-            Some(false) => Some(state.exit_code.unwrap_or(-1)),
-            _ => None,
-        })
+        match (state.running, state.exit_code) {
+            (Some(false), Some(code)) => Ok(Some(code)),
+            (Some(false), None) => Err(exec_without_code()),
+            _ => Ok(None),
+        }
     }
 
     /// The hardening and caps every task container gets.
