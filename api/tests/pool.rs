@@ -16,20 +16,12 @@ use std::time::Duration;
 use common::*;
 use serde_json::{Value, json};
 
-/// Ids of worker `worker`'s idle pool containers of `runtime`.
-fn pool_containers(worker: &str, runtime: &str) -> Vec<String> {
+/// Full ids of the containers `docker ps` lists with these arguments.
+fn docker_ids(args: &[&str]) -> Vec<String> {
     let out = Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--no-trunc",
-            "--filter",
-            &format!("label=script-runner.worker={worker}"),
-            "--filter",
-            &format!("label=script-runner.pool={runtime}"),
-            "--filter",
-            "name=sr-pool-",
-        ])
+        .arg("ps")
+        .args(["-q", "--no-trunc"])
+        .args(args)
         .output()
         .expect("docker ps");
     String::from_utf8_lossy(&out.stdout)
@@ -38,22 +30,25 @@ fn pool_containers(worker: &str, runtime: &str) -> Vec<String> {
         .collect()
 }
 
+/// Ids of worker `worker`'s idle (running) pool containers of `runtime`.
+fn pool_containers(worker: &str, runtime: &str) -> Vec<String> {
+    docker_ids(&[
+        "--filter",
+        &format!("label=script-runner.worker={worker}"),
+        "--filter",
+        &format!("label=script-runner.pool={runtime}"),
+        "--filter",
+        "name=sr-pool-",
+    ])
+}
+
 /// Every container (any state, any name) carrying worker `worker`'s label.
 fn all_containers(worker: &str) -> Vec<String> {
-    let out = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label=script-runner.worker={worker}"),
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect()
+    docker_ids(&[
+        "-a",
+        "--filter",
+        &format!("label=script-runner.worker={worker}"),
+    ])
 }
 
 /// Waits until worker `worker` keeps `n` idle containers of `runtime`; their ids.

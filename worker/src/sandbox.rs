@@ -453,12 +453,8 @@ impl Sandbox {
     pub async fn exec_exit(&self, exec: &str) -> Result<i64, SandboxError> {
         let mut pause = Duration::from_millis(2);
         loop {
-            let state = self.docker.inspect_exec(exec).await?;
-            match (state.running, state.exit_code) {
-                (Some(false), Some(code)) => return Ok(code),
-                // Not running and no code: its container was stopped under it.
-                (Some(false), None) => return Err(exec_without_code()),
-                _ => {}
+            if let Some(code) = self.exec_code(exec).await? {
+                return Ok(code);
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(100));
