@@ -591,7 +591,11 @@ class ContainerStarts:
     a `start` event of a container labelled `script-runner.task=<id>`) or as a
     process exec'd in a warm pool container (an `exec_start` event, whose action
     is the command line: the submitter puts a nonce in each command, `# n<hex>`,
-    to tell them apart). Only containers of the given workers count."""
+    to tell them apart). The engine reports `exec_start` before the runtime has
+    started the process, and an exec that then failed to start (its container had
+    just stopped; the worker falls back to a cold start) never gets an `exec_die`:
+    an exec counts once its `exec_die` arrives, which every process that started
+    gets, however it ended. Only containers of the given workers count."""
 
     NONCE = re.compile(r"# n([0-9a-f]{12})\b")
 
@@ -599,6 +603,7 @@ class ContainerStarts:
         self.workers = set(worker_names)
         self.by_task: dict[str, list[str]] = {}  # task id -> workers whose container started it
         self.by_nonce: dict[str, list[str]] = {}  # command nonce -> workers that exec'd it
+        self.execs: dict[str, tuple[str, str]] = {}  # exec id -> (nonce, worker), until its exec_die
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -610,7 +615,7 @@ class ContainerStarts:
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             "docker", "events", "--filter", "type=container", "--filter", "event=start",
-            "--filter", "event=exec_start", "--filter", "label=script-runner.worker",
+            "--filter", "event=exec_start", "--filter", "event=exec_die", "--filter", "label=script-runner.worker",
             "--format", "{{json .}}", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
@@ -642,7 +647,9 @@ class ContainerStarts:
             if action == "start" and attrs.get("script-runner.task"):
                 self.by_task.setdefault(attrs["script-runner.task"], []).append(worker)
             elif action.startswith("exec_start") and (m := self.NONCE.search(action)):
-                self.by_nonce.setdefault(m.group(1), []).append(worker)
+                self.execs[attrs.get("execID", "")] = (m.group(1), worker)
+            elif action == "exec_die" and (started := self.execs.pop(attrs.get("execID", ""), None)):
+                self.by_nonce.setdefault(started[0], []).append(started[1])
 
     async def stop(self) -> None:
         """Stops `docker events` (idempotent)."""

@@ -148,8 +148,8 @@ async fn execute(
                 Ok(launched) => break (Ok(launched), inputs),
                 Err(e) => {
                     // Nothing of the task ran: a pool container that died while
-                    // idle (an engine restart, a hand) costs a cold start, not
-                    // the task.
+                    // idle (an engine restart, a hand), or just before its
+                    // process could start, costs a cold start, not the task.
                     tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
                     if let Some(c) = inputs.collector {
                         c.finish().await;
@@ -302,6 +302,7 @@ async fn launch_warm(
     spec: &ContainerSpec<'_>,
 ) -> Result<Launched, crate::sandbox::SandboxError> {
     let exec = ctx.sandbox.exec_task(&warm.id, spec).await?;
+    ctx.sandbox.exec_started(&exec.id).await?;
     Ok(Launched {
         container: warm.id.clone(),
         exec: Some(exec.id),

@@ -45,6 +45,10 @@ fn exec_without_code() -> SandboxError {
     })
 }
 
+/// How long `exec_started` waits for the engine to say whether a task's process
+/// started in a warm container (it usually knows within a few milliseconds).
+const EXEC_START_WAIT: Duration = Duration::from_secs(10);
+
 /// The longest timeout the api accepts (`MAX_TIMEOUT_SECONDS` at most).
 const MAX_TASK_SECONDS: u64 = 86_400;
 
@@ -126,6 +130,8 @@ pub enum SandboxError {
     Network(String),
     #[error("Docker refused the task container: {0}")]
     Docker(#[from] DockerError),
+    #[error("the pool container stopped before the task's process could start in it")]
+    ExecNotStarted,
 }
 
 pub type OutputStream =
@@ -443,6 +449,43 @@ impl Sandbox {
                     error: "the task's process started detached".into(),
                 }))
             }
+        }
+    }
+
+    /// Waits until a task's process in a warm container has really started.
+    /// `exec_task` returns once the engine took the connection over, before the
+    /// runtime starts the process; if that start fails (the container's init
+    /// died a moment before, and the engine had not noticed yet), the engine
+    /// writes its complaint ("cannot exec in a stopped container") into the
+    /// output stream, where it would pass for the task's own stderr, and gives
+    /// the exec an exit code without a process. That is an error here, so the
+    /// task gets a cold container instead: nothing of it ran.
+    ///
+    /// An exec the engine reports neither way within `EXEC_START_WAIT` is taken
+    /// as started: supervision finds out how it ends, and a task must never run
+    /// twice.
+    pub async fn exec_started(&self, exec: &str) -> Result<(), SandboxError> {
+        let give_up = tokio::time::Instant::now() + EXEC_START_WAIT;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let state = self.docker.inspect_exec(exec).await?;
+            if state.pid.is_some_and(|pid| pid > 0) {
+                return Ok(());
+            }
+            if state.running == Some(false) {
+                return Err(SandboxError::ExecNotStarted);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                tracing::warn!(
+                    exec,
+                    "no word from the engine on a task's process; supervising it anyway"
+                );
+                return Ok(());
+            }
+            tokio::time::sleep(pause).await;
+            // Fine-grained: the task's process runs meanwhile, and its result
+            // waits for this.
+            pause = (pause * 2).min(Duration::from_millis(10));
         }
     }
 
