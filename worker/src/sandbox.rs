@@ -453,8 +453,8 @@ impl Sandbox {
     }
 
     /// Waits until a task's process in a warm container has really started.
-    /// `exec_task` returns once the engine took the connection over, before the
-    /// runtime starts the process; if that start fails (the container's init
+    /// `exec_task` returns once the engine took the connection over, before it
+    /// even marks the exec running; if the runtime's start then fails (the container's init
     /// died a moment before, and the engine had not noticed yet), the engine
     /// writes its complaint ("cannot exec in a stopped container") into the
     /// output stream, where it would pass for the task's own stderr, and gives
@@ -472,7 +472,11 @@ impl Sandbox {
             if state.pid.is_some_and(|pid| pid > 0) {
                 return Ok(());
             }
-            if state.running == Some(false) {
+            // Not running and no exit code yet: the engine answered the start
+            // before it began starting the process (it does, on purpose: the
+            // connection is taken over first). Not running with an exit code
+            // and no pid: the start failed.
+            if state.running == Some(false) && state.exit_code.is_some() {
                 return Err(SandboxError::ExecNotStarted);
             }
             if tokio::time::Instant::now() >= give_up {

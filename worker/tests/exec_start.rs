@@ -57,10 +57,18 @@ fn limits() -> SandboxLimits {
     }
 }
 
-/// Starts an exec of `cmd` in `container`, attached as the worker attaches a
-/// task's; its id and everything it wrote.
-async fn start_exec(docker: &Docker, container: &str, cmd: &[&str], dir: &str) -> (String, String) {
-    let exec = docker
+type Output = std::pin::Pin<
+    Box<
+        dyn futures_util::Stream<
+                Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+            > + Send,
+    >,
+>;
+
+/// Creates an exec of `cmd` in `container`, attached as the worker attaches a
+/// task's; its id.
+async fn create_exec(docker: &Docker, container: &str, cmd: &[&str], dir: &str) -> String {
+    docker
         .create_exec(
             container,
             CreateExecOptions {
@@ -73,17 +81,34 @@ async fn start_exec(docker: &Docker, container: &str, cmd: &[&str], dir: &str) -
             },
         )
         .await
-        .expect("create exec");
-    let StartExecResults::Attached { mut output, .. } =
-        docker.start_exec(&exec.id, None).await.expect("start exec")
+        .expect("create exec")
+        .id
+}
+
+/// Starts exec `id`; its output, unread.
+async fn start(docker: &Docker, id: &str) -> Output {
+    let StartExecResults::Attached { output, .. } =
+        docker.start_exec(id, None).await.expect("start exec")
     else {
         panic!("exec started detached");
     };
+    output
+}
+
+/// Creates and starts an exec; its id and its output, unread.
+async fn start_exec(docker: &Docker, container: &str, cmd: &[&str], dir: &str) -> (String, Output) {
+    let id = create_exec(docker, container, cmd, dir).await;
+    let output = start(docker, &id).await;
+    (id, output)
+}
+
+/// Everything an exec wrote, once it is done.
+async fn read_all(mut output: Output) -> String {
     let mut text = String::new();
     while let Some(Ok(frame)) = output.next().await {
         text.push_str(&String::from_utf8_lossy(&frame.into_bytes()));
     }
-    (exec.id, text)
+    text
 }
 
 #[tokio::test]
@@ -121,17 +146,45 @@ async fn an_exec_the_engine_could_not_start_is_told_apart_from_one_that_ran() {
         .await
         .expect("sandbox");
 
-    // A process that ran and was gone at once (its exit code is 126 too, the
-    // code the engine gives a failed start) is still one that started.
-    let (ran, out) = start_exec(&docker, &id, &["sh", "-c", "echo ran; exit 126"], "/").await;
-    assert_eq!(out, "ran\n");
+    // The engine answers an exec's start before it even marks the exec running
+    // (it takes the connection over first), so the worker can ask while the
+    // exec still looks as it did before the start: no process, no exit code.
+    // That is a process about to start, not one that never will (the task
+    // would run twice); here that moment is held for a while.
+    let pending = create_exec(&docker, &id, &["sh", "-c", "echo ran"], "/").await;
+    let (started, output) = tokio::join!(sandbox.exec_started(&pending), async {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        start(&docker, &pending).await
+    });
+    assert!(
+        started.is_ok(),
+        "an exec asked about before it started: {started:?}"
+    );
+    assert_eq!(read_all(output).await, "ran\n");
+
+    // And at once after the start, as the worker asks.
+    let (ran, output) = start_exec(&docker, &id, &["sh", "-c", "echo ran"], "/").await;
+    let started = sandbox.exec_started(&ran).await;
+    assert!(started.is_ok(), "an exec asked about at once: {started:?}");
+    assert_eq!(read_all(output).await, "ran\n");
+
+    // A process that ran and was gone before the question (its exit code is 126
+    // too, the code the engine gives a failed start) is still one that started.
+    let (ran, output) = start_exec(&docker, &id, &["sh", "-c", "echo ran; exit 126"], "/").await;
+    assert_eq!(read_all(output).await, "ran\n");
     let started = sandbox.exec_started(&ran).await;
     assert!(started.is_ok(), "an exec that ran: {started:?}");
     assert_eq!(sandbox.exec_code(&ran).await.expect("exit code"), Some(126));
 
-    // One the runtime could not start: the engine's complaint came through the
-    // output, as a task's would.
-    let (failed, out) = start_exec(&docker, &id, &["true"], "/nonexistent").await;
+    // One the runtime could not start, asked at once and after the engine's
+    // complaint came through the output (as a task's output would).
+    let (failed, output) = start_exec(&docker, &id, &["true"], "/nonexistent").await;
+    let started = sandbox.exec_started(&failed).await;
+    assert!(
+        matches!(started, Err(SandboxError::ExecNotStarted)),
+        "an exec that never started: {started:?}"
+    );
+    let out = read_all(output).await;
     assert!(
         out.contains("exec failed"),
         "the engine's complaint: {out:?}"
@@ -139,6 +192,6 @@ async fn an_exec_the_engine_could_not_start_is_told_apart_from_one_that_ran() {
     let started = sandbox.exec_started(&failed).await;
     assert!(
         matches!(started, Err(SandboxError::ExecNotStarted)),
-        "an exec that never started: {started:?}"
+        "an exec that never started, asked again: {started:?}"
     );
 }
