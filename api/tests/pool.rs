@@ -51,6 +51,25 @@ fn all_containers(worker: &str) -> Vec<String> {
     ])
 }
 
+/// The text of a worker's `/metrics`.
+async fn worker_metrics(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("worker metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
+/// The value of the sample `name` (with its labels) in `metrics`.
+fn sample(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+}
+
 /// Waits until worker `worker` keeps `n` idle containers of `runtime`; their ids.
 async fn wait_pool(worker: &str, runtime: &str, n: usize) -> Vec<String> {
     wait_until(
@@ -428,19 +447,8 @@ async fn the_pool_refills_after_a_burst() {
     );
     let after = wait_pool(&stack.worker_name, "python3.13", 2).await;
     // The worker's metrics tell the same story.
-    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .expect("worker metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    let sample = |name: &str| -> u64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
-    };
+    let metrics = worker_metrics(metrics_port).await;
+    let sample = |name: &str| sample(&metrics, name);
     let warm = sample("script_runner_worker_pool_claims_total{path=\"warm\"}");
     let cold = sample("script_runner_worker_pool_claims_total{path=\"cold\"}");
     assert_eq!(
@@ -513,7 +521,8 @@ async fn a_stopping_worker_removes_its_pool_and_a_restarted_one_removes_a_crashe
 
 #[tokio::test]
 async fn a_pool_container_that_died_idle_costs_a_cold_start_not_the_task() {
-    let stack = pooled(&[]).await;
+    let metrics_port = free_port();
+    let stack = pooled(&[("WORKER_METRICS_ADDR", &format!("127.0.0.1:{metrics_port}"))]).await;
     let client = stack.client().await;
     let idle = wait_pool(&stack.worker_name, "python3.13", 1).await;
     // As an engine restart or an operator's hand would: the worker still holds
@@ -526,6 +535,21 @@ async fn a_pool_container_that_died_idle_costs_a_cold_start_not_the_task() {
     let end = run_to_end(&client, "python3.13", "echo still ran", json!({})).await;
     assert_eq!(end["state"], "succeeded", "{end}");
     assert_eq!(end["stdout_tail"], "still ran\n");
+    let metrics = worker_metrics(metrics_port).await;
+    assert_eq!(
+        [
+            sample(
+                &metrics,
+                "script_runner_worker_pool_claims_total{path=\"fallback\"}"
+            ),
+            sample(
+                &metrics,
+                "script_runner_worker_pool_claims_total{path=\"warm\"}"
+            ),
+        ],
+        [1, 0],
+        "{metrics}"
+    );
     // The dead one is removed and replaced.
     wait_until(
         "the dead pool container removed",

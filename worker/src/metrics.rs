@@ -104,6 +104,29 @@ impl Histogram {
     }
 }
 
+/// How a task's container came to it, when the worker keeps a warm pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// No idle container fitted: a new one.
+    Cold = 0,
+    /// An idle pool container.
+    Warm = 1,
+    /// A pool container that could not start the task (it had died): a new one.
+    Fallback = 2,
+}
+
+impl Claim {
+    const ALL: [Claim; 3] = [Claim::Cold, Claim::Warm, Claim::Fallback];
+
+    fn label(self) -> &'static str {
+        match self {
+            Claim::Cold => "cold",
+            Claim::Warm => "warm",
+            Claim::Fallback => "fallback",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Registry {
     latency: BTreeMap<Op, Histogram>,
@@ -111,9 +134,9 @@ struct Registry {
     run: BTreeMap<String, Histogram>,
     firewall: Option<bool>,
     identity: Option<Identity>,
-    /// Idle warm containers by runtime, and claims served warm / cold.
+    /// Idle warm containers by runtime, and tasks by how they started.
     pool_idle: BTreeMap<String, usize>,
-    pool_claims: [u64; 2],
+    pool_claims: [u64; 3],
 }
 
 #[derive(Debug, Clone)]
@@ -140,7 +163,7 @@ impl Default for Metrics {
             firewall: None,
             identity: None,
             pool_idle: BTreeMap::new(),
-            pool_claims: [0; 2],
+            pool_claims: [0; 3],
         })))
     }
 }
@@ -184,9 +207,9 @@ impl Metrics {
         self.registry().pool_idle.insert(runtime.to_owned(), idle);
     }
 
-    /// A task was served by a warm container (`hit`) or a cold one.
-    pub fn pool_claim(&self, hit: bool) {
-        self.registry().pool_claims[usize::from(hit)] += 1;
+    /// How a task's container came to it (counted when a pool is on).
+    pub fn pool_claim(&self, path: Claim) {
+        self.registry().pool_claims[path as usize] += 1;
     }
 
     /// Whether the task firewall was installed at start (`TASK_FIREWALL`).
@@ -283,9 +306,10 @@ impl Metrics {
             &mut out,
             claims,
             "counter",
-            "Tasks started in a warm pool container (warm) or a new one (cold).",
+            "Tasks started in a warm pool container (warm), a new one (cold), or a new \
+             one after the warm one they took could not start them (fallback).",
         );
-        for (path, n) in ["cold", "warm"].iter().zip(m.pool_claims) {
+        for (path, n) in Claim::ALL.iter().map(|c| c.label()).zip(m.pool_claims) {
             let _ = writeln!(out, "{claims}{{path=\"{path}\"}} {n}");
         }
         let errors = "script_runner_worker_docker_errors_total";

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::collect::Collector;
 use crate::config::Config;
+use crate::metrics::Claim;
 use crate::pool::{Pool, Warm};
 use crate::queue::{Collected, Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
 use crate::sandbox::{ContainerSpec, OutputStream, Sandbox, StdinWriter};
@@ -115,10 +116,12 @@ async fn execute(
         Network::Internet => ctx.pool.take(&spec.runtime, image),
         Network::None => None,
     };
-    if ctx.pool.enabled() {
-        ctx.sandbox.metrics().pool_claim(warm.is_some());
-    }
     let mut warm = warm;
+    let mut claim = if warm.is_some() {
+        Claim::Warm
+    } else {
+        Claim::Cold
+    };
     let (launched, inputs) = loop {
         let inputs = match Inputs::gather(ctx, task_id, spec, warm.as_ref()).await {
             Ok(inputs) => inputs,
@@ -151,6 +154,7 @@ async fn execute(
                     // idle (an engine restart, a hand), or just before its
                     // process could start, costs a cold start, not the task.
                     tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
+                    claim = Claim::Fallback;
                     if let Some(c) = inputs.collector {
                         c.finish().await;
                     }
@@ -164,6 +168,9 @@ async fn execute(
             None => break (launch_cold(ctx, &container_spec).await, inputs),
         }
     };
+    if ctx.pool.enabled() {
+        ctx.sandbox.metrics().pool_claim(claim);
+    }
     match launched {
         Ok(launched) => {
             let container = launched.container.clone();
