@@ -14,6 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use redis::AsyncCommands;
 use serde_json::{Value, json};
 
 /// Full ids of the containers `docker ps` lists with these arguments.
@@ -587,6 +588,121 @@ async fn an_idle_container_past_its_age_is_replaced() {
     assert_eq!(
         warm_container_of(&stack.worker_name, id, since),
         Some(replaced[0].clone())
+    );
+    stack.shutdown().await;
+}
+
+/// Found by the fault run (tests/reliability/faults.py): a reaper settling a
+/// dead worker removed the pool containers of that worker's next life, started
+/// under the same name while the reaper was still at it. A reaper removes only
+/// what a dead worker made before it fell silent.
+#[tokio::test]
+async fn a_reaper_removes_a_dead_worker_s_pool_but_not_what_its_next_life_made() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    let name = stack.worker("doomed");
+    let mut doomed = stack
+        .spawn_worker_process(
+            "doomed",
+            &[
+                ("POOL_SIZE", "python3.13=1"),
+                ("WORKER_HEARTBEAT_SECONDS", "1"),
+            ],
+        )
+        .await;
+    let old = wait_pool(&name, "python3.13", 1).await;
+    // The engine stamps a container's creation in whole seconds: let the worker
+    // fall silent in a later second than its pool container was made.
+    let made = unix_now();
+    wait_until("the next second", Duration::from_secs(5), || async {
+        (unix_now() > made).then_some(())
+    })
+    .await;
+    doomed.kill();
+    // The reaper passes every 2 s and settles a worker once it has seen its
+    // heartbeat missing for 6 s.
+    stack
+        .start_worker(
+            "reaper",
+            &[("WORKER_HEARTBEAT_SECONDS", "6"), ("POOL_SIZE", "0")],
+        )
+        .await;
+    let redis = stack.redis.client();
+    let key = stack.keys().worker(&name);
+    wait_until(
+        "the dead worker's heartbeat to expire",
+        Duration::from_secs(10),
+        || {
+            let (redis, key) = (redis.clone(), key.clone());
+            async move {
+                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+                let ttl: i64 = c.pttl(&key).await.ok()?;
+                (ttl == -2).then_some(())
+            }
+        },
+    )
+    .await;
+    // Its reaper's EXISTS on that key is the only EXISTS anyone sends.
+    let seen = calls_of(&stack, "exists").await.expect("commandstats");
+    wait_until(
+        "the reaper to see the heartbeat missing",
+        Duration::from_secs(10),
+        || async { (calls_of(&stack, "exists").await? > seen).then_some(()) },
+    )
+    .await;
+
+    // Its next life makes a pool container while the reaper is still waiting to
+    // settle the old one (the next life's heartbeat is what the reaper would
+    // look at again; the race is between that look and the removal, so the
+    // container stands for it here without a heartbeat).
+    let next = Command::new("docker")
+        .args([
+            "run",
+            "-d",
+            "--name",
+            &format!("sr-pool-{}", uuid::Uuid::new_v4().simple()),
+            "--label",
+            &format!("script-runner.worker={name}"),
+            "--label",
+            "script-runner.pool=python3.13",
+            "--network",
+            "none",
+            &runtime_image(),
+            "sleep",
+            "300",
+        ])
+        .output()
+        .expect("docker run");
+    assert!(next.status.success(), "{next:?}");
+    let next = String::from_utf8_lossy(&next.stdout).trim().to_owned();
+
+    wait_until(
+        "the dead worker's own pool container removed",
+        Duration::from_secs(60),
+        || async { (!all_containers(&name).contains(&old[0])).then_some(()) },
+    )
+    .await;
+    let (workers_key, redis) = (stack.keys().workers(), stack.redis.client());
+    wait_until(
+        "the dead worker to be forgotten",
+        Duration::from_secs(30),
+        || {
+            let (redis, key, dead) = (redis.clone(), workers_key.clone(), name.clone());
+            async move {
+                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+                let members: Vec<String> = c.smembers(&key).await.ok()?;
+                (!members.contains(&dead)).then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        all_containers(&name),
+        vec![next],
+        "the reaper removed what the worker's next life made"
     );
     stack.shutdown().await;
 }

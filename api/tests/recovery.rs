@@ -355,29 +355,6 @@ async fn a_task_cannot_outlive_its_timeout_even_when_its_worker_dies() {
     stack.shutdown().await;
 }
 
-/// Calls of `command` Redis has served since it started (`INFO commandstats`).
-async fn calls_of(stack: &Stack, command: &str) -> Option<u64> {
-    let mut c = stack
-        .redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .ok()?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await
-        .ok()?;
-    let prefix = format!("cmdstat_{command}:calls=");
-    Some(
-        info.lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0),
-    )
-}
-
 /// Found by the fault run (tests/reliability/faults.py): a worker restarting
 /// (so its heartbeat missing for a moment) just before Redis went down was taken
 /// for dead by another worker's reaper the moment Redis came back. The reaper's

@@ -767,3 +767,26 @@ chmod u+s /bin/sh 2>/dev/null && echo "chmod-suid: ALLOWED" || echo "chmod-suid:
 ls /var/run/docker.sock 2>/dev/null && echo "docker-socket: PRESENT" || echo "docker-socket: absent"
 mkdir -p "$HOME/.local/lib" && touch /workspace/w /tmp/t && echo "home, workspace, tmp: writable"
 "#;
+
+/// Calls of `command` Redis has served since it started (`INFO commandstats`).
+pub async fn calls_of(stack: &Stack, command: &str) -> Option<u64> {
+    let mut c = stack
+        .redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .ok()?;
+    let prefix = format!("cmdstat_{command}:calls=");
+    Some(
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0),
+    )
+}
