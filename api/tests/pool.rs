@@ -630,29 +630,7 @@ async fn a_reaper_removes_a_dead_worker_s_pool_but_not_what_its_next_life_made()
             &[("WORKER_HEARTBEAT_SECONDS", "6"), ("POOL_SIZE", "0")],
         )
         .await;
-    let redis = stack.redis.client();
-    let key = stack.keys().worker(&name);
-    wait_until(
-        "the dead worker's heartbeat to expire",
-        Duration::from_secs(10),
-        || {
-            let (redis, key) = (redis.clone(), key.clone());
-            async move {
-                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
-                let ttl: i64 = c.pttl(&key).await.ok()?;
-                (ttl == -2).then_some(())
-            }
-        },
-    )
-    .await;
-    // Its reaper's EXISTS on that key is the only EXISTS anyone sends.
-    let seen = calls_of(&stack, "exists").await.expect("commandstats");
-    wait_until(
-        "the reaper to see the heartbeat missing",
-        Duration::from_secs(10),
-        || async { (calls_of(&stack, "exists").await? > seen).then_some(()) },
-    )
-    .await;
+    stack.wait_reaper_suspects(&name).await;
 
     // Its next life makes a pool container while the reaper is still waiting to
     // settle the old one (the next life's heartbeat is what the reaper would

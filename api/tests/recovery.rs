@@ -383,28 +383,7 @@ async fn a_suspicion_from_before_a_redis_outage_does_not_get_a_live_worker_reape
     // The first worker stalls: its heartbeat expires, and the watcher sees it
     // missing (its reaper's EXISTS on that key is the only EXISTS anyone sends).
     frozen.pause();
-    let redis = stack.redis.client();
-    let key = stack.keys().worker(&stack.worker("frozen"));
-    wait_until(
-        "the stalled worker's heartbeat to expire",
-        Duration::from_secs(10),
-        || {
-            let (redis, key) = (redis.clone(), key.clone());
-            async move {
-                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
-                let ttl: i64 = c.pttl(&key).await.ok()?;
-                (ttl == -2).then_some(())
-            }
-        },
-    )
-    .await;
-    let seen = calls_of(&stack, "exists").await.expect("commandstats");
-    wait_until(
-        "the watcher to see the heartbeat missing",
-        Duration::from_secs(10),
-        || async { (calls_of(&stack, "exists").await? > seen).then_some(()) },
-    )
-    .await;
+    stack.wait_reaper_suspects(&stack.worker("frozen")).await;
 
     // Redis goes away for longer than the watcher's whole period, and comes back
     // with every heartbeat expired.

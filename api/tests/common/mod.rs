@@ -416,6 +416,35 @@ impl Stack {
         .await;
     }
 
+    /// Waits until worker `name` (`Stack::worker` spells it) has no heartbeat
+    /// key, then until a reaper has looked at it and seen that: a reaper's
+    /// `EXISTS` on a heartbeat key is the only `EXISTS` anyone sends. From then
+    /// on the reaper suspects the worker.
+    pub async fn wait_reaper_suspects(&self, name: &str) {
+        let redis = self.redis.client();
+        let key = self.keys().worker(name);
+        wait_until(
+            &format!("worker {name}'s heartbeat to expire"),
+            Duration::from_secs(10),
+            || {
+                let (redis, key) = (redis.clone(), key.clone());
+                async move {
+                    let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+                    let ttl: i64 = c.pttl(&key).await.ok()?;
+                    (ttl == -2).then_some(())
+                }
+            },
+        )
+        .await;
+        let seen = calls_of(self, "exists").await.expect("commandstats");
+        wait_until(
+            &format!("a reaper to see worker {name}'s heartbeat missing"),
+            Duration::from_secs(10),
+            || async { (calls_of(self, "exists").await? > seen).then_some(()) },
+        )
+        .await;
+    }
+
     pub async fn client(&self) -> Client {
         mcp_client(&self.url, TOKEN)
             .await
