@@ -457,27 +457,35 @@ impl Sandbox {
     /// even marks the exec running; if the runtime's start then fails (the container's init
     /// died a moment before, and the engine had not noticed yet), the engine
     /// writes its complaint ("cannot exec in a stopped container") into the
-    /// output stream, where it would pass for the task's own stderr, and gives
+    /// output stream, where it would pass for the task's own output, and gives
     /// the exec an exit code without a process. That is an error here, so the
     /// task gets a cold container instead: nothing of it ran.
     ///
-    /// An exec the engine reports neither way within `EXEC_START_WAIT` is taken
-    /// as started: supervision finds out how it ends, and a task must never run
-    /// twice.
+    /// An exec the engine reports neither way within `EXEC_START_WAIT` (or
+    /// cannot report on at all) is taken as started: supervision finds out how it
+    /// ends, and a task must never run twice.
     pub async fn exec_started(&self, exec: &str) -> Result<(), SandboxError> {
         let give_up = tokio::time::Instant::now() + EXEC_START_WAIT;
         let mut pause = Duration::from_millis(2);
         loop {
-            let state = self.docker.inspect_exec(exec).await?;
-            if state.pid.is_some_and(|pid| pid > 0) {
-                return Ok(());
-            }
-            // Not running and no exit code yet: the engine answered the start
-            // before it began starting the process (it does, on purpose: the
-            // connection is taken over first). Not running with an exit code
-            // and no pid: the start failed.
-            if state.running == Some(false) && state.exit_code.is_some() {
-                return Err(SandboxError::ExecNotStarted);
+            match self.docker.inspect_exec(exec).await {
+                Ok(state) if state.pid.is_some_and(|pid| pid > 0) => return Ok(()),
+                // Not running and no exit code yet: the engine answered the start
+                // before it began starting the process (it does, on purpose: the
+                // connection is taken over first). Not running with an exit code
+                // and no pid: the start failed.
+                Ok(state) if state.running == Some(false) && state.exit_code.is_some() => {
+                    return Err(SandboxError::ExecNotStarted);
+                }
+                Ok(_) => {}
+                // Gone with its container, or a failed call: whether the process
+                // started is unknown, and a task must never run twice, so the
+                // supervision that follows finds out (a gone one is "container
+                // lost").
+                Err(DockerError::DockerResponseServerError {
+                    status_code: 404, ..
+                }) => return Ok(()),
+                Err(e) => tracing::debug!(exec, error = %e, "could not ask about a task's process"),
             }
             if tokio::time::Instant::now() >= give_up {
                 tracing::warn!(
