@@ -225,6 +225,8 @@ pub struct Stack {
     workers: Vec<tokio::task::JoinHandle<()>>,
     /// Every worker name used, so their containers can be removed at the end.
     worker_names: Vec<String>,
+    /// The worker processes started (`spawn_worker_process`), killed at the end.
+    processes: Vec<SharedChild>,
 }
 
 impl Stack {
@@ -301,6 +303,7 @@ impl Stack {
             stop,
             workers: Vec::new(),
             worker_names: Vec::new(),
+            processes: Vec::new(),
         };
         if opts.start_worker {
             stack.start_worker("main", &[]).await;
@@ -380,7 +383,9 @@ impl Stack {
             self.worker_names.push(name.to_owned());
         }
         self.wait_for_heartbeat(name).await;
-        WorkerProcess(Some(child))
+        let child = SharedChild::new(std::sync::Mutex::new(Some(child)));
+        self.processes.push(child.clone());
+        WorkerProcess(child)
     }
 
     /// Deletes a worker's heartbeat, as its expiry would after a crash, so that a
@@ -476,6 +481,9 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         self.stop.cancel();
+        for child in &self.processes {
+            kill_child(child);
+        }
         // A failed test may drop the stack with containers still running; remove
         // them by their workers' label so they do not outlive the test.
         for name in &self.worker_names {
@@ -709,27 +717,48 @@ pub async fn wait_container_gone(task_id: &str) {
     .await;
 }
 
+/// A worker process, shared between the test that started it and its stack.
+type SharedChild = std::sync::Arc<std::sync::Mutex<Option<Child>>>;
+
+fn take_child(child: &SharedChild) -> Option<Child> {
+    child
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
+/// SIGKILLs a worker process and reaps it, if it still runs.
+fn kill_child(child: &SharedChild) {
+    if let Some(mut child) = take_child(child) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// A worker process that is killed when dropped, so a failing test leaves none
-/// behind.
-pub struct WorkerProcess(Option<Child>);
+/// behind. Its stack kills it too, before it removes the workers' containers:
+/// a worker still alive then would go on making pool containers.
+pub struct WorkerProcess(SharedChild);
 
 impl WorkerProcess {
     pub fn pid(&self) -> u32 {
-        self.0.as_ref().map(Child::id).unwrap_or(0)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map(Child::id)
+            .unwrap_or(0)
     }
 
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&self.0);
     }
 
     pub fn terminate(&self) {
         // Never `kill -TERM 0`: that would signal this whole test's process group.
         assert!(
-            self.0.is_some(),
+            self.pid() != 0,
             "terminate() after kill(): the process is gone"
         );
         let status = Command::new("kill")
@@ -750,7 +779,7 @@ impl WorkerProcess {
     }
 
     fn send(&self, signal: &str) {
-        assert!(self.0.is_some(), "the process is gone");
+        assert!(self.pid() != 0, "the process is gone");
         let status = Command::new("kill")
             .args([signal, &self.pid().to_string()])
             .status();
@@ -758,8 +787,8 @@ impl WorkerProcess {
     }
 
     /// Waits for it to exit (after `terminate`); whether it exited cleanly.
-    pub async fn exited_cleanly(mut self) -> bool {
-        let Some(mut child) = self.0.take() else {
+    pub async fn exited_cleanly(self) -> bool {
+        let Some(mut child) = take_child(&self.0) else {
             return false;
         };
         tokio::task::spawn_blocking(move || child.wait().is_ok_and(|s| s.success()))
