@@ -65,6 +65,16 @@ pub struct NewTask<'a> {
     pub collect_json: Option<String>,
     /// How long the task index keeps an entry: the record's retention and then some.
     pub index_horizon_ms: u64,
+    /// `MAX_QUEUED_TASKS`: with this many jobs in the stream, the task is refused.
+    pub max_queued: u64,
+}
+
+/// What became of a `NewTask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    Queued,
+    /// Refused, nothing stored: this many jobs were in the stream.
+    Full(u64),
 }
 
 /// The fields of a task hash that `get` reads: what `get_task_status` shows.
@@ -204,12 +214,6 @@ impl Store {
         Ok(())
     }
 
-    /// Jobs in the stream not yet acknowledged: waiting or being run.
-    pub async fn backlog(&self) -> Result<u64, StoreError> {
-        let mut conn = self.pool.get().await?;
-        Ok(conn.xlen(self.keys.jobs()).await?)
-    }
-
     pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
         let mut conn = self.pool.get().await?;
         let (jobs_in_stream, stats, names): (u64, HashMap<String, u64>, Vec<String>) =
@@ -266,7 +270,9 @@ impl Store {
     }
 
     /// Stores the task (and its zip) and appends its job, all or nothing.
-    pub async fn submit(&self, t: &NewTask<'_>) -> Result<(), StoreError> {
+    /// Stores the task and queues its job, unless `t.max_queued` jobs are in the
+    /// stream already (one script: the check and the submit are one step).
+    pub async fn submit(&self, t: &NewTask<'_>) -> Result<Submitted, StoreError> {
         let mut conn = self.pool.get().await?;
         let fields: Vec<(&str, String)> = vec![
             (Field::State.as_str(), TaskState::Queued.as_str().to_owned()),
@@ -305,12 +311,16 @@ impl Store {
             .arg(t.id)
             .arg(t.zip.unwrap_or_default())
             .arg(t.stdin.unwrap_or_default())
-            .arg(t.index_horizon_ms);
+            .arg(t.index_horizon_ms)
+            .arg(t.max_queued);
         for (field, value) in &fields {
             call.arg(*field).arg(value);
         }
-        let _entry: String = call.invoke_async(&mut conn).await?;
-        Ok(())
+        // The stream entry's id, or the backlog that refused the task.
+        match call.invoke_async(&mut conn).await? {
+            redis::Value::Int(backlog) => Ok(Submitted::Full(backlog.max(0) as u64)),
+            _entry => Ok(Submitted::Queued),
+        }
     }
 
     /// One page of tasks, newest first, after `cursor` (the last one a previous

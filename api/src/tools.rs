@@ -26,7 +26,7 @@ use shared::{Field, TaskState};
 
 use crate::config::Config;
 use crate::mcp_tasks;
-use crate::store::{ListCursor, ListedTask, NewTask, Store, StoreError, TaskRecord};
+use crate::store::{ListCursor, ListedTask, NewTask, Store, StoreError, Submitted, TaskRecord};
 
 /// Standard alphabet; padding optional, since models often drop it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -507,12 +507,9 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 )
             }
         };
-        let backlog = self.store.backlog().await?;
-        if backlog >= cfg.max_queued_tasks {
-            return Err(ToolError::QueueFull(backlog));
-        }
         let task_id = uuid::Uuid::new_v4().to_string();
-        self.store
+        let submitted = self
+            .store
             .submit(&NewTask {
                 id: &task_id,
                 runtime: &input.runtime,
@@ -525,8 +522,12 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 network: input.network.unwrap_or_default(),
                 collect_json,
                 index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
+                max_queued: cfg.max_queued_tasks,
             })
             .await?;
+        if let Submitted::Full(backlog) = submitted {
+            return Err(ToolError::QueueFull(backlog));
+        }
         tracing::info!(%task_id, runtime = %input.runtime, timeout_seconds, "task queued");
         // A client that declared the tasks extension gets a task handle (only now
         // that the record exists, so tasks/get on any replica finds it).

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use redis::AsyncCommands;
 use serde_json::json;
 
 #[tokio::test]
@@ -399,5 +400,42 @@ async fn metrics_report_the_queue_the_workers_and_every_outcome_behind_the_token
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
+    stack.shutdown().await;
+}
+
+/// `MAX_QUEUED_TASKS` is a cap, not a hint: the check and the submit are one
+/// step in Redis, so clients submitting at once cannot pass it together, and a
+/// refused submit stores nothing and says why.
+#[tokio::test]
+async fn max_queued_tasks_holds_under_concurrent_submits() {
+    let stack = Stack::start(Options {
+        start_worker: false,
+        extra_env: vec![("MAX_QUEUED_TASKS", "5".to_owned())],
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let submits = (0..24).map(|i| {
+        let client = &client;
+        async move {
+            let args =
+                json!({ "runtime": "python3.13", "command_base64": b64(format!("echo {i}")) });
+            call(client, "run_script", args).await
+        }
+    });
+    let results = futures_util::future::join_all(submits).await;
+    let (refused, queued): (Vec<_>, Vec<_>) =
+        results.iter().partition(|r| r["isError"] == json!(true));
+    assert_eq!(queued.len(), 5, "tasks queued with MAX_QUEUED_TASKS=5");
+    for r in &refused {
+        assert_eq!(
+            r["content"][0]["text"],
+            "the service is at capacity (5 tasks queued or running); wait for some to finish and try again"
+        );
+    }
+    let mut r = stack.redis_conn().await;
+    let jobs: u64 = r.xlen(stack.keys().jobs()).await.expect("XLEN");
+    let records: Vec<String> = r.keys(stack.keys().task("*")).await.expect("KEYS");
+    assert_eq!((jobs, records.len()), (5, 5), "{records:?}");
     stack.shutdown().await;
 }

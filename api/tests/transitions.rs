@@ -326,6 +326,7 @@ async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
         .arg("")
         .arg("some stdin")
         .arg(86_400_000)
+        .arg(10)
         .arg("state")
         .arg("queued")
         .invoke_async(&mut c)

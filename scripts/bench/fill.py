@@ -29,6 +29,7 @@ WORKER_GROUP = "workers"  # shared::keys::WORKER_GROUP
 COMMAND = "echo hi"
 TIMEOUT_SECONDS = 300  # DEFAULT_TIMEOUT_SECONDS
 MAX_TIMEOUT_SECONDS = 3600  # MAX_TIMEOUT_SECONDS: part of the index horizon
+MAX_QUEUED = 10_000_000  # MAX_QUEUED_TASKS at its largest: SUBMIT refuses at this many jobs
 RETENTION_SECONDS = 86400  # TASK_RETENTION_SECONDS
 STDOUT = "hi\n"
 
@@ -100,7 +101,7 @@ class Filler:
                 (
                     "EVALSHA", self.sha["submit"], 6,
                     k.task(i), k.task_zip(i), k.task_stdin(i), k.stats(), k.jobs(), k.task_index(),
-                    i, "", "", horizon_ms,
+                    i, "", "", horizon_ms, MAX_QUEUED,
                     "state", "queued", "runtime", self.runtime, "image", self.image, "command", COMMAND,
                     "timeout_seconds", TIMEOUT_SECONDS, "has_zip", 0, "has_stdin", 0, "network", "internet",
                     "stdout_bytes", 0, "stderr_bytes", 0,
