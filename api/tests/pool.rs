@@ -14,7 +14,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use redis::AsyncCommands;
 use serde_json::{Value, json};
 
 /// Full ids of the containers `docker ps` lists with these arguments.
@@ -663,20 +662,7 @@ async fn a_reaper_removes_a_dead_worker_s_pool_but_not_what_its_next_life_made()
         || async { (!all_containers(&name).contains(&old[0])).then_some(()) },
     )
     .await;
-    let (workers_key, redis) = (stack.keys().workers(), stack.redis.client());
-    wait_until(
-        "the dead worker to be forgotten",
-        Duration::from_secs(30),
-        || {
-            let (redis, key, dead) = (redis.clone(), workers_key.clone(), name.clone());
-            async move {
-                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
-                let members: Vec<String> = c.smembers(&key).await.ok()?;
-                (!members.contains(&dead)).then_some(())
-            }
-        },
-    )
-    .await;
+    stack.wait_forgotten(&name).await;
     assert_eq!(
         all_containers(&name),
         vec![next],

@@ -67,21 +67,7 @@ async fn a_lost_worker_s_tasks_are_settled_by_another_worker_and_none_is_lost() 
     // Same Docker engine: the rescuer removed what the dead worker left.
     wait_container_gone(&running).await;
     // And forgot the dead worker once it held nothing.
-    let redis = stack.redis.client();
-    let (workers_key, dead) = (stack.keys().workers(), stack.worker("doomed"));
-    wait_until(
-        "the dead worker to be forgotten",
-        Duration::from_secs(30),
-        || {
-            let (redis, key, dead) = (redis.clone(), workers_key.clone(), dead.clone());
-            async move {
-                let mut c = redis.get_multiplexed_async_connection().await.ok()?;
-                let members: Vec<String> = c.smembers(&key).await.ok()?;
-                (!members.contains(&dead)).then_some(())
-            }
-        },
-    )
-    .await;
+    stack.wait_forgotten(&stack.worker("doomed")).await;
     stack.shutdown().await;
 }
 

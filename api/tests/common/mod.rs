@@ -450,6 +450,26 @@ impl Stack {
         .await;
     }
 
+    /// Waits until worker `name` (`Stack::worker` spells it) is gone from the
+    /// worker registry: a reaper settled it and forgot it.
+    pub async fn wait_forgotten(&self, name: &str) {
+        let redis = self.redis.client();
+        let key = self.keys().workers();
+        wait_until(
+            &format!("worker {name} to be forgotten"),
+            Duration::from_secs(30),
+            || {
+                let (redis, key) = (redis.clone(), key.clone());
+                async move {
+                    let mut c = redis.get_multiplexed_async_connection().await.ok()?;
+                    let members: Vec<String> = c.smembers(&key).await.ok()?;
+                    (!members.iter().any(|m| m == name)).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+
     pub async fn client(&self) -> Client {
         mcp_client(&self.url, TOKEN)
             .await
