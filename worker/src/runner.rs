@@ -112,11 +112,10 @@ async fn execute(
         .image(&spec.runtime)
         .unwrap_or(&spec.image);
     // A task without a network must not run where a network was set up.
-    let warm = match spec.network {
+    let mut warm = match spec.network {
         Network::Internet => ctx.pool.take(&spec.runtime, image),
         Network::None => None,
     };
-    let mut warm = warm;
     let mut claim = if warm.is_some() {
         Claim::Warm
     } else {
