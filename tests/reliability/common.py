@@ -263,6 +263,19 @@ def base_env() -> dict[str, str]:
     return env
 
 
+async def wait_healthy(proc: Proc, url: str, what: str) -> None:
+    """Waits (30 s at most) until `url` answers 200; stops the run with the
+    process's log if it exits meanwhile."""
+
+    async def healthy() -> bool:
+        if not proc.alive():
+            raise SystemExit(f"{proc.name} exited:\n{proc.log_tail()}")
+        async with httpx2.AsyncClient(timeout=2.0) as c:
+            return (await c.get(url)).status_code == 200
+
+    await wait_for(what, healthy, 30)
+
+
 @dataclass
 class Stack:
     """Redis, workers, api replicas and (optionally) a Caddy in front of them, all
@@ -387,15 +400,7 @@ class Stack:
     async def start_api(self, short: str) -> None:
         proc = self.apis[short]
         proc.start()
-        url = f"http://127.0.0.1:{self.api_ports[short]}/healthz"
-
-        async def healthy() -> bool:
-            if not proc.alive():
-                raise SystemExit(f"{short} exited:\n{proc.log_tail()}")
-            async with httpx2.AsyncClient(timeout=2.0) as c:
-                return (await c.get(url)).status_code == 200
-
-        await wait_for(f"{short} /healthz", healthy, 30)
+        await wait_healthy(proc, f"http://127.0.0.1:{self.api_ports[short]}/healthz", f"{short} /healthz")
 
     async def start_proxy(self) -> None:
         """Caddy as a round-robin reverse proxy in front of every api replica,
@@ -428,16 +433,7 @@ class Stack:
         env = base_env() | {"XDG_DATA_HOME": str(self.tmp / "caddy-data"), "XDG_CONFIG_HOME": str(self.tmp / "caddy-config")}
         self.proxy = Proc("caddy", ["caddy", "run", "--adapter", "caddyfile", "--config", str(caddyfile)], env, self.tmp / "caddy.log")
         self.proxy.start()
-        proxy = self.proxy
-        url = f"http://127.0.0.1:{self.proxy_port}/healthz"
-
-        async def healthy() -> bool:
-            if not proxy.alive():
-                raise SystemExit(f"caddy exited:\n{proxy.log_tail()}")
-            async with httpx2.AsyncClient(timeout=2.0) as c:
-                return (await c.get(url)).status_code == 200
-
-        await wait_for("caddy to proxy /healthz", healthy, 30)
+        await wait_healthy(self.proxy, f"http://127.0.0.1:{self.proxy_port}/healthz", "caddy to proxy /healthz")
 
     @property
     def url(self) -> str:
