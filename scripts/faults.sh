@@ -10,17 +10,4 @@
 #
 # Every other argument goes to faults.py (--help lists them). Needs what
 # scripts/test.sh installs: Docker, redis-server, caddy, the test image and .venv.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-profile=debug
-args=()
-for a in "$@"; do
-    if [[ "$a" == --release ]]; then profile=release; else args+=("$a"); fi
-done
-if [[ ! -x .venv/bin/python ]]; then
-    python3 -m venv .venv
-    .venv/bin/pip install -q -r tests/python/requirements.txt
-fi
-if [[ "$profile" == release ]]; then cargo build --release --bins; else cargo build --bins; fi
-export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/python:3.13-trixie}"
-exec .venv/bin/python tests/reliability/faults.py --bin-dir "target/$profile" "${args[@]}"
+exec "$(dirname "$0")/reliability.sh" faults "$@"
