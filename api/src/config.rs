@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::clients::{IpNet, TrustedProxies};
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
@@ -41,6 +42,12 @@ pub enum ConfigError {
          of the largest allowed size could ever be read"
     )]
     BodyBudgetTooSmall { budget: usize, request: usize },
+    #[error(
+        "MAX_BODY_BYTES_PER_CLIENT ({share}) is below MAX_REQUEST_BYTES ({request}): no client \
+         could send a request of the largest allowed size; raise it, or leave it empty to \
+         derive it"
+    )]
+    ClientBodyShareTooSmall { share: usize, request: usize },
 }
 
 /// Everything the api needs to run.
@@ -80,8 +87,9 @@ pub struct Config {
     pub redis_setup_check: support::redis_setup::Mode,
 }
 
-/// What the HTTP layer enforces in front of the MCP service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the HTTP layer enforces in front of the MCP service: for all clients
+/// together, and for each client (see `crate::clients`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpLimits {
     /// `MAX_REQUEST_BYTES`: the largest request body; larger ones get 413.
     pub max_request_bytes: usize,
@@ -95,6 +103,17 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// `REQUEST_BODY_TIMEOUT_SECONDS`: time to send a whole request body.
     pub body_timeout: Duration,
+    /// `MAX_CONNECTIONS_PER_CLIENT`: open connections from one address (a
+    /// trusted proxy's are not counted); more are answered 429.
+    pub max_connections_per_client: usize,
+    /// `MAX_REQUESTS_PER_CLIENT`: requests in flight from one client; more are
+    /// answered 429.
+    pub max_requests_per_client: usize,
+    /// `MAX_BODY_BYTES_PER_CLIENT`: request bodies held at once for one client;
+    /// a body that would pass it gets 429.
+    pub max_body_bytes_per_client: usize,
+    /// `TRUSTED_PROXIES`: peers whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: TrustedProxies,
 }
 
 impl std::fmt::Debug for Config {
@@ -126,11 +145,21 @@ const MAX_BODY_BYTES_IN_FLIGHT: Var = Var::new("MAX_BODY_BYTES_IN_FLIGHT", "2684
 const MAX_CONNECTIONS: Var = Var::new("MAX_CONNECTIONS", "1024");
 const REQUEST_HEADER_TIMEOUT_SECONDS: Var = Var::new("REQUEST_HEADER_TIMEOUT_SECONDS", "10");
 const REQUEST_BODY_TIMEOUT_SECONDS: Var = Var::new("REQUEST_BODY_TIMEOUT_SECONDS", "60");
+const MAX_CONNECTIONS_PER_CLIENT: Var = Var::new("MAX_CONNECTIONS_PER_CLIENT", "256");
+const MAX_REQUESTS_PER_CLIENT: Var = Var::new("MAX_REQUESTS_PER_CLIENT", "256");
+/// Empty: a quarter of `MAX_BODY_BYTES_IN_FLIGHT`, and at least `MAX_REQUEST_BYTES`.
+const MAX_BODY_BYTES_PER_CLIENT: Var = Var::new("MAX_BODY_BYTES_PER_CLIENT", "");
+/// Empty: no proxy is trusted, every client is its peer address.
+const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 
 /// The api's own variables with literal defaults (besides `shared`'s common ones);
 /// README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 14] = [
+pub const VARS: [Var; 18] = [
     MAX_REQUEST_BYTES,
+    MAX_CONNECTIONS_PER_CLIENT,
+    MAX_REQUESTS_PER_CLIENT,
+    MAX_BODY_BYTES_PER_CLIENT,
+    TRUSTED_PROXIES,
     MAX_BODY_BYTES_IN_FLIGHT,
     MAX_CONNECTIONS,
     REQUEST_HEADER_TIMEOUT_SECONDS,
@@ -226,13 +255,41 @@ fn http_limits(
             request: max_request_bytes,
         });
     }
+    let body_share = match var(MAX_BODY_BYTES_PER_CLIENT.name) {
+        None => (budget / 4).max(max_request_bytes),
+        Some(_) => {
+            let share = MAX_BODY_BYTES_PER_CLIENT.range(var, 1 << 16, 1 << 40)? as usize;
+            if share < max_request_bytes {
+                return Err(ConfigError::ClientBodyShareTooSmall {
+                    share,
+                    request: max_request_bytes,
+                });
+            }
+            share
+        }
+    };
     Ok(HttpLimits {
         max_request_bytes,
         max_body_bytes_in_flight: budget,
         max_connections: MAX_CONNECTIONS.range(var, 1, 1_000_000)? as usize,
         header_timeout: Duration::from_secs(REQUEST_HEADER_TIMEOUT_SECONDS.range(var, 1, 3600)?),
         body_timeout: Duration::from_secs(REQUEST_BODY_TIMEOUT_SECONDS.range(var, 1, 3600)?),
+        max_connections_per_client: MAX_CONNECTIONS_PER_CLIENT.range(var, 1, 1_000_000)? as usize,
+        max_requests_per_client: MAX_REQUESTS_PER_CLIENT.range(var, 1, 1_000_000)? as usize,
+        max_body_bytes_per_client: body_share,
+        trusted_proxies: trusted_proxies(var)?,
     })
+}
+
+/// `TRUSTED_PROXIES`: addresses and networks, comma-separated.
+fn trusted_proxies(var: &impl Fn(&str) -> Option<String>) -> Result<TrustedProxies, VarError> {
+    let raw = TRUSTED_PROXIES.get(var);
+    let nets = parse_list(Some(&raw), "")
+        .iter()
+        .map(|item| item.parse::<IpNet>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| VarError::new(TRUSTED_PROXIES.name, &raw, e))?;
+    Ok(TrustedProxies::new(nets))
 }
 
 /// `DEFAULT_TIMEOUT_SECONDS` and `MAX_TIMEOUT_SECONDS`. An operator who lowers
@@ -366,6 +423,52 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(mode.is_some_and(|m| m.starts_with("REDIS_SETUP_CHECK=\"never\"")));
+    }
+
+    #[test]
+    fn per_client_shares_default_to_a_quarter_and_trusted_proxies_are_checked() {
+        let c = load(&[TOKEN]).expect("config");
+        assert_eq!(c.http.max_connections_per_client, 256);
+        assert_eq!(c.http.max_requests_per_client, 256);
+        assert_eq!(c.http.max_body_bytes_per_client, 64 << 20);
+        assert!(
+            !c.http
+                .trusted_proxies
+                .trusts("127.0.0.1".parse().expect("ip"))
+        );
+        // A quarter of a small budget would be below the largest request: not less.
+        let c = load(&[TOKEN, ("MAX_BODY_BYTES_IN_FLIGHT", "40000000")]).expect("config");
+        assert_eq!(c.http.max_body_bytes_per_client, 27_918_336);
+        let small = load(&[TOKEN, ("MAX_BODY_BYTES_PER_CLIENT", "1048576")]).err();
+        assert!(matches!(
+            small,
+            Some(ConfigError::ClientBodyShareTooSmall { .. })
+        ));
+        let c = load(&[TOKEN, ("TRUSTED_PROXIES", " 10.0.0.0/8 , 192.168.1.7 ")]).expect("config");
+        assert!(
+            c.http
+                .trusted_proxies
+                .trusts("10.9.8.7".parse().expect("ip"))
+        );
+        assert!(
+            c.http
+                .trusted_proxies
+                .trusts("192.168.1.7".parse().expect("ip"))
+        );
+        assert!(
+            !c.http
+                .trusted_proxies
+                .trusts("192.168.1.8".parse().expect("ip"))
+        );
+        let bad = load(&[TOKEN, ("TRUSTED_PROXIES", "10.0.0.0/8,caddy")])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            bad.as_deref()
+                .is_some_and(|m| m.starts_with("TRUSTED_PROXIES=\"10.0.0.0/8,caddy\"")
+                    && m.contains("\"caddy\" is not an IP address")),
+            "{bad:?}"
+        );
     }
 
     #[test]

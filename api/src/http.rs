@@ -21,12 +21,13 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -39,7 +40,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::ServiceExt as _;
 
+use crate::clients::{ClientKey, Share, Tally, TrustedProxies};
 use crate::config::HttpLimits;
 
 /// The largest request head (request line and headers). A bearer token and the
@@ -92,13 +95,14 @@ pub async fn serve(
         .max_header_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADERS);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let per_client = Tally::new(limits.max_connections_per_client);
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     accept_failed(e).await;
                     continue;
@@ -106,11 +110,36 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // A trusted proxy carries many clients' connections: only the global cap
+        // applies to it, and its clients are told apart per request.
+        let share = if limits.trusted_proxies.trusts(peer.ip()) {
+            None
+        } else {
+            let client = ClientKey::of(peer.ip());
+            match per_client.take(client, 1) {
+                Some(share) => Some(share),
+                None => {
+                    tracing::debug!(%client, "refused: MAX_CONNECTIONS_PER_CLIENT");
+                    refuse(
+                        stream,
+                        &refusals,
+                        client_connections_response(per_client.max()),
+                    );
+                    continue;
+                }
+            }
+        };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
-            refuse(stream, &refusals);
+            refuse(stream, &refusals, busy_response());
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        // Each request carries its peer's address, for `client_limits`.
+        let service = TowerToHyperService::new(app.clone().map_request(
+            move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req
+            },
+        ));
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
         tokio::spawn(async move {
             // Errors here are the client's (reset, timeout, bad request line):
@@ -118,7 +147,7 @@ pub async fn serve(
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop((permit, share));
         });
     }
     drop(listener);
@@ -140,17 +169,17 @@ async fn accept_failed(e: io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// Answers a connection over the cap with 503 and closes it. The request is
-/// read (and dropped) after the answer, so closing does not reset the
-/// connection before the client has read it.
-fn refuse(mut stream: TcpStream, refusals: &Arc<Semaphore>) {
+/// Answers a connection over a cap with `answer` (a whole HTTP response) and
+/// closes it. The request is read (and dropped) after the answer, so closing
+/// does not reset the connection before the client has read it.
+fn refuse(mut stream: TcpStream, refusals: &Arc<Semaphore>, answer: Vec<u8>) {
     let Ok(permit) = refusals.clone().try_acquire_owned() else {
         return; // dropped: the client sees a closed connection
     };
     tokio::spawn(async move {
         let _permit = permit;
         let answer = async {
-            stream.write_all(&busy_response()).await?;
+            stream.write_all(&answer).await?;
             stream.shutdown().await?;
             let mut sink = [0u8; 512];
             while stream.read(&mut sink).await? > 0 {}
@@ -161,14 +190,28 @@ fn refuse(mut stream: TcpStream, refusals: &Arc<Semaphore>) {
 }
 
 fn busy_response() -> Vec<u8> {
-    let body = rpc_error(
-        None,
-        -32000,
+    raw_response(
+        "503 Service Unavailable",
         "the server is at its connection limit (MAX_CONNECTIONS); retry shortly",
     )
-    .to_string();
+}
+
+fn client_connections_response(max: usize) -> Vec<u8> {
+    raw_response(
+        "429 Too Many Requests",
+        &format!(
+            "this address already has {max} connections open (MAX_CONNECTIONS_PER_CLIENT); \
+             reuse them, or retry when one closes"
+        ),
+    )
+}
+
+/// A whole HTTP/1.1 answer that closes the connection, with a JSON-RPC error
+/// and `Retry-After: 1`, for a connection refused before hyper serves it.
+fn raw_response(status: &str, message: &str) -> Vec<u8> {
+    let body = rpc_error(None, -32000, message).to_string();
     format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
          retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
@@ -203,13 +246,59 @@ pub fn raise_fd_limit(max_connections: usize) {
     }
 }
 
-/// What `mcp_body` needs: the limits and the shared in-flight budget.
+/// What `client_limits` needs: whom to believe about a client's address, and
+/// each client's requests in flight.
+#[derive(Clone)]
+pub struct ClientGate {
+    trusted: Arc<TrustedProxies>,
+    requests: Arc<Tally<ClientKey>>,
+}
+
+impl ClientGate {
+    pub fn new(limits: &HttpLimits) -> ClientGate {
+        ClientGate {
+            trusted: Arc::new(limits.trusted_proxies.clone()),
+            requests: Tally::new(limits.max_requests_per_client),
+        }
+    }
+}
+
+/// Names the request's client (see `crate::clients`) for the layers after it,
+/// and holds one of that client's `MAX_REQUESTS_PER_CLIENT` until the answer is
+/// ready; past them, 429. Requests `serve` did not accept (no peer address, as
+/// in tests that drive the router directly) pass uncounted.
+pub async fn client_limits(
+    State(gate): State<ClientGate>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let Some(ConnectInfo(peer)) = req.extensions().get::<ConnectInfo<SocketAddr>>().copied() else {
+        return next.run(req).await;
+    };
+    let client = gate.trusted.client_of(peer.ip(), req.headers());
+    let Some(_share) = gate.requests.take(client, 1) else {
+        tracing::debug!(%client, "refused: MAX_REQUESTS_PER_CLIENT");
+        linger(req.into_body());
+        return too_many(format!(
+            "this client already has {} requests in flight (MAX_REQUESTS_PER_CLIENT); \
+             retry when one is answered",
+            gate.requests.max()
+        ));
+    };
+    req.extensions_mut().insert(client);
+    next.run(req).await
+}
+
+/// What `mcp_body` needs: the limits, the in-flight budget shared by all
+/// clients, and each client's share of it.
 #[derive(Clone)]
 pub struct BodyGate {
     max_bytes: usize,
     timeout: Duration,
     /// In KiB (a semaphore counts at most `u32` permits at a time).
     in_flight: Arc<Semaphore>,
+    /// In KiB, per client (`MAX_BODY_BYTES_PER_CLIENT`).
+    per_client: Arc<Tally<ClientKey>>,
 }
 
 impl BodyGate {
@@ -220,6 +309,7 @@ impl BodyGate {
             in_flight: Arc::new(Semaphore::new(
                 limits.max_body_bytes_in_flight.div_ceil(1024),
             )),
+            per_client: Tally::new(limits.max_body_bytes_per_client.div_ceil(1024)),
         }
     }
 }
@@ -227,8 +317,12 @@ impl BodyGate {
 enum BodyError {
     TooLarge,
     Busy,
+    ClientBusy,
     Read(axum::Error),
 }
+
+/// What a body being read holds of the budgets, given back on drop.
+type Held = (Option<OwnedSemaphorePermit>, Option<Share<ClientKey>>);
 
 /// The `POST /mcp` body gate (see the module comment). Other methods, and bodies
 /// not declared JSON, go to rmcp as they are: it answers them (405, 406, 415)
@@ -247,7 +341,8 @@ pub async fn mcp_body(State(gate): State<BodyGate>, req: Request, next: Next) ->
         linger(body);
         return too_large(gate.max_bytes);
     }
-    let read = read_body(&mut body, &gate, declared.unwrap_or(0) as usize);
+    let client = parts.extensions.get::<ClientKey>().copied();
+    let read = read_body(&mut body, &gate, client, declared.unwrap_or(0) as usize);
     let (bytes, _held) = match tokio::time::timeout(gate.timeout, read).await {
         Err(_) => return body_timeout(gate.timeout),
         Ok(Err(BodyError::TooLarge)) => {
@@ -257,6 +352,14 @@ pub async fn mcp_body(State(gate): State<BodyGate>, req: Request, next: Next) ->
         Ok(Err(BodyError::Busy)) => {
             linger(body);
             return busy();
+        }
+        Ok(Err(BodyError::ClientBusy)) => {
+            linger(body);
+            return too_many(format!(
+                "this client's request bodies in flight would pass {} bytes \
+                 (MAX_BODY_BYTES_PER_CLIENT); retry when one is answered",
+                gate.per_client.max() * 1024
+            ));
         }
         Ok(Err(BodyError::Read(e))) => {
             return rpc_response(
@@ -316,14 +419,17 @@ fn declared_json(headers: &HeaderMap) -> bool {
 }
 
 /// Reads the whole body, never holding more than `gate.max_bytes`, and takes its
-/// size from the in-flight budget as it arrives (never waiting for it).
+/// size from the client's share and the in-flight budget as it arrives (never
+/// waiting for either).
 async fn read_body(
     body: &mut Body,
     gate: &BodyGate,
+    client: Option<ClientKey>,
     declared: usize,
-) -> Result<(Bytes, Option<OwnedSemaphorePermit>), BodyError> {
+) -> Result<(Bytes, Held), BodyError> {
     let mut buf = bytes::BytesMut::with_capacity(declared.min(gate.max_bytes));
     let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut share = client.and_then(|c| gate.per_client.take(c, 0));
     let mut held_kib: usize = 0;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
@@ -336,6 +442,9 @@ async fn read_body(
         buf.extend_from_slice(&data);
         let more = buf.len().div_ceil(1024) - held_kib;
         if more > 0 {
+            if share.as_mut().is_some_and(|s| !s.grow(more)) {
+                return Err(BodyError::ClientBusy);
+            }
             let permit = u32::try_from(more)
                 .ok()
                 .and_then(|n| gate.in_flight.clone().try_acquire_many_owned(n).ok())
@@ -347,7 +456,7 @@ async fn read_body(
             held_kib += more;
         }
     }
-    Ok((buf.freeze(), held))
+    Ok((buf.freeze(), (held, share)))
 }
 
 /// A JSON-RPC error object; `id` is the request's when it could be read.
@@ -403,6 +512,18 @@ fn body_timeout(limit: Duration) -> Response {
             ),
         ),
     ))
+}
+
+/// 429 with `Retry-After`: this client is past its share; others are served.
+fn too_many(message: String) -> Response {
+    let mut response = closing(rpc_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        rpc_error(None, -32000, &message),
+    ));
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 fn busy() -> Response {

@@ -4,6 +4,7 @@
 //! `run(listener, config, shutdown)` is the whole server; the binary only loads
 //! the config and binds. Tests start it on port 0.
 
+pub mod clients;
 pub mod config;
 pub mod http;
 pub mod mcp_tasks;
@@ -72,7 +73,7 @@ pub async fn run(
         }
     };
     let cancel = CancellationToken::new();
-    let limits = config.http;
+    let limits = config.http.clone();
     let app = router(config, cancel.clone())?;
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     let stop = {
@@ -120,8 +121,9 @@ pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, Store
         mcp_config,
     );
     let token = Arc::new(config.token.clone().into_bytes());
-    // Layers run outside in: the token first, so no body of an unauthenticated
-    // request is ever read; then the body gate.
+    // Layers run outside in: the client's share of requests in flight, then the
+    // token, so no body of an unauthenticated request is ever read; then the
+    // body gate.
     let mcp = Router::new()
         .route_service("/mcp", mcp)
         .layer(middleware::from_fn_with_state(
@@ -132,7 +134,12 @@ pub fn router(config: Config, cancel: CancellationToken) -> Result<Router, Store
         .merge(mcp)
         .route("/metrics", get(metrics::handler))
         .with_state(store.clone())
-        .layer(middleware::from_fn_with_state(token, require_bearer));
+        .layer(middleware::from_fn_with_state(token, require_bearer))
+        // Outermost: a client past its share is refused before anything else.
+        .layer(middleware::from_fn_with_state(
+            http::ClientGate::new(&config.http),
+            http::client_limits,
+        ));
     Ok(Router::new()
         .route("/healthz", get(healthz))
         .with_state(store)

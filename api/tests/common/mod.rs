@@ -544,6 +544,24 @@ pub async fn mcp_client(
     ().serve(transport).await
 }
 
+/// `mcp_client`, its connections made from `local` (an address on the loopback
+/// interface such as 127.0.0.2), so that one test can play several clients.
+pub async fn mcp_client_from(
+    url: &str,
+    token: &str,
+    local: std::net::IpAddr,
+) -> Result<Client, rmcp::service::ClientInitializeError> {
+    let http = reqwest::Client::builder()
+        .local_address(local)
+        .build()
+        .expect("an HTTP client");
+    let transport = StreamableHttpClientTransport::with_client(
+        http,
+        StreamableHttpClientTransportConfig::with_uri(format!("{url}/mcp")).auth_header(token),
+    );
+    ().serve(transport).await
+}
+
 /// A tool call's result as JSON: `structuredContent`, `isError`, `content`.
 pub async fn call(client: &Client, tool: &'static str, args: Value) -> Value {
     let Value::Object(args) = args else {

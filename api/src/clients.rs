@@ -1,0 +1,368 @@
+//! Telling clients apart, and each client's share of the api's limits.
+//!
+//! The caps in `crate::http` (connections, bodies in flight) bound the api as a
+//! whole; without shares, one client that floods it could hold all of them and
+//! lock every other client out. So each client also gets a share:
+//!
+//! - `MAX_CONNECTIONS_PER_CLIENT` open connections per peer address, checked at
+//!   accept. A trusted proxy's connections are not counted: they carry many
+//!   clients' requests, and the global `MAX_CONNECTIONS` still bounds them.
+//! - `MAX_REQUESTS_PER_CLIENT` requests in flight per client (every route but
+//!   `/healthz`), which is what bounds a client behind a proxy.
+//! - `MAX_BODY_BYTES_PER_CLIENT` of request bodies held at once per client.
+//!
+//! Past a share the client gets 429 with `Retry-After`; other clients are served.
+//!
+//! A client is its IP address (IPv6: its /64, which one host usually holds
+//! whole). When the connection comes from a proxy listed in `TRUSTED_PROXIES`,
+//! the client is the last address in `X-Forwarded-For`: the one that proxy
+//! appended. Earlier entries were written by whoever sent the request and are
+//! never believed. A client's address is only ever a key to a counter here.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::net::{IpAddr, Ipv6Addr};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use axum::http::HeaderMap;
+
+/// A network in CIDR notation (`10.0.0.0/8`, `fd00::/8`), or one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for IpNet {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<IpNet, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr =
+            canonical(addr.parse::<IpAddr>().map_err(|_| {
+                format!("{s:?} is not an IP address or a network such as 10.0.0.0/8")
+            })?);
+        let bits = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => bits,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= bits)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {bits}"))?,
+        };
+        Ok(IpNet { addr, prefix })
+    }
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// An IPv4 address written as IPv6 (`::ffff:a.b.c.d`, as a dual-stack listener
+/// sees IPv4 peers) is the IPv4 address.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Who a request or connection is counted against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientKey(IpAddr);
+
+impl ClientKey {
+    /// The key of a client at `ip`: the address, or an IPv6 address's /64.
+    pub fn of(ip: IpAddr) -> ClientKey {
+        match canonical(ip) {
+            IpAddr::V6(v6) => {
+                let net = u128::from(v6) & (u128::MAX << 64);
+                ClientKey(IpAddr::V6(Ipv6Addr::from(net)))
+            }
+            v4 => ClientKey(v4),
+        }
+    }
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpAddr::V6(net) => write!(f, "{net}/64"),
+            v4 => write!(f, "{v4}"),
+        }
+    }
+}
+
+/// The proxies whose `X-Forwarded-For` is believed (`TRUSTED_PROXIES`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<IpNet>);
+
+impl TrustedProxies {
+    pub fn new(nets: Vec<IpNet>) -> TrustedProxies {
+        TrustedProxies(nets)
+    }
+
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.0.iter().any(|net| net.contains(peer))
+    }
+
+    /// The client a request from `peer` is counted against: the last
+    /// `X-Forwarded-For` address when `peer` is a trusted proxy that set one,
+    /// else `peer` itself.
+    pub fn client_of(&self, peer: IpAddr, headers: &HeaderMap) -> ClientKey {
+        if !self.trusts(peer) {
+            return ClientKey::of(peer);
+        }
+        // Several X-Forwarded-For lines make one list, in order (RFC 9110 5.3).
+        let last_hop = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .and_then(|hop| forwarded_ip(hop.trim()));
+        ClientKey::of(last_hop.unwrap_or(peer))
+    }
+}
+
+/// An address as proxies write it in `X-Forwarded-For`: bare, or IPv6 in
+/// brackets, either with a port.
+fn forwarded_ip(hop: &str) -> Option<IpAddr> {
+    if let Ok(ip) = hop.parse() {
+        return Some(ip);
+    }
+    if let Ok(sock) = hop.parse::<std::net::SocketAddr>() {
+        return Some(sock.ip());
+    }
+    hop.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+}
+
+/// How much of one limit each client holds. A client appears only while it
+/// holds something, so the table is never larger than what the global caps
+/// already bound.
+pub struct Tally<K> {
+    max: usize,
+    held: Mutex<HashMap<K, usize>>,
+}
+
+impl<K: Eq + Hash + Copy> Tally<K> {
+    pub fn new(max: usize) -> Arc<Tally<K>> {
+        Arc::new(Tally {
+            max,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Takes `n` for `key` if that keeps it within the share; the share is
+    /// given back when the returned `Share` drops.
+    pub fn take(self: &Arc<Self>, key: K, n: usize) -> Option<Share<K>> {
+        let mut share = Share {
+            tally: self.clone(),
+            key,
+            n: 0,
+        };
+        share.grow(n).then_some(share)
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<K, usize>> {
+        // Nothing can panic while the lock is held; if it ever did, the counts
+        // are still whole numbers worth going on with.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What `key` holds now (for tests and logs).
+    pub fn held(&self, key: &K) -> usize {
+        self.table().get(key).copied().unwrap_or(0)
+    }
+}
+
+/// Part of a client's share, given back on drop.
+pub struct Share<K: Eq + Hash + Copy> {
+    tally: Arc<Tally<K>>,
+    key: K,
+    n: usize,
+}
+
+impl<K: Eq + Hash + Copy> Share<K> {
+    /// Takes `more` on top, if that keeps the client within its share.
+    pub fn grow(&mut self, more: usize) -> bool {
+        if more == 0 {
+            return true;
+        }
+        let mut table = self.tally.table();
+        let held = table.get(&self.key).copied().unwrap_or(0);
+        if held + more > self.tally.max {
+            return false;
+        }
+        table.insert(self.key, held + more);
+        self.n += more;
+        true
+    }
+}
+
+impl<K: Eq + Hash + Copy> Drop for Share<K> {
+    fn drop(&mut self) {
+        if self.n == 0 {
+            return;
+        }
+        let mut table = self.tally.table();
+        if let Some(held) = table.get_mut(&self.key) {
+            *held = held.saturating_sub(self.n);
+            if *held == 0 {
+                table.remove(&self.key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn networks_parse_and_contain_what_they_should() {
+        let net: IpNet = "10.1.0.0/16".parse().expect("net");
+        assert!(net.contains(ip("10.1.255.3")));
+        assert!(!net.contains(ip("10.2.0.1")));
+        assert!(net.contains(ip("::ffff:10.1.0.9")));
+        let one: IpNet = "127.0.0.1".parse().expect("address");
+        assert!(one.contains(ip("127.0.0.1")) && !one.contains(ip("127.0.0.2")));
+        let all: IpNet = "0.0.0.0/0".parse().expect("all");
+        assert!(all.contains(ip("8.8.8.8")) && !all.contains(ip("::1")));
+        let v6: IpNet = "fd00::/8".parse().expect("v6");
+        assert!(v6.contains(ip("fd12::1")) && !v6.contains(ip("fe80::1")));
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "proxy",
+            "10.0.0/8",
+            "10.0.0.0/x",
+            "",
+        ] {
+            let e = bad.parse::<IpNet>().err().unwrap_or_default();
+            assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_client_is_its_address_or_its_ipv6_slash_64() {
+        assert_eq!(
+            ClientKey::of(ip("::ffff:1.2.3.4")),
+            ClientKey::of(ip("1.2.3.4"))
+        );
+        assert_eq!(
+            ClientKey::of(ip("2001:db8:1:2:aaaa::1")),
+            ClientKey::of(ip("2001:db8:1:2:bbbb::2"))
+        );
+        assert_ne!(
+            ClientKey::of(ip("2001:db8:1:2::1")),
+            ClientKey::of(ip("2001:db8:1:3::1"))
+        );
+        assert_eq!(
+            ClientKey::of(ip("2001:db8:1:2::1")).to_string(),
+            "2001:db8:1:2::/64"
+        );
+    }
+
+    #[test]
+    fn only_a_trusted_proxy_s_last_hop_is_believed() {
+        let proxies = TrustedProxies::new(vec!["172.16.0.0/12".parse().expect("net")]);
+        let headers = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append("x-forwarded-for", v.parse().expect("header value"));
+            }
+            h
+        };
+        let key = |s: &str| ClientKey::of(ip(s));
+        let proxy = ip("172.18.0.5");
+        // The client may write anything before what the proxy appends.
+        let spoofed = headers(&["6.6.6.6, 203.0.113.7"]);
+        assert_eq!(proxies.client_of(proxy, &spoofed), key("203.0.113.7"));
+        assert_eq!(
+            proxies.client_of(proxy, &headers(&["6.6.6.6", "203.0.113.7"])),
+            key("203.0.113.7")
+        );
+        assert_eq!(
+            proxies.client_of(proxy, &headers(&["[2001:db8::1]:4711"])),
+            key("2001:db8::1")
+        );
+        assert_eq!(
+            proxies.client_of(proxy, &headers(&["203.0.113.7:4711"])),
+            key("203.0.113.7")
+        );
+        // No usable hop: the proxy itself.
+        assert_eq!(proxies.client_of(proxy, &headers(&[])), key("172.18.0.5"));
+        assert_eq!(
+            proxies.client_of(proxy, &headers(&["unknown"])),
+            key("172.18.0.5")
+        );
+        // Anyone else's X-Forwarded-For is ignored.
+        let direct = ip("198.51.100.1");
+        assert_eq!(proxies.client_of(direct, &spoofed), key("198.51.100.1"));
+    }
+
+    #[test]
+    fn shares_hold_up_to_the_max_and_are_given_back_on_drop() {
+        let tally = Tally::new(3);
+        let a = ClientKey::of(ip("10.0.0.1"));
+        let b = ClientKey::of(ip("10.0.0.2"));
+        let first = tally.take(a, 2).expect("within the share");
+        assert!(tally.take(a, 2).is_none(), "past a's share");
+        let mut second = tally.take(a, 1).expect("the last one");
+        assert!(!second.grow(1));
+        assert_eq!(tally.held(&a), 3);
+        let other = tally.take(b, 3).expect("b has its own share");
+        drop(first);
+        assert!(second.grow(2));
+        drop(second);
+        drop(other);
+        assert!(
+            tally.table().is_empty(),
+            "nothing left once all is given back"
+        );
+        assert!(tally.take(a, 4).is_none());
+        let nothing = tally.take(a, 0).expect("taking nothing always fits");
+        assert!(
+            tally.table().is_empty(),
+            "a refusal or an empty share leaves no entry"
+        );
+        drop(nothing);
+    }
+}
