@@ -731,33 +731,58 @@ fn tools_list(extra: &str) -> Vec<u8> {
 
 /// Starts a `tools/list` from `local` and sends all of it but the last byte, so
 /// the request stays in flight at the api until `finish_held` sends that byte.
+/// The body is padded to 64 KiB with spaces: a proxy passes a body on through a
+/// buffer (Caddy's is 4 KiB) and would otherwise hold back the whole request.
 async fn hold_request(local: IpAddr, addr: SocketAddr, extra: &str) -> TcpStream {
-    let request = tools_list(extra);
+    let body = format!("{TOOLS_LIST}{}", " ".repeat(64 * 1024));
+    let length = format!("Content-Length: {}\r\n{extra}", body.len());
+    let request = format!("{}{body}", head(true, &length));
     let mut s = connect_from(local, addr).await.expect("connect");
-    s.write_all(&request[..request.len() - 1])
+    s.write_all(&request.as_bytes()[..request.len() - 1])
         .await
         .expect("write");
     s
 }
 
 async fn finish_held(mut s: TcpStream) -> Vec<u8> {
-    s.write_all(b"}").await.expect("last byte");
+    s.write_all(b" ").await.expect("last byte");
     read_response(&mut s, Duration::from_secs(30)).await
 }
 
-/// Sends `request` from `local` until the api refuses it with 429: a request
-/// that went in before the api had counted the ones held open is served, and
-/// the next is sent. Returns the refusal.
-async fn until_refused(local: IpAddr, addr: SocketAddr, request: &[u8]) -> Vec<u8> {
-    wait_until(
-        "the api to refuse the client",
-        Duration::from_secs(30),
-        || async move {
-            let answer = exchange_from(local, addr, request).await;
-            (status_of(&answer) != Some(200)).then_some(answer)
-        },
-    )
-    .await
+/// Holds `holds` requests from `local` in flight (`hold_request`, with the
+/// header lines `extra`), then sends `request` from `local`, until that is
+/// refused with 429 while the held ones stay in flight. Returns the held
+/// requests and the refusal.
+///
+/// The first tries may not settle it: a small request can overtake a held one
+/// (through a proxy, which forwards the 64 KiB body slower, it often does), and
+/// is served while the held one is the one refused. Then the held requests are
+/// finished and it starts over.
+async fn hold_until_refused(
+    local: IpAddr,
+    addr: SocketAddr,
+    holds: usize,
+    extra: &str,
+    request: &[u8],
+) -> (Vec<TcpStream>, Vec<u8>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut held = Vec::new();
+        for _ in 0..holds {
+            held.push(hold_request(local, addr, extra).await);
+        }
+        let answer = exchange_from(local, addr, request).await;
+        if status_of(&answer) != Some(200) {
+            return (held, answer);
+        }
+        for h in held {
+            finish_held(h).await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the api never refused {local} with {holds} requests held in flight"
+        );
+    }
 }
 
 #[tokio::test]
@@ -813,9 +838,8 @@ async fn one_client_past_its_requests_in_flight_gets_429_while_others_are_served
     )
     .await;
     let (greedy, other) = (loopback(4), loopback(5));
-    let first = hold_request(greedy, api.addr, "").await;
-    let second = hold_request(greedy, api.addr, "").await;
-    let refused = until_refused(greedy, api.addr, &tools_list("")).await;
+    let (held, refused) = hold_until_refused(greedy, api.addr, 2, "", &tools_list("")).await;
+    let [first, second]: [TcpStream; 2] = held.try_into().expect("two held");
     assert_client_refused(&refused, "MAX_REQUESTS_PER_CLIENT");
     // Unauthenticated requests count too: a flood of 401s is still a flood.
     let unauthenticated = format!("{}{{}}", head(false, "Content-Length: 2\r\n"));
@@ -920,9 +944,15 @@ async fn behind_a_trusted_proxy_clients_are_told_apart_by_the_hop_it_appended() 
     )
     .await;
     // The proxy appended 203.0.113.1; the client wrote the first entry itself.
-    let held = hold_request(proxy, api.addr, "X-Forwarded-For: 6.6.6.6, 203.0.113.1\r\n").await;
     let same_client = tools_list("X-Forwarded-For: 203.0.113.1\r\n");
-    let refused = until_refused(proxy, api.addr, &same_client).await;
+    let (held, refused) = hold_until_refused(
+        proxy,
+        api.addr,
+        1,
+        "X-Forwarded-For: 6.6.6.6, 203.0.113.1\r\n",
+        &same_client,
+    )
+    .await;
     assert_client_refused(&refused, "MAX_REQUESTS_PER_CLIENT");
     // Other clients through the same proxy, on its fourth connection (more than
     // MAX_CONNECTIONS_PER_CLIENT: a trusted proxy's are not capped).
@@ -954,15 +984,16 @@ async fn behind_a_trusted_proxy_clients_are_told_apart_by_the_hop_it_appended() 
     // Anyone else's X-Forwarded-For is ignored: this peer is one client,
     // whatever it claims.
     let direct = loopback(9);
-    let spoofing = hold_request(direct, api.addr, "X-Forwarded-For: 203.0.113.3\r\n").await;
-    let refused = until_refused(
+    let (spoofing, refused) = hold_until_refused(
         direct,
         api.addr,
+        1,
+        "X-Forwarded-For: 203.0.113.3\r\n",
         &tools_list("X-Forwarded-For: 203.0.113.4\r\n"),
     )
     .await;
     assert_client_refused(&refused, "MAX_REQUESTS_PER_CLIENT");
-    for s in extra.into_iter().chain([held, spoofing]) {
+    for s in extra.into_iter().chain(held).chain(spoofing) {
         assert_eq!(status_of(&finish_held(s).await), Some(200));
     }
     let answer = exchange_from(proxy, api.addr, &same_client).await;
@@ -972,6 +1003,99 @@ async fn behind_a_trusted_proxy_clients_are_told_apart_by_the_hop_it_appended() 
         "{}",
         String::from_utf8_lossy(&answer)
     );
+}
+
+/// Caddy (the deployment's proxy) in front of the api, as the deployment's
+/// `Caddyfile` proxies it but over plain HTTP on a local port.
+struct Caddy {
+    child: std::process::Child,
+    addr: SocketAddr,
+    url: String,
+    dir: std::path::PathBuf,
+}
+
+impl Caddy {
+    async fn start(upstream: SocketAddr) -> Caddy {
+        let dir = std::env::temp_dir().join(format!("sr-caddy-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("caddy dir");
+        let port = free_port();
+        let config = dir.join("Caddyfile");
+        std::fs::write(
+            &config,
+            format!(
+                "{{\n\tadmin off\n\tauto_https off\n}}\nhttp://127.0.0.1:{port} {{\n\t\
+                 reverse_proxy {upstream} {{\n\t\tflush_interval -1\n\t}}\n}}\n"
+            ),
+        )
+        .expect("Caddyfile");
+        let log = std::fs::File::create(dir.join("caddy.log")).expect("caddy log");
+        let child = std::process::Command::new("caddy")
+            .args(["run", "--adapter", "caddyfile", "--config"])
+            .arg(&config)
+            .env("XDG_DATA_HOME", dir.join("data"))
+            .env("XDG_CONFIG_HOME", dir.join("config"))
+            .stdout(log.try_clone().expect("caddy log"))
+            .stderr(log)
+            .spawn()
+            .expect("caddy runs (scripts/test.sh installs it)");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let url = format!("http://{addr}");
+        let caddy = Caddy {
+            child,
+            addr,
+            url,
+            dir,
+        };
+        let health = format!("{}/healthz", caddy.url);
+        wait_until(
+            "caddy to proxy /healthz",
+            Duration::from_secs(30),
+            || async {
+                let r = reqwest::get(&health).await.ok()?;
+                (r.status() == 200).then_some(())
+            },
+        )
+        .await;
+        caddy
+    }
+}
+
+impl Drop for Caddy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn through_caddy_each_client_is_told_apart_and_has_its_own_share() {
+    let redis = Redis::start().await;
+    let api = ApiProcess::start(
+        &redis.url(),
+        &[
+            ("TRUSTED_PROXIES", "127.0.0.1"),
+            ("MAX_REQUESTS_PER_CLIENT", "1"),
+            ("REQUEST_BODY_TIMEOUT_SECONDS", "60"),
+        ],
+    )
+    .await;
+    let caddy = Caddy::start(api.addr).await;
+    let (greedy, other) = (loopback(10), loopback(11));
+    let (held, refused) = hold_until_refused(greedy, caddy.addr, 1, "", &tools_list("")).await;
+    assert_client_refused(&refused, "MAX_REQUESTS_PER_CLIENT");
+    // Caddy's connections all come from 127.0.0.1, yet the other client has
+    // its own share: the api counts the address Caddy names.
+    a_real_client_is_served_from(&caddy.url, other).await;
+    // Claiming to be the other client does not help: Caddy replaces the
+    // header with the address it sees.
+    let spoofed = tools_list(&format!("X-Forwarded-For: {other}\r\n"));
+    let answer = exchange_from(greedy, caddy.addr, &spoofed).await;
+    assert_client_refused(&answer, "MAX_REQUESTS_PER_CLIENT");
+    for h in held {
+        assert_eq!(status_of(&finish_held(h).await), Some(200));
+    }
+    a_real_client_is_served_from(&caddy.url, greedy).await;
 }
 
 /// One flood client: connects and sends its request but for the final CRLF,
