@@ -2,15 +2,20 @@
 //! client meets the api.
 //!
 //! - `serve`: HTTP/1.1 only, at most `MAX_CONNECTIONS` connections (more are
-//!   answered 503 and closed), headers within `REQUEST_HEADER_TIMEOUT_SECONDS`
-//!   (which also closes a kept-alive connection idle that long) and at most
-//!   `MAX_HEADER_BYTES` of them (431 beyond).
+//!   answered 503 and closed) and `MAX_CONNECTIONS_PER_CLIENT` from one address
+//!   (429), headers within `REQUEST_HEADER_TIMEOUT_SECONDS` (which also closes a
+//!   kept-alive connection idle that long) and at most `MAX_HEADER_BYTES` of them
+//!   (431 beyond).
+//! - `client_limits`: names each request's client (`crate::clients`) and holds
+//!   one of its `MAX_REQUESTS_PER_CLIENT` while the request is served (429 past
+//!   them).
 //! - `mcp_body`: the body of `POST /mcp`, read here before rmcp sees it: at most
 //!   `MAX_REQUEST_BYTES` (413, refused from `Content-Length` before a byte is
 //!   kept, or as soon as a chunked body passes it; the rest is drained, not
 //!   kept, so the sender can read the answer), within
-//!   `REQUEST_BODY_TIMEOUT_SECONDS` (408), and within `MAX_BODY_BYTES_IN_FLIGHT`
-//!   for all clients together (503). A body rmcp cannot parse gets 400 with a
+//!   `REQUEST_BODY_TIMEOUT_SECONDS` (408), within `MAX_BODY_BYTES_PER_CLIENT`
+//!   for its client (429) and `MAX_BODY_BYTES_IN_FLIGHT` for all clients
+//!   together (503). A body rmcp cannot parse gets 400 with a
 //!   JSON-RPC error (-32700 when it is not JSON, -32600 when it is JSON but not
 //!   one JSON-RPC message), as the Streamable HTTP transport asks, instead of
 //!   rmcp's plain-text 415. It runs after the token check, so the body of an
