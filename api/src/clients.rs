@@ -154,8 +154,17 @@ impl TrustedProxies {
 }
 
 /// An address as proxies write it in `X-Forwarded-For`: bare, or IPv6 in
-/// brackets, either with a port.
+/// brackets, either with a port; an IPv6 zone (`%eth0`) is dropped.
 fn forwarded_ip(hop: &str) -> Option<IpAddr> {
+    let unzoned;
+    let hop = match hop.split_once('%') {
+        Some((addr, rest)) => {
+            // The zone runs to the closing bracket, if any: "[fe80::1%eth0]:80".
+            unzoned = format!("{addr}{}", rest.find(']').map_or("", |i| &rest[i..]));
+            unzoned.as_str()
+        }
+        None => hop,
+    };
     if let Ok(ip) = hop.parse() {
         return Some(ip);
     }
@@ -326,6 +335,14 @@ mod tests {
         assert_eq!(
             proxies.client_of(proxy, &headers(&["203.0.113.7:4711"])),
             key("203.0.113.7")
+        );
+        assert_eq!(
+            proxies.client_of(proxy, &headers(&["fe80::1%eth0"])),
+            key("fe80::1")
+        );
+        assert_eq!(
+            proxies.client_of(proxy, &headers(&["[fe80::2%2]:80"])),
+            key("fe80::2")
         );
         // No usable hop: the proxy itself.
         assert_eq!(proxies.client_of(proxy, &headers(&[])), key("172.18.0.5"));

@@ -302,7 +302,7 @@ pub struct BodyGate {
     timeout: Duration,
     /// In KiB (a semaphore counts at most `u32` permits at a time).
     in_flight: Arc<Semaphore>,
-    /// In KiB, per client (`MAX_BODY_BYTES_PER_CLIENT`).
+    /// In bytes, per client (`MAX_BODY_BYTES_PER_CLIENT`).
     per_client: Arc<Tally<ClientKey>>,
 }
 
@@ -314,7 +314,7 @@ impl BodyGate {
             in_flight: Arc::new(Semaphore::new(
                 limits.max_body_bytes_in_flight.div_ceil(1024),
             )),
-            per_client: Tally::new(limits.max_body_bytes_per_client.div_ceil(1024)),
+            per_client: Tally::new(limits.max_body_bytes_per_client),
         }
     }
 }
@@ -363,7 +363,7 @@ pub async fn mcp_body(State(gate): State<BodyGate>, req: Request, next: Next) ->
             return too_many(format!(
                 "this client's request bodies in flight would pass {} bytes \
                  (MAX_BODY_BYTES_PER_CLIENT); retry when one is answered",
-                gate.per_client.max() * 1024
+                gate.per_client.max()
             ));
         }
         Ok(Err(BodyError::Read(e))) => {
@@ -444,12 +444,12 @@ async fn read_body(
         if buf.len() + data.len() > gate.max_bytes {
             return Err(BodyError::TooLarge);
         }
+        if share.as_mut().is_some_and(|s| !s.grow(data.len())) {
+            return Err(BodyError::ClientBusy);
+        }
         buf.extend_from_slice(&data);
         let more = buf.len().div_ceil(1024) - held_kib;
         if more > 0 {
-            if share.as_mut().is_some_and(|s| !s.grow(more)) {
-                return Err(BodyError::ClientBusy);
-            }
             let permit = u32::try_from(more)
                 .ok()
                 .and_then(|n| gate.in_flight.clone().try_acquire_many_owned(n).ok())
