@@ -25,6 +25,7 @@ use std::hash::Hash;
 use std::net::{IpAddr, Ipv6Addr};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 
@@ -256,6 +257,68 @@ impl<K: Eq + Hash + Copy> Drop for Share<K> {
     }
 }
 
+/// The per-client limits, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Connections,
+    Requests,
+    BodyBytes,
+}
+
+impl Limit {
+    /// The variable that sets it.
+    pub fn var(self) -> &'static str {
+        match self {
+            Limit::Connections => "MAX_CONNECTIONS_PER_CLIENT",
+            Limit::Requests => "MAX_REQUESTS_PER_CLIENT",
+            Limit::BodyBytes => "MAX_BODY_BYTES_PER_CLIENT",
+        }
+    }
+}
+
+/// How often at most a limit's refusals are logged: a flood of 429s must not
+/// become a flood of log lines, yet operators must see that clients are refused.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs refusals past one limit: the first at once, then at most one line per
+/// `LOG_EVERY`, which counts the refusals since the last line.
+pub struct RefusalLog {
+    limit: Limit,
+    /// When the last line was written, and the refusals not logged since.
+    state: Mutex<(Option<Instant>, u64)>,
+}
+
+impl RefusalLog {
+    pub fn new(limit: Limit) -> RefusalLog {
+        RefusalLog {
+            limit,
+            state: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Counts a refusal of `client`; returns whether a line was written.
+    pub fn refused(&self, client: ClientKey, max: usize) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (last, unlogged) = &mut *state;
+        *unlogged += 1;
+        if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+            return false;
+        }
+        tracing::warn!(
+            %client,
+            limit = self.limit.var(),
+            max,
+            refused = *unlogged,
+            "a client is past its share: answered 429 (this is the first refusal in {} s, \
+             `refused` counts it and those not logged since the last such line)",
+            LOG_EVERY.as_secs()
+        );
+        *last = Some(Instant::now());
+        *unlogged = 0;
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,6 +416,15 @@ mod tests {
         // Anyone else's X-Forwarded-For is ignored.
         let direct = ip("198.51.100.1");
         assert_eq!(proxies.client_of(direct, &spoofed), key("198.51.100.1"));
+    }
+
+    #[test]
+    fn refusals_are_logged_once_then_at_most_every_ten_seconds() {
+        let log = RefusalLog::new(Limit::Requests);
+        let client = ClientKey::of(ip("10.0.0.1"));
+        assert!(log.refused(client, 4), "the first is logged at once");
+        assert!(!log.refused(client, 4) && !log.refused(client, 4));
+        assert_eq!(log.state.lock().map(|s| s.1).unwrap_or_default(), 2);
     }
 
     #[test]

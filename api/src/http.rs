@@ -47,7 +47,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt as _;
 
-use crate::clients::{ClientKey, Share, Tally, TrustedProxies};
+use crate::clients::{ClientKey, Limit, RefusalLog, Share, Tally, TrustedProxies};
 use crate::config::HttpLimits;
 
 /// The largest request head (request line and headers). A bearer token and the
@@ -101,6 +101,7 @@ pub async fn serve(
         .max_headers(MAX_HEADERS);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let per_client = Tally::new(limits.max_connections_per_client);
+    let refusal_log = RefusalLog::new(Limit::Connections);
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -124,7 +125,7 @@ pub async fn serve(
             match per_client.take(client, 1) {
                 Some(share) => Some(share),
                 None => {
-                    tracing::debug!(%client, "refused: MAX_CONNECTIONS_PER_CLIENT");
+                    refusal_log.refused(client, per_client.max());
                     refuse(
                         stream,
                         &refusals,
@@ -257,6 +258,7 @@ pub fn raise_fd_limit(max_connections: usize) {
 pub struct ClientGate {
     trusted: Arc<TrustedProxies>,
     requests: Arc<Tally<ClientKey>>,
+    refusals: Arc<RefusalLog>,
 }
 
 impl ClientGate {
@@ -264,6 +266,7 @@ impl ClientGate {
         ClientGate {
             trusted: Arc::new(limits.trusted_proxies.clone()),
             requests: Tally::new(limits.max_requests_per_client),
+            refusals: Arc::new(RefusalLog::new(Limit::Requests)),
         }
     }
 }
@@ -282,7 +285,7 @@ pub async fn client_limits(
     };
     let client = gate.trusted.client_of(peer.ip(), req.headers());
     let Some(_share) = gate.requests.take(client, 1) else {
-        tracing::debug!(%client, "refused: MAX_REQUESTS_PER_CLIENT");
+        gate.refusals.refused(client, gate.requests.max());
         linger(req.into_body());
         return too_many(format!(
             "this client already has {} requests in flight (MAX_REQUESTS_PER_CLIENT); \
@@ -304,6 +307,7 @@ pub struct BodyGate {
     in_flight: Arc<Semaphore>,
     /// In bytes, per client (`MAX_BODY_BYTES_PER_CLIENT`).
     per_client: Arc<Tally<ClientKey>>,
+    refusals: Arc<RefusalLog>,
 }
 
 impl BodyGate {
@@ -315,6 +319,7 @@ impl BodyGate {
                 limits.max_body_bytes_in_flight.div_ceil(1024),
             )),
             per_client: Tally::new(limits.max_body_bytes_per_client),
+            refusals: Arc::new(RefusalLog::new(Limit::BodyBytes)),
         }
     }
 }
@@ -359,6 +364,9 @@ pub async fn mcp_body(State(gate): State<BodyGate>, req: Request, next: Next) ->
             return busy();
         }
         Ok(Err(BodyError::ClientBusy)) => {
+            if let Some(client) = client {
+                gate.refusals.refused(client, gate.per_client.max());
+            }
             linger(body);
             return too_many(format!(
                 "this client's request bodies in flight would pass {} bytes \

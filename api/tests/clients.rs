@@ -723,6 +723,26 @@ fn assert_client_refused(answer: &[u8], limit: &str) {
     );
 }
 
+/// Waits for the api's warning that `client` was refused past `limit`.
+async fn wait_logged(api: &ApiProcess, limit: &str, client: IpAddr) {
+    wait_until(
+        "the api to log the refusal",
+        Duration::from_secs(10),
+        || async {
+            api.log()
+                .lines()
+                .any(|l| {
+                    l.contains("WARN")
+                        && l.contains("past its share")
+                        && l.contains(limit)
+                        && l.contains(&format!("client={client}"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// A `tools/list` with the token and `extra` header lines.
 fn tools_list(extra: &str) -> Vec<u8> {
     let length = format!("Content-Length: {}\r\n{extra}", TOOLS_LIST.len());
@@ -804,6 +824,7 @@ async fn one_address_past_its_connection_share_gets_429_while_others_are_served(
     }
     let answer = exchange_from(greedy, api.addr, &tools_list("")).await;
     assert_client_refused(&answer, "MAX_CONNECTIONS_PER_CLIENT");
+    wait_logged(&api, "MAX_CONNECTIONS_PER_CLIENT", greedy).await;
     assert!(
         mcp_client_from(&api.url, TOKEN, greedy).await.is_err(),
         "served past its share"
@@ -834,6 +855,7 @@ async fn one_client_past_its_requests_in_flight_gets_429_while_others_are_served
     let (held, refused) = hold_until_refused(greedy, api.addr, 2, "", &tools_list("")).await;
     let [first, second]: [TcpStream; 2] = held.try_into().expect("two held");
     assert_client_refused(&refused, "MAX_REQUESTS_PER_CLIENT");
+    wait_logged(&api, "MAX_REQUESTS_PER_CLIENT", greedy).await;
     // Unauthenticated requests count too: a flood of 401s is still a flood.
     let unauthenticated = format!("{}{{}}", head(false, "Content-Length: 2\r\n"));
     let answer = exchange_from(greedy, api.addr, unauthenticated.as_bytes()).await;
@@ -899,6 +921,7 @@ async fn one_client_past_its_share_of_bodies_in_flight_gets_429_while_others_are
         b = read_response(&mut second, deadline) => (b, first),
     };
     assert_client_refused(&refused, "MAX_BODY_BYTES_PER_CLIENT");
+    wait_logged(&api, "MAX_BODY_BYTES_PER_CLIENT", greedy).await;
     // Another client sends a body as large while the first's is still held.
     let size = limit * 2 / 3;
     let request = format!(
