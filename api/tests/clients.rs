@@ -647,58 +647,12 @@ async fn past_the_connection_cap_clients_get_503_and_freed_slots_serve_again() {
 #[tokio::test]
 async fn bodies_past_the_in_flight_budget_get_503_until_it_frees() {
     let redis = Redis::start().await;
-    let (zip_max, stdin_max, command_max) = (256 * 1024, 0, 1024);
-    let limit = needed_request_bytes(zip_max, stdin_max, command_max);
-    let api = ApiProcess::start(
-        &redis.url(),
-        &[
-            ("MAX_ZIP_BYTES", &zip_max.to_string()),
-            ("MAX_STDIN_BYTES", &stdin_max.to_string()),
-            ("MAX_COMMAND_BYTES", &command_max.to_string()),
-            ("MAX_BODY_BYTES_IN_FLIGHT", &limit.to_string()),
-        ],
-    )
-    .await;
-    // Two clients (two addresses, so neither passes its own share) send all but
-    // the last byte of bodies that each fit in the budget but not together:
-    // whichever the api reads past the budget second is refused at once, the
-    // other is served when it finishes.
-    let mut clients = Vec::new();
-    for (size, local) in [(limit * 2 / 3, loopback(2)), (limit / 2, loopback(3))] {
-        let body = format!("{TOOLS_LIST}{}", " ".repeat(size - TOOLS_LIST.len()));
-        let mut s = connect_from(local, api.addr).await.expect("connect");
-        let length = format!("Content-Length: {size}\r\n");
-        s.write_all(head(true, &length).as_bytes())
-            .await
-            .expect("head");
-        s.write_all(&body.as_bytes()[..size - 1])
-            .await
-            .expect("body");
-        clients.push(s);
-    }
-    let [mut first, mut second]: [TcpStream; 2] = clients.try_into().expect("two");
-    let deadline = Duration::from_secs(30);
-    let (refused, mut served) = tokio::select! {
-        a = read_response(&mut first, deadline) => (a, second),
-        b = read_response(&mut second, deadline) => (b, first),
-    };
-    assert_eq!(
-        status_of(&refused),
-        Some(503),
-        "{}",
-        String::from_utf8_lossy(&refused)
-    );
-    assert_eq!(header_of(&refused, "retry-after").as_deref(), Some("1"));
-    let refused = json_body_of(&refused);
-    assert_eq!(refused["error"]["code"], -32000);
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("MAX_BODY_BYTES_IN_FLIGHT"))
-    );
-    served.write_all(b" ").await.expect("last byte");
-    let answer = read_response(&mut served, deadline).await;
-    assert_eq!(status_of(&answer), Some(200));
+    let (api, limit) = api_with_body_budget(&redis, "MAX_BODY_BYTES_IN_FLIGHT").await;
+    // Two clients (two addresses, so neither passes its own share).
+    let (refused, served) =
+        two_bodies_one_refused(api.addr, limit, [loopback(2), loopback(3)]).await;
+    assert_refused(&refused, 503, "MAX_BODY_BYTES_IN_FLIGHT");
+    finish_body(served).await;
     let (status, _) = post(&api.url, TOOLS_LIST).await;
     assert_eq!(status, 200);
     a_real_client_is_served(&api.url).await;
@@ -706,8 +660,14 @@ async fn bodies_past_the_in_flight_budget_get_503_until_it_frees() {
 
 /// Asserts a 429 that says which per-client limit was reached and when to retry.
 fn assert_client_refused(answer: &[u8], limit: &str) {
+    assert_refused(answer, 429, limit);
+}
+
+/// Asserts a refusal with `status`, `Retry-After: 1` and a JSON-RPC error that
+/// names the `limit` reached.
+fn assert_refused(answer: &[u8], status: u16, limit: &str) {
     let text = String::from_utf8_lossy(answer);
-    assert_eq!(status_of(answer), Some(429), "{text}");
+    assert_eq!(status_of(answer), Some(status), "{text}");
     assert_eq!(
         header_of(answer, "retry-after").as_deref(),
         Some("1"),
@@ -743,6 +703,76 @@ async fn wait_logged(api: &ApiProcess, limit: &str, client: IpAddr) {
     .await;
 }
 
+/// Asserts a 200, showing the whole answer otherwise.
+fn assert_served(answer: &[u8]) {
+    assert_eq!(
+        status_of(answer),
+        Some(200),
+        "{}",
+        String::from_utf8_lossy(answer)
+    );
+}
+
+/// A `tools/list` padded with spaces (which JSON ignores) to `size` bytes.
+fn padded_tools_list(size: usize) -> String {
+    format!("{TOOLS_LIST}{}", " ".repeat(size - TOOLS_LIST.len()))
+}
+
+/// An api whose largest request is small enough (`limit` bytes, returned) for
+/// a test to fill the body budget `budget_var`, which is set to exactly that.
+async fn api_with_body_budget(redis: &Redis, budget_var: &str) -> (ApiProcess, usize) {
+    let (zip_max, stdin_max, command_max) = (256 * 1024, 0, 1024);
+    let limit = needed_request_bytes(zip_max, stdin_max, command_max);
+    let api = ApiProcess::start(
+        &redis.url(),
+        &[
+            ("MAX_ZIP_BYTES", &zip_max.to_string()),
+            ("MAX_STDIN_BYTES", &stdin_max.to_string()),
+            ("MAX_COMMAND_BYTES", &command_max.to_string()),
+            (budget_var, &limit.to_string()),
+        ],
+    )
+    .await;
+    (api, limit)
+}
+
+/// Sends, from `locals[0]` and `locals[1]`, all but the last byte of two
+/// bodies (`limit` × 2/3 and × 1/2) that each fit a budget of `limit` but not
+/// together. Whichever the api reads past the budget second is refused at
+/// once: returns that answer, and the other connection, still waiting for its
+/// last byte (`finish_body`).
+async fn two_bodies_one_refused(
+    addr: SocketAddr,
+    limit: usize,
+    locals: [IpAddr; 2],
+) -> (Vec<u8>, TcpStream) {
+    let mut sends = Vec::new();
+    for (size, local) in [limit * 2 / 3, limit / 2].into_iter().zip(locals) {
+        let mut s = connect_from(local, addr).await.expect("connect");
+        let length = format!("Content-Length: {size}\r\n");
+        s.write_all(head(true, &length).as_bytes())
+            .await
+            .expect("head");
+        s.write_all(&padded_tools_list(size).as_bytes()[..size - 1])
+            .await
+            .expect("body");
+        sends.push(s);
+    }
+    let [mut first, mut second]: [TcpStream; 2] = sends.try_into().expect("two");
+    let deadline = Duration::from_secs(30);
+    tokio::select! {
+        a = read_response(&mut first, deadline) => (a, second),
+        b = read_response(&mut second, deadline) => (b, first),
+    }
+}
+
+/// Sends the byte `two_bodies_one_refused` held back, and asserts the body is
+/// then served.
+async fn finish_body(mut served: TcpStream) {
+    served.write_all(b" ").await.expect("last byte");
+    assert_served(&read_response(&mut served, Duration::from_secs(30)).await);
+}
+
 /// A `tools/list` with the token and `extra` header lines.
 fn tools_list(extra: &str) -> Vec<u8> {
     let length = format!("Content-Length: {}\r\n{extra}", TOOLS_LIST.len());
@@ -754,7 +784,7 @@ fn tools_list(extra: &str) -> Vec<u8> {
 /// The body is padded to 64 KiB with spaces: a proxy passes a body on through a
 /// buffer (Caddy's is 4 KiB) and would otherwise hold back the whole request.
 async fn hold_request(local: IpAddr, addr: SocketAddr, extra: &str) -> TcpStream {
-    let body = format!("{TOOLS_LIST}{}", " ".repeat(64 * 1024));
+    let body = padded_tools_list(TOOLS_LIST.len() + 64 * 1024);
     let length = format!("Content-Length: {}\r\n{extra}", body.len());
     let request = format!("{}{body}", head(true, &length));
     let mut s = connect_from(local, addr).await.expect("connect");
@@ -872,12 +902,7 @@ async fn one_client_past_its_requests_in_flight_gets_429_while_others_are_served
     // The held requests are served when they finish, and free their places.
     assert_eq!(status_of(&finish_held(first).await), Some(200));
     let answer = exchange_from(greedy, api.addr, &tools_list("")).await;
-    assert_eq!(
-        status_of(&answer),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_served(&answer);
     assert_eq!(status_of(&finish_held(second).await), Some(200));
     a_real_client_is_served_from(&api.url, greedy).await;
 }
@@ -885,41 +910,10 @@ async fn one_client_past_its_requests_in_flight_gets_429_while_others_are_served
 #[tokio::test]
 async fn one_client_past_its_share_of_bodies_in_flight_gets_429_while_others_are_served() {
     let redis = Redis::start().await;
-    let (zip_max, stdin_max, command_max) = (256 * 1024, 0, 1024);
-    let limit = needed_request_bytes(zip_max, stdin_max, command_max);
-    let api = ApiProcess::start(
-        &redis.url(),
-        &[
-            ("MAX_ZIP_BYTES", &zip_max.to_string()),
-            ("MAX_STDIN_BYTES", &stdin_max.to_string()),
-            ("MAX_COMMAND_BYTES", &command_max.to_string()),
-            ("MAX_BODY_BYTES_PER_CLIENT", &limit.to_string()),
-        ],
-    )
-    .await;
+    let (api, limit) = api_with_body_budget(&redis, "MAX_BODY_BYTES_PER_CLIENT").await;
     let (greedy, other) = (loopback(6), loopback(7));
-    let body_of = |size: usize| format!("{TOOLS_LIST}{}", " ".repeat(size - TOOLS_LIST.len()));
-    // As with the budget for all clients: the client's two bodies fit its share
-    // each but not together, and whichever the api reads past it second is
-    // refused at once.
-    let mut sends = Vec::new();
-    for size in [limit * 2 / 3, limit / 2] {
-        let mut s = connect_from(greedy, api.addr).await.expect("connect");
-        let length = format!("Content-Length: {size}\r\n");
-        s.write_all(head(true, &length).as_bytes())
-            .await
-            .expect("head");
-        s.write_all(&body_of(size).as_bytes()[..size - 1])
-            .await
-            .expect("body");
-        sends.push(s);
-    }
-    let [mut first, mut second]: [TcpStream; 2] = sends.try_into().expect("two");
-    let deadline = Duration::from_secs(30);
-    let (refused, mut served) = tokio::select! {
-        a = read_response(&mut first, deadline) => (a, second),
-        b = read_response(&mut second, deadline) => (b, first),
-    };
+    // As with the budget for all clients, but both bodies from one client.
+    let (refused, served) = two_bodies_one_refused(api.addr, limit, [greedy, greedy]).await;
     assert_client_refused(&refused, "MAX_BODY_BYTES_PER_CLIENT");
     wait_logged(&api, "MAX_BODY_BYTES_PER_CLIENT", greedy).await;
     // Another client sends a body as large while the first's is still held.
@@ -927,29 +921,13 @@ async fn one_client_past_its_share_of_bodies_in_flight_gets_429_while_others_are
     let request = format!(
         "{}{}",
         head(true, &format!("Content-Length: {size}\r\n")),
-        body_of(size)
+        padded_tools_list(size)
     );
-    let answer = exchange_from(other, api.addr, request.as_bytes()).await;
-    assert_eq!(
-        status_of(&answer),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
-    served.write_all(b" ").await.expect("last byte");
-    assert_eq!(
-        status_of(&read_response(&mut served, deadline).await),
-        Some(200)
-    );
+    assert_served(&exchange_from(other, api.addr, request.as_bytes()).await);
+    finish_body(served).await;
     // Both bodies' bytes came back to the client's share: it can send one as
     // large again (with any of them left over, this would be refused).
-    let answer = exchange_from(greedy, api.addr, request.as_bytes()).await;
-    assert_eq!(
-        status_of(&answer),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_served(&exchange_from(greedy, api.addr, request.as_bytes()).await);
     a_real_client_is_served_from(&api.url, greedy).await;
 }
 
@@ -991,20 +969,10 @@ async fn behind_a_trusted_proxy_clients_are_told_apart_by_the_hop_it_appended() 
         &tools_list("X-Forwarded-For: 6.6.6.6, 203.0.113.2\r\n"),
     )
     .await;
-    assert_eq!(
-        status_of(&answer),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_served(&answer);
     // The client the proxy named with the first entry was never counted.
     let answer = exchange_from(proxy, api.addr, &tools_list("X-Forwarded-For: 6.6.6.6\r\n")).await;
-    assert_eq!(
-        status_of(&answer),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_served(&answer);
     // Anyone else's X-Forwarded-For is ignored: this peer is one client,
     // whatever it claims.
     let direct = loopback(9);
@@ -1032,12 +1000,7 @@ async fn behind_a_trusted_proxy_clients_are_told_apart_by_the_hop_it_appended() 
     )
     .await;
     let answer = exchange_from(proxy, api.addr, &same_client).await;
-    assert_eq!(
-        status_of(&answer),
-        Some(200),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_served(&answer);
 }
 
 /// Caddy (the deployment's proxy) in front of the api, as the deployment's
