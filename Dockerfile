@@ -26,28 +26,35 @@ COPY worker worker
 COPY shared shared
 COPY support support
 COPY ctl ctl
+# Test-only members: cargo loads the whole workspace, so they must be present.
+COPY testkit testkit
+COPY e2e e2e
 # BuildKit cache mounts keep the crate registry (CARGO_HOME is /usr/local/cargo in the
 # official rust images) and the target directory between builds, so a deploy
 # recompiles only what changed.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p script-runner-api -p script-runner-worker \
+    cargo build --release --locked -p script-runner-api -p script-runner-worker -p script-runner-ctl \
     && mkdir /out \
-    && cp target/release/script-runner-api target/release/script-runner-worker /out/
+    && cp target/release/script-runner-api target/release/script-runner-worker \
+        target/release/script-runner-ctl /out/
 
 FROM ${BASE_IMAGE} AS prebuilt
 ARG PREBUILT_DIR=target/release
-COPY ${PREBUILT_DIR}/script-runner-api ${PREBUILT_DIR}/script-runner-worker /out/
+# Whichever of the three binaries are there (.dockerignore lets in no other file): a
+# worker host needs no script-runner-ctl, the api image does.
+COPY ${PREBUILT_DIR}/script-runner-* /out/
 
 FROM ${BINARIES} AS binaries
 
-# --- api: non-root, nothing but the binary and CA roots (rediss://) -------------------
+# --- api: non-root, nothing but the binaries and CA roots (rediss://). script-runner-ctl
+# is here for docker-compose.yml's one-shot `functions` service (as Redis's admin) ------
 FROM ${BASE_IMAGE} AS api
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
     && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin script-runner
-COPY --from=binaries /out/script-runner-api /usr/local/bin/script-runner-api
+COPY --from=binaries /out/script-runner-api /out/script-runner-ctl /usr/local/bin/
 USER script-runner
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/script-runner-api"]

@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# Adds this Docker host as a script-runner worker of a central deployment, or removes it.
+# Adds this Docker host as a script-runner worker of a central deployment, or removes it;
+# on the central host, issues and revokes each worker host's own Redis credentials.
 #
-#   deploy/add-worker.sh --redis rediss://HOST:PORT --ca CA_FILE [options]
+# On the central host (its checkout, the stack running; as root):
+#   deploy/add-worker.sh --issue NAME [--csr FILE]   a Redis user worker-NAME with a fresh
+#       password (Redis keeps only its SHA-256), and with --csr a client certificate
+#       signed by the deployment's CA; both go to deploy/worker-hosts/NAME/ (password,
+#       client.crt, ca.crt) for you to copy to that host. Run it again for a new password:
+#       the connections made with the old one are closed.
+#   deploy/add-worker.sh --revoke NAME   removes the user at once: its open connections
+#       are closed, new ones refused, and it stays gone after a Redis restart.
+#   deploy/add-worker.sh --list          the worker hosts' users
+#
+# On the worker host (a checkout of the repository; root, Docker installed):
+#   deploy/add-worker.sh --request-cert NAME   (mutual TLS only) makes this host's key,
+#       deploy/worker-tls/client.key (it never leaves the host), and a request,
+#       deploy/worker-tls/client.csr, to copy to the central host for --issue --csr
+#   deploy/add-worker.sh --redis rediss://HOST:PORT --ca CA_FILE --name NAME \
+#       --password-file PASSWORD [--client-cert client.crt] [options]
 #   deploy/add-worker.sh --remove
 #
-# Run it in a checkout of the repository on the worker host (root, Docker installed:
-# deploy/setup-host.sh's first step, or Docker's own instructions). It asks for the
-# worker user's Redis password (REDIS_WORKER_PASSWORD in the central host's .env), or
-# reads it from the environment variable REDIS_WORKER_PASSWORD or --password-file.
-#
-# Before anything starts it checks, in the worker image, that HOST:PORT is reachable,
-# speaks TLS with a certificate from CA_FILE for HOST, and accepts the worker user's
+# It logs in as worker-NAME (or --user); the password comes from --password-file, the
+# environment variable REDIS_WORKER_PASSWORD, or a prompt. Before anything starts it
+# checks, in the worker image, that HOST:PORT is reachable, speaks TLS with a certificate
+# from CA_FILE for HOST, takes the client certificate if given, and accepts the user's
 # password; each failure gets its own message. Then it starts one worker container
 # (restart: unless-stopped, so it comes back on boot), waits for its heartbeat in
 # Redis, and prints how to watch it live.
@@ -19,10 +32,17 @@
 #   --redis URL          rediss://HOST:PORT of the central Redis (TLS only: redis:// is refused)
 #   --ca FILE            the central host's deploy/tls/ca.crt
 #   --name NAME          this worker's WORKER_NAME, unique and stable (default: hostname)
+#   --user USER          the Redis user (default worker-NAME; `worker`, the shared user of
+#                        the central host's own worker, still works but cannot be revoked
+#                        alone, and gets a warning)
+#   --client-cert FILE   this host's client certificate (--issue --csr made it), for a
+#                        Redis with REDIS_TLS_CLIENT_CERTS=on
+#   --client-key FILE    its key (default deploy/worker-tls/client.key)
 #   --concurrency N      tasks at once (default: CPUs)
 #   --api-host HOST      the central api's public name or IP, also refused to tasks
 #                        (default: HOST of --redis)
-#   --password-file F    read the worker password from F
+#   --password-file F    read the Redis password from F
+#   --csr FILE           (with --issue) the worker host's certificate request
 #   --check              only run the checks
 #   --remove             drain (SIGTERM; running tasks get SHUTDOWN_GRACE_SECONDS) and
 #                        remove this worker, its task network and firewall jumps
@@ -39,19 +59,28 @@ COMPOSE=(docker compose -f deploy/worker-host.yml --env-file "$ENV_FILE")
 PASSTHROUGH=(REDIS_KEY_PREFIX WORKER_HEARTBEAT_SECONDS TASKS_DIR RUNTIME_IMAGES TASK_RETENTION_SECONDS
     ZIP_MAX_ENTRIES ZIP_MAX_EXPANDED_BYTES TASK_MEMORY_MB TASK_CPUS TASK_PIDS_LIMIT TASK_NOFILE
     TASK_DISK_MB TASK_TMPFS_MB POOL_SIZE POOL_MAX_AGE_SECONDS TASK_USER TASK_NETWORK TASK_BRIDGE TASK_FIREWALL
-    SHUTDOWN_GRACE_SECONDS WORKER_STOP_GRACE RUST_LOG BASE_IMAGE RUST_IMAGE BINARIES PREBUILT_DIR
+    TASK_OCI_RUNTIME SHUTDOWN_GRACE_SECONDS WORKER_STOP_GRACE RUST_LOG BASE_IMAGE RUST_IMAGE BINARIES PREBUILT_DIR
     IMAGE_PREFIX IMAGE_TAG COMPOSE_PROJECT_NAME)
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; }
 log() { printf 'add-worker: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
 REDIS="" CA="" NAME="" CONCURRENCY="" API_HOST="" PASSWORD_FILE="" MODE=add
+USER_NAME="" CLIENT_CERT="" CLIENT_KEY="" CSR="" HOST_NAME=""
 while (($#)); do
     case "$1" in
     --redis) REDIS="${2:?--redis needs a URL}"; shift ;;
     --ca) CA="${2:?--ca needs a file}"; shift ;;
     --name) NAME="${2:?--name needs a name}"; shift ;;
+    --user) USER_NAME="${2:?--user needs a name}"; shift ;;
+    --client-cert) CLIENT_CERT="${2:?--client-cert needs a file}"; shift ;;
+    --client-key) CLIENT_KEY="${2:?--client-key needs a file}"; shift ;;
+    --csr) CSR="${2:?--csr needs a file}"; shift ;;
+    --issue) MODE=issue; HOST_NAME="${2:?--issue needs the NAME of a worker host}"; shift ;;
+    --revoke) MODE=revoke; HOST_NAME="${2:?--revoke needs the NAME of a worker host}"; shift ;;
+    --request-cert) MODE=request; HOST_NAME="${2:?--request-cert needs the NAME of this host}"; shift ;;
+    --list) MODE=list ;;
     --concurrency) CONCURRENCY="${2:?--concurrency needs a number}"; shift ;;
     --api-host) API_HOST="${2:?--api-host needs a host}"; shift ;;
     --password-file) PASSWORD_FILE="${2:?--password-file needs a file}"; shift ;;
@@ -74,11 +103,14 @@ remove() {
     log "draining worker $(env_get WORKER_NAME): SIGTERM, up to ${grace} s for running tasks"
     "${COMPOSE[@]}" stop -t "$grace" worker
     "${COMPOSE[@]}" down --remove-orphans
-    # What the worker installed on this host: the jumps into its firewall chains and
-    # the task network. (The chains stay: other workers here may use them.)
+    # What the worker installed on this host: its bridge's firewall chains, the jumps
+    # into them, and the task network.
     docker run --rm --network host --cap-add NET_ADMIN --entrypoint sh "$(image)" -c "
-        iptables -w -D INPUT -i '$bridge' -j SR-TASKS-IN 2>/dev/null || true
-        iptables -w -D DOCKER-USER -i '$bridge' -j SR-TASKS-FWD 2>/dev/null || true" || true
+        iptables -w -D INPUT -i '$bridge' -j 'SR-IN-$bridge' 2>/dev/null || true
+        iptables -w -D DOCKER-USER -i '$bridge' -j 'SR-FWD-$bridge' 2>/dev/null || true
+        for c in 'SR-IN-$bridge' 'SR-FWD-$bridge'; do
+            iptables -w -F \"\$c\" 2>/dev/null && iptables -w -X \"\$c\" 2>/dev/null || true
+        done" || true
     docker network rm "$network" >/dev/null 2>&1 || true
     rm -f "$ENV_FILE"
     log "removed; its queued work stays in Redis for the other workers"
@@ -91,6 +123,60 @@ image() {
 }
 
 if [[ "$MODE" == remove ]]; then remove; exit 0; fi
+
+# --- the central host: each worker host's Redis user and certificate --------------------
+abs() { [[ -z "$1" || "$1" == /* ]] && printf '%s' "$1" || printf '%s/%s' "$ORIG_PWD" "$1"; }
+CSR="$(abs "$CSR")" CLIENT_CERT="$(abs "$CLIENT_CERT")" CLIENT_KEY="$(abs "$CLIENT_KEY")"
+case "$MODE" in issue | revoke | request)
+    [[ "$HOST_NAME" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "$HOST_NAME: a worker host's NAME is letters, digits, '.', '-' and '_'" ;;
+esac
+central_redis() { # the central stack's Redis, through its entrypoint's worker-host helper
+    [[ -f .env ]] || die "run --issue, --revoke and --list on the central host, in its checkout (no .env here)"
+    docker compose exec -T -u redis redis redis-entrypoint.sh worker-host "$@"
+}
+if [[ "$MODE" == list ]]; then central_redis list; exit 0; fi
+if [[ "$MODE" == revoke ]]; then
+    central_redis remove "$HOST_NAME" || die "could not remove the Redis user worker-$HOST_NAME (output above)"
+    rm -rf "deploy/worker-hosts/$HOST_NAME"
+    log "worker host $HOST_NAME revoked: its Redis user is gone and its connections are closed"
+    exit 0
+fi
+if [[ "$MODE" == issue ]]; then
+    out="deploy/worker-hosts/$HOST_NAME"
+    tls_dir="$(grep -E '^REDIS_TLS_DIR=' .env 2>/dev/null | tail -n1 | cut -d= -f2- || true)"
+    tls_dir="${tls_dir:-./deploy/tls}"
+    install -d -m 700 deploy/worker-hosts "$out"
+    if [[ -n "$CSR" ]]; then
+        deploy/make-redis-tls.sh --sign-client "$tls_dir" "worker-$HOST_NAME" "$CSR" "$out/client.crt" \
+            || die "could not sign $CSR"
+    fi
+    [[ ! -r "$tls_dir/ca.crt" ]] || cp "$tls_dir/ca.crt" "$out/ca.crt"
+    umask 077
+    openssl rand -hex 24 >"$out/password"
+    # The password goes to Redis on stdin, never on a command line; Redis keeps its hash.
+    central_redis add "$HOST_NAME" <"$out/password" || die "could not create the Redis user worker-$HOST_NAME (output above)"
+    cat <<EOT
+add-worker: worker host $HOST_NAME has its own Redis user, worker-$HOST_NAME.
+Copy $PWD/$out/ (password$([[ -n "$CSR" ]] && echo ", client.crt"), ca.crt) to that host, and there run
+  deploy/add-worker.sh --redis rediss://THIS_HOST:PORT --ca ca.crt --name $HOST_NAME \\
+      --password-file password$([[ -n "$CSR" ]] && echo " --client-cert client.crt")
+then delete the copy of the password here ($out/password). Revoke: deploy/add-worker.sh --revoke $HOST_NAME
+EOT
+    exit 0
+fi
+if [[ "$MODE" == request ]]; then
+    install -d -m 700 deploy/worker-tls
+    if [[ ! -s deploy/worker-tls/client.key ]]; then
+        (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out deploy/worker-tls/client.key 2>/dev/null)
+    fi
+    openssl req -new -key deploy/worker-tls/client.key -subj "/CN=worker-$HOST_NAME" -out deploy/worker-tls/client.csr
+    cat <<EOT
+add-worker: this host's key is $PWD/deploy/worker-tls/client.key (it stays here).
+Copy $PWD/deploy/worker-tls/client.csr to the central host, and there run
+  deploy/add-worker.sh --issue $HOST_NAME --csr client.csr
+EOT
+    exit 0
+fi
 
 # --- settings --------------------------------------------------------------------
 [[ -n "$REDIS" ]] || die "give --redis rediss://HOST:PORT (the central Redis's TLS port)"
@@ -109,13 +195,29 @@ openssl x509 -in "$CA" -noout 2>/dev/null || die "$CA is not a PEM certificate"
 CA="$(realpath "$CA")"
 NAME="${NAME:-$(hostname -s)}"
 [[ "$NAME" =~ ^[A-Za-z0-9._-]+$ ]] || die "--name $NAME: use letters, digits, '.', '-' and '_'"
+USER_NAME="${USER_NAME:-worker-$NAME}"
+[[ "$USER_NAME" =~ ^[A-Za-z0-9._-]+$ ]] || die "--user $USER_NAME: use letters, digits, '.', '-' and '_'"
+if [[ "$USER_NAME" == worker ]]; then
+    log "WARNING: --user worker is the central host's shared user: this host then holds the password every
+  worker host shares, and --revoke cannot cut it off alone. Give it its own user instead: on the central
+  host deploy/add-worker.sh --issue $NAME, then here --password-file password (docs/deploy.md, upgrading)."
+fi
+if [[ -n "$CLIENT_CERT" ]]; then
+    CLIENT_KEY="${CLIENT_KEY:-$PWD/deploy/worker-tls/client.key}"
+    [[ -r "$CLIENT_CERT" ]] || die "--client-cert $CLIENT_CERT is not readable"
+    [[ -r "$CLIENT_KEY" ]] || die "the client key $CLIENT_KEY is not readable (made by --request-cert, or give --client-key)"
+    openssl x509 -in "$CLIENT_CERT" -noout 2>/dev/null || die "$CLIENT_CERT is not a PEM certificate"
+    CLIENT_CERT="$(realpath "$CLIENT_CERT")" CLIENT_KEY="$(realpath "$CLIENT_KEY")"
+elif [[ -n "$CLIENT_KEY" ]]; then
+    die "--client-key goes with --client-cert"
+fi
 
 if [[ -n "$PASSWORD_FILE" ]]; then
     PASSWORD="$(head -n1 "$PASSWORD_FILE")"
 elif [[ -n "${REDIS_WORKER_PASSWORD:-}" ]]; then
     PASSWORD="$REDIS_WORKER_PASSWORD"
 elif [[ -t 0 ]]; then
-    read -rsp "Redis password of the worker user (REDIS_WORKER_PASSWORD): " PASSWORD; echo >&2
+    read -rsp "Redis password of $USER_NAME (deploy/worker-hosts/$NAME/password on the central host): " PASSWORD; echo >&2
 else
     die "no password: set REDIS_WORKER_PASSWORD, give --password-file, or run on a terminal"
 fi
@@ -130,8 +232,11 @@ done < <(getent ahostsv4 "${API_HOST:-$HOST}" | awk '{print $1}' | sort -u)
 
 umask 077
 {
-    printf 'REDIS_URL=rediss://worker:%s@%s:%s\n' "$PASSWORD" "$HOST" "$PORT"
+    printf 'REDIS_URL=rediss://%s:%s@%s:%s\n' "$USER_NAME" "$PASSWORD" "$HOST" "$PORT"
     printf 'REDIS_CA_FILE=%s\n' "$CA"
+    if [[ -n "$CLIENT_CERT" ]]; then
+        printf 'REDIS_CLIENT_CERT_FILE=%s\nREDIS_CLIENT_KEY_FILE=%s\n' "$CLIENT_CERT" "$CLIENT_KEY"
+    fi
     printf 'WORKER_NAME=%s\n' "$NAME"
     [[ -z "$CONCURRENCY" ]] || printf 'WORKER_CONCURRENCY=%s\n' "$CONCURRENCY"
     printf 'TASK_BLOCKED_CIDRS=%s\n' "$blocked"
@@ -150,8 +255,18 @@ docker image inspect "$(image)" >/dev/null 2>&1 || die "the worker image $(image
 # --- checks, from the worker image on the host network: the worker's own path -------
 in_image() {
     # The password goes through the environment, never on a command line.
-    REDISCLI_AUTH="$PASSWORD" docker run --rm -i --network host -v "$CA:/ca.crt:ro" \
+    local mounts=(-v "$CA:/ca.crt:ro")
+    [[ -z "$CLIENT_CERT" ]] || mounts+=(-v "$CLIENT_CERT:/client.crt:ro" -v "$CLIENT_KEY:/client.key:ro")
+    REDISCLI_AUTH="$PASSWORD" docker run --rm -i --network host "${mounts[@]}" \
         -e REDISCLI_AUTH --entrypoint "$1" "$(image)" "${@:2}"
+}
+client_tls=()
+[[ -z "$CLIENT_CERT" ]] || client_tls=(--cert /client.crt --key /client.key)
+client_cert_refused() {
+    if [[ -z "$CLIENT_CERT" ]]; then
+        die "CLIENT CERTIFICATE: Redis requires a client certificate (REDIS_TLS_CLIENT_CERTS=on): --request-cert here, --issue $NAME --csr on the central host, then --client-cert. ($1)"
+    fi
+    die "CLIENT CERTIFICATE: Redis refused this host's client certificate ($CLIENT_CERT): not signed by the deployment's CA? ($1)"
 }
 check() {
     log "checking $HOST:$PORT"
@@ -161,18 +276,24 @@ check() {
     local verify=(-verify_hostname "$HOST")
     [[ "$HOST" =~ ^[0-9.]+$ ]] && verify=(-verify_ip "$HOST")
     local tls_out
+    local s_client_cert=()
+    [[ -z "$CLIENT_CERT" ]] || s_client_cert=(-cert /client.crt -key /client.key)
     if ! tls_out="$(in_image timeout 10 openssl s_client -connect "$HOST:$PORT" -servername "$HOST" \
-        -CAfile /ca.crt -verify_return_error "${verify[@]}" -brief </dev/null 2>&1)"; then
+        -CAfile /ca.crt -verify_return_error "${verify[@]}" "${s_client_cert[@]}" -brief </dev/null 2>&1)"; then
+        if grep -qiE "alert (certificate required|bad certificate|unknown ca)" <<<"$tls_out"; then
+            client_cert_refused "$(grep -ioE 'alert [a-z ]+' <<<"$tls_out" | head -n1)"
+        fi
         die "TLS FAILED with $HOST:$PORT: $(grep -iE 'error|verify' <<<"$tls_out" | head -n2 | tr '\n' ' ')
   Is it the TLS port (not the plain one), was its certificate made by this CA ($CA), and does it name $HOST (setup-host.sh --tls-names)?"
     fi
     local reply
-    reply="$(in_image redis-cli --tls --cacert /ca.crt --sni "$HOST" -h "$HOST" -p "$PORT" \
-        --user worker --no-auth-warning EXISTS "$PREFIX:workers" 2>&1 || true)"
+    reply="$(in_image redis-cli --tls --cacert /ca.crt "${client_tls[@]}" --sni "$HOST" -h "$HOST" -p "$PORT" \
+        --user "$USER_NAME" --no-auth-warning EXISTS "$PREFIX:workers" 2>&1 || true)"
     case "$reply" in
-    0 | 1) log "ok: TLS verified, the worker user is accepted" ;;
-    *WRONGPASS* | *"user is disabled"*) die "WRONG PASSWORD: Redis refused the worker user's password (REDIS_WORKER_PASSWORD in the central host's .env)" ;;
-    *NOPERM*) die "PERMISSION: the worker user may not read $PREFIX:* (REDIS_KEY_PREFIX differs from the central host's?)" ;;
+    0 | 1) log "ok: TLS verified, $USER_NAME is accepted" ;;
+    *WRONGPASS* | *"user is disabled"*) die "WRONG PASSWORD: Redis refused $USER_NAME's password (made by deploy/add-worker.sh --issue $NAME on the central host; revoked?)" ;;
+    *NOPERM*) die "PERMISSION: $USER_NAME may not read $PREFIX:* (REDIS_KEY_PREFIX differs from the central host's?)" ;;
+    *"I/O error"* | *"Server closed the connection"* | *"SSL"*) client_cert_refused "$reply" ;;
     *) die "Redis answered unexpectedly: $reply" ;;
     esac
 }
@@ -182,8 +303,8 @@ check
 log "starting worker $NAME"
 "${COMPOSE[@]}" up -d worker
 deadline=$((SECONDS + 90))
-until [[ "$(in_image redis-cli --tls --cacert /ca.crt --sni "$HOST" -h "$HOST" -p "$PORT" \
-    --user worker --no-auth-warning EXISTS "$PREFIX:worker:$NAME" 2>/dev/null)" == 1 ]]; do
+until [[ "$(in_image redis-cli --tls --cacert /ca.crt "${client_tls[@]}" --sni "$HOST" -h "$HOST" -p "$PORT" \
+    --user "$USER_NAME" --no-auth-warning EXISTS "$PREFIX:worker:$NAME" 2>/dev/null)" == 1 ]]; do
     if ((SECONDS > deadline)); then
         "${COMPOSE[@]}" logs --tail 40 worker >&2 || true
         die "worker $NAME started but sent no heartbeat within 90 s (logs above)"
@@ -195,8 +316,9 @@ add-worker: worker $NAME is live and taking tasks.
 
 Watch it:
   docker compose -f deploy/worker-host.yml --env-file $ENV_FILE logs -f worker
-  redis-cli --tls --cacert $CA -h $HOST -p $PORT --user worker --askpass SMEMBERS $PREFIX:workers
+  redis-cli --tls --cacert $CA${CLIENT_CERT:+ --cert $CLIENT_CERT --key $CLIENT_KEY} -h $HOST -p $PORT --user $USER_NAME --askpass SMEMBERS $PREFIX:workers
   on the central host (API_LOCAL_PORT, the token from its .env):
     curl -s -H "Authorization: Bearer \$SCRIPT_RUNNER_TOKEN" http://127.0.0.1:8080/metrics | grep workers_alive
 Remove it (drains running tasks first):  deploy/add-worker.sh --remove
+Revoke its Redis user (on the central host):  deploy/add-worker.sh --revoke $NAME
 EOT

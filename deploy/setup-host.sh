@@ -18,6 +18,21 @@
 #                        makes a private CA and Redis certificate with openssl
 #   --tls-names LIST     names and IPs in Redis's certificate, comma-separated
 #                        (default: DOMAIN and this host's public IPv4 address)
+#   --client-certs       with --remote-workers: Redis's TLS port also requires a client
+#                        certificate signed by the deployment's CA (mutual TLS,
+#                        REDIS_TLS_CLIENT_CERTS=on); add-worker.sh --issue --csr issues them
+#   --allow-workers LIST worker hosts' addresses or networks (IPv4 and IPv6, comma-
+#                        separated) that may reach Redis's TLS port; every other source
+#                        is dropped in DOCKER-USER (iptables and ip6tables), where traffic
+#                        to Docker's published ports passes (ufw and INPUT never see it).
+#                        Kept in .env (REDIS_TLS_ALLOW) and applied again on every run.
+#                        A systemd unit, script-runner-firewall.service, applies them again
+#                        at boot and whenever Docker restarts
+#   --firewall-only      only apply the --allow-workers rules again (after a firewall reload;
+#                        the list from .env when not given), nothing else
+#   --redis-tls-port N   with --firewall-only: the TLS port for those rules (default
+#                        REDIS_TLS_PORT in .env, or 6380 when .env does not set it, as
+#                        Compose does; refused when there is no .env)
 #   --skip-images        do not pull the runtime images tasks run in
 #   --dry-run            print what would be done, change nothing
 #   -h, --help           this text
@@ -30,8 +45,9 @@
 set -euo pipefail
 
 DOMAIN="" EMAIL="" REPO="" DIR="" BRANCH=main REMOTE=0 TLS_NAMES="" SKIP_IMAGES=0 DRY=0
+CLIENT_CERTS=0 ALLOW_WORKERS="" FIREWALL_ONLY=0 TLS_PORT=""
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 log() { printf 'setup-host: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 # Runs a command, or only shows it with --dry-run.
@@ -49,6 +65,10 @@ while (($#)); do
     --remote-workers) REMOTE=1 ;;
     --tls-names) TLS_NAMES="${2:?--tls-names needs a list}"; shift ;;
     --skip-images) SKIP_IMAGES=1 ;;
+    --client-certs) CLIENT_CERTS=1 ;;
+    --allow-workers) ALLOW_WORKERS="${2:?--allow-workers needs a list}"; shift ;;
+    --firewall-only) FIREWALL_ONLY=1 ;;
+    --redis-tls-port) TLS_PORT="${2:?--redis-tls-port needs a port}"; shift ;;
     --dry-run) DRY=1 ;;
     -h | --help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -58,10 +78,146 @@ done
 
 [[ $(id -u) == 0 ]] || ((DRY)) || die "run as root (sudo): it installs packages and starts Docker"
 
+# --- the allow-list for Redis's TLS port, in DOCKER-USER --------------------------------
+# Published ports are DNATed in PREROUTING and then pass FORWARD, whose first stop is
+# DOCKER-USER: there a packet still carries the published port as its conntrack
+# original destination port (--ctorigdstport), not as its --dport. Our own chain
+# SR-REDIS-TLS returns the allowed sources and drops the rest; only connections to a
+# published port (ctstate DNAT), in their original direction (replies pass), are sent
+# there. IPv6 also goes through INPUT when Docker's userland proxy serves the port on
+# an IPv6 address for an IPv4-only container. Re-running flushes and refills our chain
+# only, and adds each jump once (iptables -C before -I).
+CHAIN=SR-REDIS-TLS
+valid_cidr() { # valid_cidr 4|6 TEXT
+    local ip="${2%/*}" len=""
+    [[ "$2" == */* ]] && len="${2#*/}"
+    if [[ "$1" == 4 ]]; then
+        [[ "$ip" =~ ^([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})\.([0-9]{1,3})$ ]] || return 1
+        local o; for o in "${BASH_REMATCH[@]:1}"; do ((10#$o <= 255)) || return 1; done
+        [[ -z "$len" ]] || { [[ "$len" =~ ^[0-9]{1,2}$ ]] && ((10#$len <= 32)); }
+    else
+        [[ "$ip" == *:* && "$ip" =~ ^[0-9A-Fa-f:.]+$ ]] || return 1
+        [[ -z "$len" ]] || { [[ "$len" =~ ^[0-9]{1,3}$ ]] && ((10#$len <= 128)); }
+    fi
+}
+firewall_rules() { # prints the commands, one a line; fails on an entry that is no address
+    local port="$1" list="$2" entry tool fam
+    if ! [[ "$port" =~ ^[0-9]+$ ]] || ((port < 1 || port > 65535)); then
+        log "--redis-tls-port $port is not a port"; return 1
+    fi
+    local v4=() v6=()
+    IFS=',' read -ra entries <<<"$list"
+    for entry in "${entries[@]}"; do
+        entry="${entry// /}"
+        [[ -n "$entry" ]] || continue
+        if valid_cidr 4 "$entry"; then v4+=("$entry")
+        elif valid_cidr 6 "$entry"; then v6+=("$entry")
+        else log "--allow-workers: $entry is not an IPv4 or IPv6 address or network"; return 1
+        fi
+    done
+    ((${#v4[@]} + ${#v6[@]})) || { log "--allow-workers: no address given"; return 1; }
+    for fam in 4 6; do
+        tool=iptables; [[ $fam == 6 ]] && tool=ip6tables
+        echo "$tool -w -N $CHAIN"
+        echo "$tool -w -F $CHAIN"
+        local -n allowed="v$fam"
+        for entry in "${allowed[@]}"; do echo "$tool -w -A $CHAIN -s $entry -j RETURN"; done
+        echo "$tool -w -A $CHAIN -j DROP"
+        # Position 1 of DOCKER-USER, ahead of the worker's own task jumps (SR-FWD-<bridge>):
+        # on purpose, so no other rule can accept a connection to the port first. The
+        # worker's jump-order check tolerates exactly this jump ahead of its own, as
+        # SR-REDIS-TLS only RETURNs or DROPs.
+        echo "$tool -w -I DOCKER-USER -p tcp -m conntrack --ctstate DNAT --ctorigdstport $port --ctdir ORIGINAL -j $CHAIN"
+        [[ $fam == 6 ]] && echo "$tool -w -I INPUT ! -i lo -p tcp -m conntrack --ctorigdstport $port --ctdir ORIGINAL -j $CHAIN"
+    done
+    return 0
+}
+apply_firewall() {
+    local port="$1" list="$2" rules line
+    rules="$(firewall_rules "$port" "$list")" || die "no firewall rules applied"
+    while read -r line; do
+        if ((DRY)); then printf 'would run: %s\n' "$line"; continue; fi
+        read -ra cmd <<<"$line"
+        case "${cmd[2]}" in
+        -N) "${cmd[@]}" 2>/dev/null || true ;;
+        -I) # once: a jump already there is kept; one for another port is removed (the
+            # rules are written in the order iptables -S prints them, to compare)
+            local tool="${cmd[0]}" parent="${cmd[3]}" old
+            while read -r old; do
+                [[ "$old" == "-A $parent ${cmd[*]:4}" ]] && continue
+                read -ra del <<<"${old/-A /-D }"
+                "$tool" -w "${del[@]}"
+            done < <("$tool" -w -S "$parent" 2>/dev/null | grep -- "-j $CHAIN\$" || true)
+            if ! "$tool" -w -n -L "$parent" >/dev/null 2>&1; then
+                log "$tool: no $parent chain (Docker without $tool?): skipped"
+            elif ! "$tool" -w -C "$parent" "${cmd[@]:4}" 2>/dev/null; then
+                "${cmd[@]}"
+            fi ;;
+        *) "${cmd[@]}" ;;
+        esac
+    done <<<"$rules"
+    ((DRY)) || log "Redis's TLS port $port: only ${list} may connect (chain $CHAIN, IPv4 and IPv6)"
+}
 here="$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")" 2>/dev/null && pwd)" || here=""
 if [[ -z "$DIR" ]]; then
     if [[ -n "$here" && -f "$here/../docker-compose.yml" ]]; then DIR="$(cd "$here/.." && pwd)"; else DIR=/opt/script-runner; fi
 fi
+# The TLS port the rules are for: --redis-tls-port, else .env's REDIS_TLS_PORT, else the
+# port Compose publishes when .env does not set it (deploy/remote-workers.yml: 6380).
+# Without .env it is not known, and a wrong one would leave the real port open to all.
+tls_port_of_env() {
+    [[ -z "$TLS_PORT" ]] || { echo "$TLS_PORT"; return; }
+    [[ -f "$DIR/.env" ]] || { log "no $DIR/.env to read REDIS_TLS_PORT from: give --redis-tls-port N (or --dir, the checkout)"; return 1; }
+    local port
+    port="$(grep -E '^REDIS_TLS_PORT=' "$DIR/.env" | tail -n1 | cut -d= -f2- || true)"
+    echo "${port:-6380}"
+}
+# After a reboot, or a restart of Docker, the rules are gone (Docker rebuilds its own
+# chains, not ours): a oneshot unit runs --firewall-only again once Docker is up, and
+# again whenever docker.service is restarted (PartOf). It runs this checkout's script as
+# root; the deploy user who owns the checkout is in the docker group, root already.
+UNIT=script-runner-firewall.service
+install_firewall_unit() {
+    if [[ ! -d /run/systemd/system ]] && ! ((DRY)); then
+        log "no systemd here: after a reboot or a Docker restart, run $DIR/deploy/setup-host.sh --firewall-only --dir $DIR again"
+        return 0
+    fi
+    local unit
+    unit="[Unit]
+Description=script-runner: Redis TLS port allow-list (REDIS_TLS_ALLOW) in DOCKER-USER
+After=docker.service
+PartOf=docker.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=$DIR/deploy/setup-host.sh --firewall-only --dir $DIR
+
+[Install]
+WantedBy=docker.service"
+    if ((DRY)); then
+        printf 'would write: /etc/systemd/system/%s\n%s\n' "$UNIT" "$unit"
+        printf 'would run: systemctl daemon-reload\nwould run: systemctl enable --now %s\n' "$UNIT"
+        return 0
+    fi
+    if [[ "$(cat "/etc/systemd/system/$UNIT" 2>/dev/null)" != "$unit" ]]; then
+        printf '%s\n' "$unit" >"/etc/systemd/system/$UNIT"
+        systemctl daemon-reload
+    fi
+    systemctl enable --now --quiet "$UNIT"
+    log "installed $UNIT: the rules are applied again at boot and when Docker restarts"
+}
+if ((FIREWALL_ONLY)); then
+    if [[ -z "$ALLOW_WORKERS" && -f "$DIR/.env" ]]; then
+        ALLOW_WORKERS="$(grep -E '^REDIS_TLS_ALLOW=' "$DIR/.env" | tail -n1 | cut -d= -f2- || true)"
+    fi
+    [[ -n "$ALLOW_WORKERS" ]] || die "--firewall-only needs --allow-workers, or REDIS_TLS_ALLOW in $DIR/.env (--dir: the checkout)"
+    port="$(tls_port_of_env)" || die "no firewall rules applied"
+    apply_firewall "$port" "$ALLOW_WORKERS"
+    exit 0
+fi
+# The unit and Compose read the port from .env: rules for another one would not last.
+[[ -z "$TLS_PORT" ]] || die "--redis-tls-port goes with --firewall-only; otherwise REDIS_TLS_PORT in .env is the port"
 
 install_packages() {
     local missing=()
@@ -165,6 +321,7 @@ make_tls() {
     run "$DIR/deploy/make-redis-tls.sh" "$DIR/deploy/tls" "$names"
     [[ -n "$(env_get REDIS_TLS_DIR)" ]] || env_set REDIS_TLS_DIR ./deploy/tls
     env_set COMPOSE_FILE docker-compose.yml:deploy/remote-workers.yml
+    ((CLIENT_CERTS == 0)) || env_set REDIS_TLS_CLIENT_CERTS on
 }
 
 pull_images() {
@@ -186,9 +343,17 @@ checkout
 TOKEN_CREATED=""
 write_env
 ((REMOTE == 0)) || make_tls
+[[ -z "$ALLOW_WORKERS" ]] || env_set REDIS_TLS_ALLOW "$ALLOW_WORKERS"
 ((SKIP_IMAGES)) || pull_images
 log "starting the stack (deploy/deploy.sh --no-fetch)"
 run "$DIR/deploy/deploy.sh" --no-fetch
+# After the start: Docker has made DOCKER-USER by then.
+allow="${ALLOW_WORKERS:-$(env_get REDIS_TLS_ALLOW)}"
+if [[ -n "$allow" ]]; then
+    port="$(tls_port_of_env)" || die "no firewall rules applied"
+    apply_firewall "$port" "$allow"
+    install_firewall_unit
+fi
 if ((DRY)); then
     log "dry run: nothing was changed"
     exit 0
@@ -209,9 +374,10 @@ if ((REMOTE)); then
     tls_port="$(env_get REDIS_TLS_PORT)"
     cat <<EOT
 
-Worker hosts: copy $DIR/deploy/tls/ca.crt to the worker host, and there run
-  deploy/add-worker.sh --redis rediss://$DOMAIN:${tls_port:-6380} --ca ca.crt
-It asks for REDIS_WORKER_PASSWORD (in $DIR/.env). Open port ${tls_port:-6380}/tcp to
-the worker hosts only, if your firewall allows that.
+Worker hosts: give each its own Redis user here, deploy/add-worker.sh --issue NAME,
+copy deploy/worker-hosts/NAME/ to it, and there run
+  deploy/add-worker.sh --redis rediss://$DOMAIN:${tls_port:-6380} --ca ca.crt --name NAME --password-file password
+(docs/deploy.md, also for client certificates). Let only the worker hosts reach port ${tls_port:-6380}/tcp:
+setup-host.sh --allow-workers ADDRESS[,ADDRESS...] (DOCKER-USER, IPv4 and IPv6).
 EOT
 fi

@@ -8,7 +8,7 @@
 #   ./scripts/bench.sh --help           # every option (sections, sizes, pool size)
 #
 # Sets up what it needs, idempotently: wrk and redis-server (apt), the MCP Python SDK
-# (pip, into .venv), the runtime image (scripts/build-test-image.sh). Needs a Docker
+# and redis-py (pip, into .venv), the runtime image (scripts/build-test-image.sh). Needs a Docker
 # engine and root (the workers install the task firewall, as by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
         --quick) quick=1 ;;
         --bin-dir) bin_dir="${args[i + 1]:-}" ;;
         --bin-dir=*) bin_dir="${args[i]#*=}" ;;
-        -h | --help) bin_dir="${bin_dir:-target/release}" ;;
+        -h | --help) bin_dir="${bin_dir:-${CARGO_TARGET_DIR:-target}/release}" ;;
     esac
 done
 
@@ -36,9 +36,9 @@ if ((${#need_apt[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if ! .venv/bin/python -c 'import mcp, httpx2' 2>/dev/null; then
-    echo "bench.sh: creating .venv with the MCP Python SDK"
-    python3 -m venv .venv
+if ! .venv/bin/python -c 'import mcp, httpx2, redis' 2>/dev/null; then
+    echo "bench.sh: installing tests/python/requirements.txt (MCP Python SDK, redis-py) into .venv"
+    [[ -x .venv/bin/python ]] || python3 -m venv .venv
     .venv/bin/pip install -q -r tests/python/requirements.txt
 fi
 
@@ -47,10 +47,10 @@ if [[ -z "$bin_dir" ]]; then
         # The quick run proves the tool works; its figures mean nothing, so it uses
         # the debug binaries scripts/test.sh has built already (no release build).
         cargo build --bins
-        bin_dir=target/debug
+        bin_dir="${CARGO_TARGET_DIR:-target}/debug"
     else
         cargo build --release --bins
-        bin_dir=target/release
+        bin_dir="${CARGO_TARGET_DIR:-target}/release"
     fi
     args+=(--bin-dir "$bin_dir")
 fi

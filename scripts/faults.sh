@@ -5,7 +5,7 @@
 # replica SIGKILLed, mid-run. Prints a summary; exits 1 if any check fails.
 #
 #   scripts/faults.sh                          # 300 tasks, debug binaries
-#   scripts/faults.sh --release --tasks 300    # the README's figures (release build)
+#   scripts/faults.sh --release --tasks 300    # docs/evidence/faults.md (release build)
 #   scripts/faults.sh --tasks 40               # the size scripts/test.sh runs
 #
 # Every other argument goes to faults.py (--help lists them). Needs what

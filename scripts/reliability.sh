@@ -17,10 +17,10 @@ args=()
 for a in "$@"; do
     if [[ "$a" == --release ]]; then profile=release; else args+=("$a"); fi
 done
-if [[ ! -x .venv/bin/python ]]; then
-    python3 -m venv .venv
+if ! .venv/bin/python -c 'import httpx2, redis' 2>/dev/null; then
+    [[ -x .venv/bin/python ]] || python3 -m venv .venv
     .venv/bin/pip install -q -r tests/python/requirements.txt
 fi
 if [[ "$profile" == release ]]; then cargo build --release --bins; else cargo build --bins; fi
 export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/python:3.13-trixie}"
-exec .venv/bin/python "tests/reliability/$tool.py" --bin-dir "target/$profile" "${args[@]}"
+exec .venv/bin/python "tests/reliability/$tool.py" --bin-dir "${CARGO_TARGET_DIR:-target}/$profile" "${args[@]}"

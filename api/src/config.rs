@@ -1,13 +1,21 @@
 //! The api's configuration, loaded from the environment. `.env.example` lists every
-//! variable with its default; README.md explains each.
+//! variable with its default; docs/configuration.md explains each.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::clients::{IpNet, TrustedProxies};
+use crate::clients::{TrustedProxies, parse_proxy};
+use crate::oauth::{self, OAuthConfigError, OAuthSettings};
+use crate::origin::AllowedOrigins;
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
+
+/// The longest `wait_seconds` a `run_script` or `get_task_status` call may ask
+/// for (docs/tools.md). Bounds how long a request, and one of the store's wait
+/// connections, is held; a client's waiting calls count against its
+/// `MAX_REQUESTS_PER_CLIENT` like any request in flight.
+pub const MAX_WAIT_SECONDS: i64 = 30;
 
 /// Shortest bearer token the api accepts: anything shorter is guessable.
 pub const MIN_TOKEN_LEN: usize = 32;
@@ -48,6 +56,8 @@ pub enum ConfigError {
          derive it"
     )]
     ClientBodyShareTooSmall { share: usize, request: usize },
+    #[error(transparent)]
+    OAuth(#[from] OAuthConfigError),
 }
 
 /// Everything the api needs to run.
@@ -57,12 +67,22 @@ pub struct Config {
     pub token: String,
     /// `REDIS_URL`: where tasks and the job stream live.
     pub redis_url: String,
+    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate for a
+    /// Redis that requires mutual TLS (both or neither; `rediss://` only).
+    pub redis_client_cert: Option<shared::envvar::ClientCertFiles>,
     /// `REDIS_KEY_PREFIX`: prefix of every Redis key (default `sr`).
     pub keys: Keys,
     /// `LISTEN_ADDR`: the HTTP listen address.
     pub listen_addr: SocketAddr,
+    /// `HEALTH_ADDR`: a second listener, on a loopback address only, whose
+    /// `/healthz` also says why it is unavailable (the public one says only
+    /// "unavailable"). Empty (the default): none.
+    pub health_addr: Option<SocketAddr>,
     /// `ALLOWED_HOSTS`: Host header values accepted on `/mcp` (DNS-rebinding protection).
     pub allowed_hosts: Vec<String>,
+    /// `ALLOWED_ORIGINS`: browser origins whose requests `/mcp` and `/metrics`
+    /// serve; empty by default (see `crate::origin`).
+    pub allowed_origins: AllowedOrigins,
     /// `RUNTIME_IMAGES`: runtime name to image.
     pub runtimes: RuntimeCatalog,
     /// `DEFAULT_TIMEOUT_SECONDS`: a task's timeout when the client gives none.
@@ -85,6 +105,8 @@ pub struct Config {
     pub http: HttpLimits,
     /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
     pub redis_setup_check: support::redis_setup::Mode,
+    /// `OAUTH_*`: OAuth resource-server mode, `None` when off (see `crate::oauth`).
+    pub oauth: Option<OAuthSettings>,
 }
 
 /// What the HTTP layer enforces in front of the MCP service: for all clients
@@ -124,15 +146,23 @@ impl std::fmt::Debug for Config {
                 "redis_url",
                 &support::redis_pool::redacted_url(&self.redis_url),
             )
+            .field("redis_client_cert", &self.redis_client_cert)
             .field("listen_addr", &self.listen_addr)
+            .field("health_addr", &self.health_addr)
             .field("allowed_hosts", &self.allowed_hosts)
+            .field("allowed_origins", &self.allowed_origins)
             .field("runtimes", &self.runtimes)
+            .field("oauth", &self.oauth)
             .finish_non_exhaustive()
     }
 }
 
 const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
+/// Empty: no health details listener.
+const HEALTH_ADDR: Var = Var::new("HEALTH_ADDR", "");
 const ALLOWED_HOSTS: Var = Var::new("ALLOWED_HOSTS", "localhost,127.0.0.1,::1");
+/// Empty: no browser origin is trusted (a request without `Origin` is served).
+const ALLOWED_ORIGINS: Var = Var::new("ALLOWED_ORIGINS", "");
 const DEFAULT_TIMEOUT_SECONDS: Var = Var::new("DEFAULT_TIMEOUT_SECONDS", "300");
 const MAX_TIMEOUT_SECONDS: Var = Var::new("MAX_TIMEOUT_SECONDS", "3600");
 const MAX_COMMAND_BYTES: Var = Var::new("MAX_COMMAND_BYTES", "65536");
@@ -153,8 +183,9 @@ const MAX_BODY_BYTES_PER_CLIENT: Var = Var::new("MAX_BODY_BYTES_PER_CLIENT", "")
 const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 
 /// The api's own variables with literal defaults (besides `shared`'s common ones);
-/// README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 18] = [
+/// docs/configuration.md and `.env.example` are checked against them.
+pub const VARS: [Var; 28] = [
+    HEALTH_ADDR,
     MAX_REQUEST_BYTES,
     MAX_CONNECTIONS_PER_CLIENT,
     MAX_REQUESTS_PER_CLIENT,
@@ -168,11 +199,20 @@ pub const VARS: [Var; 18] = [
     MAX_STDIN_BYTES,
     LISTEN_ADDR,
     ALLOWED_HOSTS,
+    ALLOWED_ORIGINS,
     DEFAULT_TIMEOUT_SECONDS,
     MAX_TIMEOUT_SECONDS,
     MAX_COMMAND_BYTES,
     MAX_ZIP_BYTES,
     MAX_QUEUED_TASKS,
+    oauth::OAUTH_ISSUER,
+    oauth::OAUTH_RESOURCE,
+    oauth::OAUTH_SCOPES,
+    oauth::OAUTH_MAX_QUEUED,
+    oauth::OAUTH_MAX_RUNNING,
+    oauth::OAUTH_CPU_SECONDS_PER_DAY,
+    oauth::OAUTH_JWKS_REFRESH_SECONDS,
+    oauth::OAUTH_ALGORITHMS,
 ];
 
 impl Config {
@@ -204,9 +244,12 @@ impl Config {
         Ok(Config {
             token,
             redis_url: common.redis_url,
+            redis_client_cert: common.redis_client_cert,
             keys: common.keys,
             listen_addr: LISTEN_ADDR.parse(&var, "an address and port such as 0.0.0.0:8080")?,
+            health_addr: health_addr(&var)?,
             allowed_hosts,
+            allowed_origins: allowed_origins(&var)?,
             runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
             default_timeout_seconds,
             max_timeout_seconds,
@@ -218,6 +261,7 @@ impl Config {
             retention_seconds: common.retention_seconds,
             http,
             redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
+            oauth: OAuthSettings::from_lookup(&var)?,
         })
     }
 }
@@ -227,7 +271,7 @@ impl Config {
 /// written `\r\n` inside the JSON string it is 1.41 times, and 3/2 also covers an
 /// encoder that escapes '/' as `\/`. The command (at most 64 KiB by default) is
 /// given twice its size, and 1 MiB covers `env` (32 KiB, up to 6 times that as JSON
-/// escapes), `collect` and the JSON-RPC framing. api/tests/clients.rs sends the
+/// escapes), `collect` and the JSON-RPC framing. api/tests/clients/sizes.rs sends the
 /// largest such request and checks it fits.
 pub fn needed_request_bytes(max_zip: usize, max_stdin: usize, max_command: usize) -> usize {
     (max_zip + max_stdin) / 2 * 3 + max_command * 2 + (1 << 20)
@@ -286,10 +330,33 @@ fn trusted_proxies(var: &impl Fn(&str) -> Option<String>) -> Result<TrustedProxi
     let raw = TRUSTED_PROXIES.get(var);
     let nets = parse_list(Some(&raw), "")
         .iter()
-        .map(|item| item.parse::<IpNet>())
+        .map(|item| parse_proxy(item))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| VarError::new(TRUSTED_PROXIES.name, &raw, e))?;
     Ok(TrustedProxies::new(nets))
+}
+
+/// `HEALTH_ADDR`: empty, or a loopback address and port (its answers name
+/// Redis's errors, which are not for the public).
+fn health_addr(var: &impl Fn(&str) -> Option<String>) -> Result<Option<SocketAddr>, VarError> {
+    let raw = HEALTH_ADDR.get(var);
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    match raw.parse::<SocketAddr>() {
+        Ok(addr) if addr.ip().is_loopback() => Ok(Some(addr)),
+        _ => Err(VarError::new(
+            HEALTH_ADDR.name,
+            &raw,
+            "must be empty or a loopback address and port, such as 127.0.0.1:8081",
+        )),
+    }
+}
+
+/// `ALLOWED_ORIGINS`: origins, comma-separated.
+fn allowed_origins(var: &impl Fn(&str) -> Option<String>) -> Result<AllowedOrigins, VarError> {
+    let raw = ALLOWED_ORIGINS.get(var);
+    AllowedOrigins::parse(&raw).map_err(|e| VarError::new(ALLOWED_ORIGINS.name, &raw, e))
 }
 
 /// `DEFAULT_TIMEOUT_SECONDS` and `MAX_TIMEOUT_SECONDS`. An operator who lowers
@@ -315,6 +382,33 @@ fn timeouts(var: &impl Fn(&str) -> Option<String>) -> Result<(u64, u64), ConfigE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_health_details_listener_is_loopback_only() {
+        let base = [(
+            "SCRIPT_RUNNER_TOKEN",
+            "a-token-that-is-long-enough-0123456789",
+        )];
+        let with = |v: &'static str| {
+            let vars: Vec<(&str, &str)> =
+                base.iter().copied().chain([("HEALTH_ADDR", v)]).collect();
+            Config::from_lookup(shared::envvar::lookup_of(&vars))
+        };
+        assert_eq!(with("").map(|c| c.health_addr).ok(), Some(None));
+        let on = with("127.0.0.1:8081").map(|c| c.health_addr).ok().flatten();
+        assert_eq!(on.map(|a| a.port()), Some(8081));
+        assert!(with("[::1]:8081").is_ok());
+        for refused in ["0.0.0.0:8081", "192.0.2.1:8081", "localhost:8081", "8081"] {
+            let err = with(refused)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains("HEALTH_ADDR") && err.contains("loopback"),
+                "{refused}: {err}"
+            );
+        }
+    }
 
     fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::from_lookup(shared::envvar::lookup_of(vars))
@@ -467,6 +561,26 @@ mod tests {
             bad.as_deref()
                 .is_some_and(|m| m.starts_with("TRUSTED_PROXIES=\"10.0.0.0/8,caddy\"")
                     && m.contains("\"caddy\" is not an IP address")),
+            "{bad:?}"
+        );
+    }
+
+    #[test]
+    fn no_origin_is_allowed_by_default_and_a_bad_one_is_named() {
+        let c = load(&[TOKEN]).expect("config");
+        assert!(c.allowed_origins.is_empty());
+        let c = load(&[TOKEN, ("ALLOWED_ORIGINS", "https://claude.ai")]).expect("config");
+        assert!(c.allowed_origins.allows("https://claude.ai"));
+        let bad =
+            load(&[TOKEN, ("ALLOWED_ORIGINS", "https://claude.ai/")]).map(|c| c.allowed_origins);
+        assert!(bad.is_ok(), "a lone trailing slash is forgiven");
+        let bad = load(&[TOKEN, ("ALLOWED_ORIGINS", "*")])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            bad.as_deref().is_some_and(
+                |m| m.starts_with("ALLOWED_ORIGINS=\"*\"") && m.contains("is not an origin")
+            ),
             "{bad:?}"
         );
     }

@@ -473,11 +473,11 @@ async fn read_body(
 }
 
 /// A JSON-RPC error object; `id` is the request's when it could be read.
-fn rpc_error(id: Option<Value>, code: i64, message: &str) -> Value {
+pub(crate) fn rpc_error(id: Option<Value>, code: i64, message: &str) -> Value {
     json!({ "jsonrpc": "2.0", "id": id, "error": { "code": code, "message": message } })
 }
 
-fn rpc_response(status: StatusCode, body: Value) -> Response {
+pub(crate) fn rpc_response(status: StatusCode, body: Value) -> Response {
     (
         status,
         [(

@@ -6,10 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
-use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, WORKER_GROUP, parse_heartbeat};
+use shared::apikey::{ApiKeyRecord, Limits};
+use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, parse_heartbeat};
 use shared::options::Network;
-use shared::scripts::MISSING;
+use shared::record::RecordError;
+use shared::scripts::{KillReply, ScriptCall, Submit, SubmitReply};
 use shared::task::KILLED_BY_USER_REASON;
+use shared::time::redis_time_ms;
+use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskState};
 use support::redis_pool::LeanPool;
 use support::scripts;
@@ -20,20 +24,32 @@ pub enum StoreError {
     Pool(#[from] deadpool_redis::PoolError),
     #[error("the task store (Redis) failed: {0}")]
     Redis(#[from] redis::RedisError),
-    #[error("the task store returned an unexpected value: {0}")]
-    Corrupt(String),
+    /// A stored task record does not read as its type (the error names the field).
+    #[error("task {task_id}: {source}")]
+    Record {
+        task_id: String,
+        #[source]
+        source: RecordError,
+    },
+    /// A script replied with something this version does not know.
+    #[error("the {script} script replied {reply:?}, which this version does not know")]
+    Reply { script: &'static str, reply: String },
+    /// A value could not be written or read as JSON.
+    #[error("a value could not be encoded as JSON: {0}")]
+    Json(#[from] serde_json::Error),
     #[error(transparent)]
     BuildPool(#[from] support::redis_pool::PoolError),
+    /// An API key record that does not read as one.
+    #[error("{0}")]
+    ApiKey(#[from] shared::apikey::KeyError),
 }
 
-/// `XPENDING key group`: count, first and last pending ids, and per consumer its
-/// name and count.
-type PendingSummary = (
-    u64,
-    Option<String>,
-    Option<String>,
-    Option<Vec<(String, String)>>,
-);
+impl StoreError {
+    fn record(task_id: &str) -> impl FnOnce(RecordError) -> StoreError {
+        let task_id = task_id.to_owned();
+        move |source| StoreError::Record { task_id, source }
+    }
+}
 
 /// What `/metrics` reports, read from Redis in one go.
 #[derive(Debug, Default)]
@@ -47,7 +63,15 @@ pub struct Snapshot {
     pub submitted: u64,
     /// (state, reason kind) -> tasks.
     pub finished: BTreeMap<(String, String), u64>,
+    /// The heaviest owners' usage totals (`METRICS_OWNERS` of them) and the
+    /// totals over every owner.
+    pub usage: support::usage::UsageTotals,
 }
+
+/// How many owners `/metrics` labels by name, the heaviest by CPU; the rest are
+/// one series, `owner="(other)"`. Bounds the label's cardinality however many
+/// API keys or OAuth subjects there are.
+pub const METRICS_OWNERS: usize = 100;
 
 /// A task as `run_script` hands it to the queue.
 pub struct NewTask<'a> {
@@ -67,79 +91,51 @@ pub struct NewTask<'a> {
     pub index_horizon_ms: u64,
     /// `MAX_QUEUED_TASKS`: with this many jobs in the stream, the task is refused.
     pub max_queued: u64,
+    /// The key submitting it and its quotas (`None`: the admin key).
+    pub owner: Option<(&'a str, Limits)>,
 }
 
-/// What became of a `NewTask`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Submitted {
-    Queued,
-    /// Refused, nothing stored: this many jobs were in the stream.
-    Full(u64),
-}
+/// What became of a `NewTask`: queued, or refused (nothing stored) by the
+/// service's cap or the owner's quota.
+pub type Submitted = SubmitReply;
 
 /// The fields of a task hash that `get` reads: what `get_task_status` shows.
-/// Reading these rather than the whole hash leaves the command, image, env and
-/// the worker's bookkeeping in Redis, and needs no map.
-pub const STATUS_FIELDS: [Field; 13] = [
-    Field::State,
-    Field::Runtime,
-    Field::TimeoutSeconds,
-    Field::CreatedAt,
-    Field::StartedAt,
-    Field::FinishedAt,
-    Field::LastOutputAt,
-    Field::ExitCode,
-    Field::Reason,
-    Field::StdoutTail,
-    Field::StderrTail,
-    Field::StdoutBytes,
-    Field::StderrBytes,
-];
+pub use shared::view::STATUS_FIELDS;
 
-/// A task hash as read (the `STATUS_FIELDS`), with Redis's clock at the moment
-/// of the read.
-pub struct TaskRecord {
-    values: Vec<Option<Vec<u8>>>,
+/// A task record as `get` read it (its `STATUS_FIELDS`), with Redis's clock at
+/// the moment of the read.
+#[derive(Debug, Clone)]
+pub struct StatusRead {
+    pub record: shared::TaskRecord,
     pub now_ms: i64,
 }
 
-impl TaskRecord {
-    /// The field's value; `None` if the record has none, or if `f` is not one of
-    /// the `STATUS_FIELDS` (a debug build panics then: add it there).
-    pub fn bytes(&self, f: Field) -> Option<&[u8]> {
-        let i = STATUS_FIELDS.iter().position(|s| *s == f);
-        debug_assert!(i.is_some(), "Store::get does not read {f:?}");
-        i.and_then(|i| self.values.get(i))
-            .and_then(|v| v.as_deref())
-    }
-
-    pub fn text(&self, f: Field) -> Option<String> {
-        self.bytes(f)
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-    }
-
-    pub fn int(&self, f: Field) -> Option<i64> {
-        self.bytes(f)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .and_then(|s| s.parse().ok())
+impl StatusRead {
+    /// The status at the moment of the read, tails of at most `tail_bytes`.
+    pub fn view(&self, tail_bytes: usize) -> StatusView {
+        StatusView::new(&self.record, self.now_ms, tail_bytes)
     }
 }
 
-/// A task's state, its collected files' listing (JSON) and their zip.
+/// A task's state, its collected files' listing (JSON) and their zip (read
+/// only once the task has ended).
 pub type TaskFiles = (TaskState, Option<String>, Option<Vec<u8>>);
-type FieldPair = (Option<String>, Option<String>);
 
 /// Index entries read per round trip when listing.
 const LIST_BATCH: usize = 100;
 
-/// The fields `list` reads of each record, in `ListedTask::from_fields` order.
-const LISTED_FIELDS: [&str; 6] = [
-    Field::State.as_str(),
-    Field::Runtime.as_str(),
-    Field::Command.as_str(),
-    Field::ExitCode.as_str(),
-    Field::Reason.as_str(),
-    Field::FinishedAt.as_str(),
+/// The fields `list` reads of each record.
+const LISTED_FIELDS: [Field; 10] = [
+    Field::State,
+    Field::Runtime,
+    Field::Command,
+    Field::ExitCode,
+    Field::Reason,
+    Field::ReasonKind,
+    Field::FinishedAt,
+    Field::UsageCpuMs,
+    Field::UsagePeakMemoryBytes,
+    Field::UsageWorkspaceBytes,
 ];
 
 /// Where a page of `list` ended: the last task examined.
@@ -166,46 +162,105 @@ pub struct ListedTask {
     pub command: String,
     pub exit_code: Option<i64>,
     pub reason: Option<String>,
+    pub reason_kind: Option<ReasonKind>,
     pub finished_ms: Option<i64>,
+    pub usage: Option<shared::usage::Usage>,
 }
 
 impl ListedTask {
-    /// `None` when the record is gone (expired) or has no readable state.
-    fn from_fields(task_id: String, created_ms: i64, f: Vec<Option<String>>) -> Option<ListedTask> {
-        let mut f = f.into_iter();
-        let mut next = || f.next().flatten();
-        let state = next()?.parse().ok()?;
-        Some(ListedTask {
+    fn new(task_id: String, created_ms: i64, r: shared::TaskRecord) -> ListedTask {
+        let usage = shared::usage::Usage::of(&r);
+        ListedTask {
             task_id,
             created_ms,
-            state,
-            runtime: next().unwrap_or_default(),
-            command: next().unwrap_or_default(),
-            exit_code: next().and_then(|c| c.parse().ok()),
-            reason: next(),
-            finished_ms: next().and_then(|c| c.parse().ok()),
-        })
+            state: r.state,
+            runtime: r.runtime.unwrap_or_default(),
+            command: r.command.unwrap_or_default(),
+            exit_code: r.exit_code,
+            reason: r.reason,
+            reason_kind: r.reason_kind,
+            finished_ms: r.finished_at,
+            usage,
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct Store {
     pool: LeanPool,
+    /// Connections for `wait_for_event` only: an `XREAD BLOCK` holds its
+    /// connection (a multiplexed one too: Redis answers nothing else on it
+    /// until the read returns), so waiters never take `pool`'s.
+    waits: LeanPool,
     keys: Keys,
 }
 
+/// Blocking reads in flight at once per replica (`WAIT_CONNECTIONS`
+/// connections, opened as needed). A waiter that finds none free within
+/// `WAIT_CHECKOUT` answers with the status as it is, as at its deadline.
+pub const WAIT_CONNECTIONS: usize = 128;
+const WAIT_CHECKOUT: Duration = Duration::from_millis(500);
+
+/// One `XREAD BLOCK` lasts at most this long, under the connections' 10 s
+/// response timeout; a longer wait blocks again.
+const WAIT_SLICE: Duration = Duration::from_secs(5);
+
+/// The last entry of a task's events stream when its record was read (`0-0`
+/// before the first): a waiter blocks for entries after it, so nothing
+/// appended between the read and the block is missed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventMark(String);
+
+/// `XREVRANGE <events> + - COUNT 1`: the last entry, if any (its fields unread).
+type LastEvent = Vec<(String, redis::Value)>;
+
+/// How a `wait_for_event` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Woke {
+    /// Something was appended after the mark.
+    Event,
+    /// The deadline passed first.
+    Deadline,
+    /// No wait connection was free: answer as at the deadline.
+    Busy,
+}
+
+/// A wait connection in use: unless the read it carries completed, it is
+/// closed, not returned, when dropped (the waiter was cancelled mid-read).
+struct Blocking {
+    conn: Option<support::redis_pool::LeanConnection>,
+    clean: bool,
+}
+
+impl Drop for Blocking {
+    fn drop(&mut self) {
+        if !self.clean
+            && let Some(conn) = self.conn.take()
+        {
+            conn.discard();
+        }
+    }
+}
+
 impl Store {
-    pub fn new(redis_url: &str, keys: Keys) -> Result<Store, StoreError> {
+    pub fn new(redis: impl redis::IntoConnectionInfo, keys: Keys) -> Result<Store, StoreError> {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
         // bounded time instead of hanging on the pool. Lean: most requests send
         // one command, and a checked checkout would double their round trips.
+        let redis = redis.into_connection_info()?;
         let pool = support::redis_pool::build_lean(
-            redis_url,
+            redis.clone(),
             32,
             Duration::from_secs(2),
             support::redis_pool::TRUSTED_FOR,
         )?;
-        Ok(Store { pool, keys })
+        let waits = support::redis_pool::build_lean(
+            redis,
+            WAIT_CONNECTIONS,
+            WAIT_CHECKOUT,
+            support::redis_pool::TRUSTED_FOR,
+        )?;
+        Ok(Store { pool, waits, keys })
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
@@ -223,18 +278,10 @@ impl Store {
                 .smembers(self.keys.workers())
                 .query_async(&mut conn)
                 .await?;
-        // XPENDING summary: [count, first id, last id, consumers]. Before any
-        // worker made the group it does not exist: nothing is pending then.
-        let pending: Result<PendingSummary, _> = redis::cmd("XPENDING")
-            .arg(self.keys.jobs())
-            .arg(WORKER_GROUP)
-            .query_async(&mut conn)
-            .await;
-        let jobs_pending = match pending {
-            Ok((n, ..)) => n,
-            Err(e) if e.code() == Some("NOGROUP") => 0,
-            Err(e) => return Err(e.into()),
-        };
+        let jobs_pending = support::jobs::pending_summary(&mut conn, &self.keys)
+            .await?
+            .count;
+        let usage = support::usage::top_owners(&mut conn, &self.keys, METRICS_OWNERS).await?;
         let mut workers = BTreeMap::new();
         if !names.is_empty() {
             let beats: Vec<Option<String>> = conn
@@ -266,6 +313,7 @@ impl Store {
             workers,
             submitted: stats.get(STAT_SUBMITTED).copied().unwrap_or(0),
             finished,
+            usage,
         })
     }
 
@@ -273,53 +321,66 @@ impl Store {
     /// Stores the task and queues its job, unless `t.max_queued` jobs are in the
     /// stream already (one script: the check and the submit are one step).
     pub async fn submit(&self, t: &NewTask<'_>) -> Result<Submitted, StoreError> {
+        // The api hands env and collect over as the JSON it checked; the record
+        // holds them typed.
+        let env = t
+            .env_json
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()?;
+        let collect = t
+            .collect_json
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()?;
+        let record = shared::TaskRecord {
+            runtime: Some(t.runtime.to_owned()),
+            image: Some(t.image.to_owned()),
+            command: Some(t.command.to_owned()),
+            timeout_seconds: Some(t.timeout_seconds),
+            has_zip: Some(t.zip.is_some()),
+            has_stdin: Some(t.stdin.is_some()),
+            env,
+            network: Some(t.network),
+            collect,
+            stdout_bytes: Some(0),
+            stderr_bytes: Some(0),
+            owner: t.owner.map(|(o, _)| o.to_owned()),
+            ..shared::TaskRecord::new(TaskState::Queued)
+        };
+        let submit = Submit {
+            task_id: t.id,
+            zip: t.zip,
+            stdin: t.stdin,
+            index_horizon_ms: t.index_horizon_ms,
+            max_queued: t.max_queued,
+            owner: t.owner,
+        };
+        let call = ScriptCall::submit(&self.keys, &submit, &record);
         let mut conn = self.pool.get().await?;
-        let fields: Vec<(&str, String)> = vec![
-            (Field::State.as_str(), TaskState::Queued.as_str().to_owned()),
-            (Field::Runtime.as_str(), t.runtime.to_owned()),
-            (Field::Image.as_str(), t.image.to_owned()),
-            (Field::Command.as_str(), t.command.to_owned()),
-            (
-                Field::TimeoutSeconds.as_str(),
-                t.timeout_seconds.to_string(),
-            ),
-            (
-                Field::HasZip.as_str(),
-                u8::from(t.zip.is_some()).to_string(),
-            ),
-            (
-                Field::HasStdin.as_str(),
-                u8::from(t.stdin.is_some()).to_string(),
-            ),
-            (Field::Network.as_str(), t.network.as_str().to_owned()),
-            (Field::StdoutBytes.as_str(), "0".into()),
-            (Field::StderrBytes.as_str(), "0".into()),
-        ];
-        let mut fields = fields;
-        if let Some(env) = &t.env_json {
-            fields.push((Field::Env.as_str(), env.clone()));
-        }
-        if let Some(collect) = &t.collect_json {
-            fields.push((Field::Collect.as_str(), collect.clone()));
-        }
-        let mut call = scripts::SUBMIT.key(self.keys.task(t.id));
-        call.key(self.keys.task_zip(t.id))
-            .key(self.keys.task_stdin(t.id))
-            .key(self.keys.stats())
-            .key(self.keys.jobs())
-            .key(self.keys.task_index())
-            .arg(t.id)
-            .arg(t.zip.unwrap_or_default())
-            .arg(t.stdin.unwrap_or_default())
-            .arg(t.index_horizon_ms)
-            .arg(t.max_queued);
-        for (field, value) in &fields {
-            call.arg(*field).arg(value);
-        }
-        // The stream entry's id, or the backlog that refused the task.
-        match call.invoke_async(&mut conn).await? {
-            redis::Value::Int(backlog) => Ok(Submitted::Full(backlog.max(0) as u64)),
-            _entry => Ok(Submitted::Queued),
+        // The stream entry's id, the backlog that refused the task, or the
+        // owner's quota that did.
+        let reply: redis::Value = scripts::invoke(&mut conn, &call).await?;
+        scripts::read_submit(reply).map_err(|reply| StoreError::Reply {
+            script: call.script.name(),
+            reply,
+        })
+    }
+
+    /// The record of the API key presented (hashed before it reaches Redis),
+    /// `None` if there is no such key; touches its `last_used_at` at most once
+    /// a minute.
+    pub async fn api_key(&self, presented: &[u8]) -> Result<Option<ApiKeyRecord>, StoreError> {
+        use support::apikeys::ApiKeyError as E;
+        let mut conn = self.pool.get().await?;
+        match support::apikeys::lookup(&mut conn, &self.keys, presented).await {
+            Ok(r) => Ok(r),
+            Err(E::Redis(e)) => Err(StoreError::Redis(e)),
+            Err(E::Key(e)) => Err(StoreError::ApiKey(e)),
+            Err(e) => Err(StoreError::Reply {
+                script: "key lookup",
+                reply: e.to_string(),
+            }),
         }
     }
 
@@ -328,15 +389,20 @@ impl Store {
     /// Examines at most `max_examined` index entries, so a rare filter costs a
     /// bounded amount per call: the page may then be short, with a cursor to go on.
     /// Index entries whose record expired are dropped on the way.
+    /// `owner`: only that owner's tasks (its own index); `None`: everyone's.
     pub async fn list(
         &self,
+        owner: Option<&str>,
         cursor: Option<&ListCursor>,
         limit: usize,
         max_examined: usize,
         keep: impl Fn(&ListedTask) -> bool,
     ) -> Result<(Vec<ListedTask>, Option<ListCursor>), StoreError> {
         let mut conn = self.pool.get().await?;
-        let index = self.keys.task_index();
+        let index = match owner {
+            Some(o) => self.keys.owner_tasks(o),
+            None => self.keys.task_index(),
+        };
         let mut page = Vec::new();
         let mut last = cursor.cloned();
         let mut examined = 0;
@@ -364,21 +430,30 @@ impl Store {
             }
             let mut pipe = redis::pipe();
             for (id, _) in &fresh {
-                pipe.cmd("HMGET")
-                    .arg(self.keys.task(id))
-                    .arg(&LISTED_FIELDS);
+                pipe.cmd("HMGET").arg(self.keys.task(id));
+                for f in LISTED_FIELDS {
+                    pipe.arg(f.as_str());
+                }
             }
-            let records: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await?;
+            let records: Vec<Vec<Option<Vec<u8>>>> = pipe.query_async(&mut conn).await?;
             for ((id, ms), fields) in fresh.into_iter().zip(records) {
                 examined += 1;
                 last = Some(ListCursor {
                     created_ms: ms,
                     task_id: id.clone(),
                 });
-                let Some(task) = ListedTask::from_fields(id.clone(), ms, fields) else {
-                    // The record expired: its index entry goes too.
-                    let _: i64 = conn.zrem(&index, &id).await?;
-                    continue;
+                let task = match shared::TaskRecord::from_values(&LISTED_FIELDS, fields) {
+                    Ok(Some(r)) => ListedTask::new(id.clone(), ms, r),
+                    Ok(None) => {
+                        // The record expired: its index entry goes too.
+                        let _: i64 = conn.zrem(&index, &id).await?;
+                        continue;
+                    }
+                    // One bad record must not hide every page after it.
+                    Err(e) => {
+                        tracing::warn!(task_id = %id, error = %e, "list_tasks skipped a malformed record");
+                        continue;
+                    }
                 };
                 if keep(&task) {
                     page.push(task);
@@ -394,72 +469,170 @@ impl Store {
         Ok((page, last))
     }
 
-    /// A task's state, its collected files' listing (JSON) and zip; `None` if
-    /// there is no such task.
-    pub async fn files(&self, id: &str) -> Result<Option<TaskFiles>, StoreError> {
+    /// A task's state, its collected files' listing (JSON) and, once it has
+    /// ended, their zip; `None` if there is no such task or `sees` refuses its
+    /// owner. The owner is read first and the zip only for a caller who sees
+    /// the task, so another owner's task costs what an unknown id does.
+    pub async fn files(
+        &self,
+        id: &str,
+        sees: impl FnOnce(Option<&str>) -> bool,
+    ) -> Result<Option<TaskFiles>, StoreError> {
         let mut conn = self.pool.get().await?;
-        let ((state, listing), zip): (FieldPair, Option<Vec<u8>>) = redis::pipe()
-            .cmd("HMGET")
+        const FIELDS: [Field; 3] = [Field::State, Field::Files, Field::Owner];
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
             .arg(self.keys.task(id))
-            .arg(Field::State.as_str())
-            .arg(Field::Files.as_str())
-            .get(self.keys.task_files(id))
+            .arg(&FIELDS.map(Field::as_str))
             .query_async(&mut conn)
             .await?;
-        let Some(state) = state else {
+        let record =
+            shared::TaskRecord::from_values(&FIELDS, values).map_err(StoreError::record(id))?;
+        let Some(r) = record.filter(|r| sees(r.owner.as_deref())) else {
             return Ok(None);
         };
-        let state = state
-            .parse()
-            .map_err(|e: shared::task::UnknownState| StoreError::Corrupt(e.to_string()))?;
-        Ok(Some((state, listing, zip)))
+        let zip = if r.state.is_terminal() {
+            conn.get(self.keys.task_files(id)).await?
+        } else {
+            None
+        };
+        Ok(Some((r.state, r.files, zip)))
     }
 
     /// The task hash's `STATUS_FIELDS`, or `None` if there is no such task (or
     /// it expired).
-    pub async fn get(&self, id: &str) -> Result<Option<TaskRecord>, StoreError> {
+    pub async fn get(&self, id: &str) -> Result<Option<StatusRead>, StoreError> {
         let mut conn = self.pool.get().await?;
         let mut pipe = redis::pipe();
-        pipe.cmd("HMGET").arg(self.keys.task(id));
-        for f in STATUS_FIELDS {
-            pipe.arg(f.as_str());
-        }
-        let (values, (secs, micros)): (Vec<Option<Vec<u8>>>, (i64, i64)) =
-            pipe.cmd("TIME").query_async(&mut conn).await?;
-        // Every record has a state from its first write on.
-        if values.first().is_none_or(Option::is_none) {
-            return Ok(None);
-        }
-        Ok(Some(TaskRecord {
-            values,
-            now_ms: secs * 1000 + micros / 1000,
-        }))
+        self.read_status(&mut pipe, id);
+        let (values, time) = pipe.query_async(&mut conn).await?;
+        status_read(id, values, time)
     }
 
-    /// Kills a queued or running task. `None` if there is no such task; otherwise
-    /// its state after the call and whether this call killed it.
+    /// `get`, and the mark to wait from (`wait_for_event`): the events
+    /// stream's last id is read first, in the same round trip, so an event
+    /// after it is always one the record read does not show yet.
+    pub async fn get_marked(
+        &self,
+        id: &str,
+    ) -> Result<Option<(StatusRead, EventMark)>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("XREVRANGE")
+            .arg(self.keys.task_events(id))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1);
+        self.read_status(&mut pipe, id);
+        let (last, values, time): (LastEvent, _, _) = pipe.query_async(&mut conn).await?;
+        let mark = EventMark(
+            last.into_iter()
+                .next()
+                .map_or_else(|| "0-0".to_owned(), |(id, _)| id),
+        );
+        Ok(status_read(id, values, time)?.map(|read| (read, mark)))
+    }
+
+    /// Appends what `get` reads to `pipe`: the record's `STATUS_FIELDS`, then
+    /// Redis's clock (`status_read` takes the two replies).
+    fn read_status(&self, pipe: &mut redis::Pipeline, id: &str) {
+        pipe.cmd("HMGET")
+            .arg(self.keys.task(id))
+            .arg(&STATUS_FIELDS.map(Field::as_str))
+            .cmd("TIME");
+    }
+
+    /// Blocks until task `id`'s events stream has an entry after `mark`, or
+    /// `until` passes. A blocking read on a connection of its own
+    /// (`XREAD BLOCK`), so every waiter on a task wakes on the same append and
+    /// nothing polls. Cancel it by dropping the future: its connection is then
+    /// closed, not reused.
+    pub async fn wait_for_event(
+        &self,
+        id: &str,
+        mark: &EventMark,
+        until: tokio::time::Instant,
+    ) -> Result<Woke, StoreError> {
+        let conn = match self.waits.get().await {
+            Ok(conn) => conn,
+            Err(deadpool_redis::PoolError::Timeout(_)) => return Ok(Woke::Busy),
+            Err(e) => return Err(e.into()),
+        };
+        let mut held = Blocking {
+            conn: Some(conn),
+            clean: true,
+        };
+        let key = self.keys.task_events(id);
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Ok(Woke::Deadline);
+            }
+            // BLOCK 0 would mean for ever.
+            let block_ms = left.min(WAIT_SLICE).as_millis().max(1) as u64;
+            let Some(conn) = held.conn.as_mut() else {
+                return Ok(Woke::Deadline);
+            };
+            held.clean = false;
+            let reply: redis::Value = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(block_ms)
+                .arg("STREAMS")
+                .arg(&key)
+                .arg(&mark.0)
+                .query_async(conn)
+                .await?;
+            held.clean = true;
+            if !matches!(reply, redis::Value::Nil) {
+                return Ok(Woke::Event);
+            }
+        }
+    }
+
+    /// Kills a queued or running task. `None` if there is no such task, or
+    /// (`owner` given) it is another owner's; otherwise its state after the
+    /// call and whether this call killed it. The owner is checked in the same
+    /// script, so another owner's task is never touched.
     pub async fn kill(
         &self,
         id: &str,
         retention_seconds: u64,
+        owner: Option<&str>,
     ) -> Result<Option<(TaskState, bool)>, StoreError> {
         let mut conn = self.pool.get().await?;
-        let (state, killed): (String, i64) = scripts::KILL
-            .key(self.keys.task(id))
-            .key(self.keys.task_zip(id))
-            .key(self.keys.stats())
-            .key(self.keys.task_stdin(id))
-            .arg(KILLED_BY_USER_REASON)
-            .arg(ReasonKind::KilledByUser.as_str())
-            .arg(retention_seconds)
-            .invoke_async(&mut conn)
-            .await?;
-        if state == MISSING {
-            return Ok(None);
+        let call = ScriptCall::kill(
+            &self.keys,
+            id,
+            KILLED_BY_USER_REASON,
+            ReasonKind::KilledByUser,
+            retention_seconds,
+            owner,
+        );
+        let reply: (String, i64) = scripts::invoke(&mut conn, &call).await?;
+        match KillReply::parse(reply) {
+            Ok(KillReply::Missing) => Ok(None),
+            Ok(KillReply::State(state, killed)) => Ok(Some((state, killed))),
+            Err(e) => Err(StoreError::Reply {
+                script: call.script.name(),
+                reply: e.name,
+            }),
         }
-        let state = state
-            .parse()
-            .map_err(|e: shared::task::UnknownState| StoreError::Corrupt(e.to_string()))?;
-        Ok(Some((state, killed == 1)))
     }
+}
+
+/// The replies of `Store::read_status` as a task's status, `None` when there
+/// is no such task.
+fn status_read(
+    id: &str,
+    values: Vec<Option<Vec<u8>>>,
+    time: (i64, i64),
+) -> Result<Option<StatusRead>, StoreError> {
+    let record =
+        shared::TaskRecord::from_values(&STATUS_FIELDS, values).map_err(StoreError::record(id))?;
+    Ok(record.map(|record| StatusRead {
+        record,
+        now_ms: redis_time_ms(time),
+    }))
 }

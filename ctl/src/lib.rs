@@ -1,20 +1,30 @@
 //! `script-runner-ctl`: a live view of a script-runner deployment for operators,
-//! read from Redis only (any user allowed the read commands below is enough).
+//! read from Redis only (any user allowed the read commands below is enough),
+//! the management of API keys (`keys`, which writes: `FCALL` too), and, for
+//! Redis's admin user, loading this build's Lua functions (`redis`).
 //!
 //! - `status`: workers, queue, running tasks, tasks finished in the last hour;
 //! - `top`: the same, refreshing in the terminal, the stuck-looking tasks first;
-//! - `task ID`: one task's record and output tails, `--follow` to watch them grow.
+//! - `task ID`: one task's record and output tails, `--follow` to watch them grow;
+//! - `keys create|list|revoke|rotate`: API keys (`keys`).
+//! - `usage`: what each owner's tasks used in all, the heaviest first.
+//! - `redis load-functions|functions|prune-functions`: the Lua functions
+//!   library, one per build (`functions`).
 //!
 //! Every read is bounded, so it is safe against a busy production Redis: no
 //! `KEYS`; the worker registry is read with `SSCAN ... COUNT` up to a cap, the
 //! running tasks come from the jobs stream's pending entries (`XPENDING` with a
 //! count), and "the last hour" from sixty per-minute counter hashes that the
 //! FINISH and KILL scripts keep (`Keys::stats_minute`). Commands used: `TIME`,
-//! `SSCAN`, `MGET`, `PTTL`, `XLEN`, `XPENDING`, `XRANGE`, `HMGET`, `HGETALL`.
+//! `SSCAN`, `MGET`, `PTTL`, `XLEN`, `XPENDING`, `XRANGE`, `HMGET`, `HGETALL`, `ZREVRANGE`,
+//! `ZCARD`.
 
+pub mod functions;
+pub mod keys;
 pub mod read;
 pub mod render;
 pub mod top;
+pub mod usage;
 
 use shared::Keys;
 use shared::envvar::{Common, VarError, non_blank};
@@ -24,6 +34,8 @@ use shared::envvar::{Common, VarError, non_blank};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub redis_url: String,
+    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`, for a Redis that requires mutual TLS.
+    pub redis_client_cert: Option<shared::envvar::ClientCertFiles>,
     pub keys: Keys,
 }
 
@@ -36,8 +48,21 @@ impl Config {
         let common = Common::from_lookup(non_blank(get))?;
         Ok(Config {
             redis_url: common.redis_url,
+            redis_client_cert: common.redis_client_cert,
             keys: common.keys,
         })
+    }
+
+    /// A pool of at most `size` connections to this Redis, with the client
+    /// certificate if one is set.
+    pub async fn pool(&self, size: usize) -> Result<deadpool_redis::Pool, CtlError> {
+        let redis =
+            support::redis_pool::target(&self.redis_url, self.redis_client_cert.as_ref()).await?;
+        Ok(support::redis_pool::build(
+            redis,
+            size,
+            std::time::Duration::from_secs(3),
+        )?)
     }
 }
 
@@ -53,6 +78,18 @@ pub enum CtlError {
     Redis(#[from] redis::RedisError),
     #[error("no task {0} (never submitted under this REDIS_KEY_PREFIX, or its record expired)")]
     NoSuchTask(String),
+    #[error("task {task_id}: {source}")]
+    Record {
+        task_id: String,
+        #[source]
+        source: shared::RecordError,
+    },
+    #[error(transparent)]
+    ApiKey(#[from] support::apikeys::ApiKeyError),
+    #[error(transparent)]
+    Functions(#[from] support::scripts::FunctionsError),
+    #[error(transparent)]
+    Key(#[from] shared::apikey::KeyError),
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
     #[error("JSON: {0}")]

@@ -4,8 +4,11 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use script_runner_ctl::functions::FunctionsAdmin;
+use script_runner_ctl::keys::{IssuedKey, KeyAdmin, render_list};
 use script_runner_ctl::read::{Reader, TaskView};
-use script_runner_ctl::{Config, render, top};
+use script_runner_ctl::{Config, render, top, usage};
+use shared::apikey::{Limits, Scopes};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 
 /// A live view of a script-runner deployment, read from Redis only.
@@ -46,6 +49,64 @@ enum Command {
         #[arg(long, default_value_t = 0.5)]
         interval: f64,
     },
+    /// API keys: create, list, revoke, rotate.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// What each owner's tasks (API key, or OAuth subject) used in all: tasks,
+    /// CPU seconds, highest peak memory, /workspace bytes; the heaviest first.
+    Usage {
+        /// How many owners to list (at most 1000); the rest are summed as "(others)".
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// This build's Lua functions in Redis (as Redis's admin user).
+    #[command(subcommand)]
+    Redis(RedisCommand),
+}
+
+#[derive(Subcommand)]
+enum RedisCommand {
+    /// Load this build's Lua functions library unless Redis has it; print its name.
+    /// Run it before starting an api or worker of a new version.
+    LoadFunctions,
+    /// Our libraries in Redis, one per version loaded; this build's is marked.
+    Functions,
+    /// Delete every library of ours but this build's and those named with --keep:
+    /// run it once no api or worker of an older version runs.
+    PruneFunctions {
+        /// A library to keep (an older version still running), e.g. sr_1a2b3c4d.
+        #[arg(long)]
+        keep: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key and print it, once (Redis keeps only its SHA-256).
+    Create {
+        /// Its name: the owner of its tasks; [a-z0-9][a-z0-9._-]{0,62}.
+        #[arg(long)]
+        name: String,
+        /// What it may do: run, read, kill, comma-separated.
+        #[arg(long, default_value = "run,read,kill")]
+        scopes: String,
+        /// At most this many of its tasks waiting in the queue.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        max_queued: Option<u64>,
+        /// At most this many of its tasks queued or running at once (more are refused).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        max_running: Option<u64>,
+        /// At most this many CPU seconds used by its tasks in any 24 hours.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        cpu_seconds_per_day: Option<u64>,
+    },
+    /// Every key: name, scopes, limits, created, last used (never the key).
+    List,
+    /// Delete a key: refused by every api replica from its next request on.
+    Revoke { name: String },
+    /// A new key for the same name, scopes, limits and tasks; the old key is
+    /// refused at once.
+    Rotate { name: String },
 }
 
 fn seconds(s: f64) -> Duration {
@@ -66,8 +127,15 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let config = Config::from_env()?;
-    let reader = Reader::new(&config)?;
+    if let Command::Keys(cmd) = cli.command {
+        return keys(&config, cmd, cli.json).await;
+    }
+    if let Command::Redis(cmd) = cli.command {
+        return redis_functions(&config, cmd, cli.json).await;
+    }
+    let reader = Reader::new(&config).await?;
     match cli.command {
+        Command::Keys(_) | Command::Redis(_) => {}
         Command::Status => {
             let s = reader.status().await?;
             if cli.json {
@@ -101,6 +169,120 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     print!("{}", render::task(&t));
                 }
             }
+        }
+        Command::Usage { limit } => {
+            let r = reader.usage(limit).await?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", usage::render(&r));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn redis_functions(config: &Config, cmd: RedisCommand, json: bool) -> anyhow::Result<()> {
+    let admin = FunctionsAdmin::new(config).await?;
+    let name = &support::scripts::library().name;
+    match cmd {
+        RedisCommand::LoadFunctions => {
+            let loaded = admin.load().await?;
+            if json {
+                let loaded_now = loaded == support::scripts::Loaded::Now;
+                let out = serde_json::json!({"library": name, "loaded_now": loaded_now});
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                match loaded {
+                    support::scripts::Loaded::Now => eprintln!("loaded library {name}"),
+                    support::scripts::Loaded::Already => {
+                        eprintln!("library {name} was loaded already")
+                    }
+                }
+                println!("{name}");
+            }
+        }
+        RedisCommand::Functions => {
+            let list = admin.list().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                for l in &list {
+                    let mark = if l.this_build { "  (this build)" } else { "" };
+                    println!("{}{mark}", l.name);
+                }
+                if !list.iter().any(|l| l.this_build) {
+                    eprintln!("this build's library {name} is not loaded");
+                }
+            }
+        }
+        RedisCommand::PruneFunctions { keep } => {
+            let deleted = admin.prune(&keep).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&deleted)?);
+            } else {
+                for d in &deleted {
+                    println!("deleted {d}");
+                }
+                eprintln!("{} deleted; kept {name} (this build)", deleted.len());
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<()> {
+    let admin = KeyAdmin::new(config).await?;
+    let issued = |name: &str, key: &str, scopes: Scopes, what: &str| -> anyhow::Result<()> {
+        if json {
+            let out = IssuedKey {
+                name,
+                key,
+                scopes: scopes.iter().map(|s| s.as_str()).collect(),
+            };
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            eprintln!("{what} key {name:?} (scopes {scopes}); it is shown only this once:");
+            println!("{key}");
+        }
+        Ok(())
+    };
+    match cmd {
+        KeysCommand::Create {
+            name,
+            scopes,
+            max_queued,
+            max_running,
+            cpu_seconds_per_day,
+        } => {
+            let scopes = Scopes::parse(&scopes)?;
+            let limits = Limits {
+                max_queued,
+                max_running,
+                cpu_seconds_per_day,
+            };
+            let key = admin.create(&name, scopes, limits).await?;
+            issued(&name, key.expose(), scopes, "created")?;
+        }
+        KeysCommand::List => {
+            let list = admin.list().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                print!("{}", render_list(&list));
+            }
+        }
+        KeysCommand::Revoke { name } => {
+            admin.revoke(&name).await?;
+            if json {
+                println!("{}", serde_json::json!({ "name": name, "revoked": true }));
+            } else {
+                println!("revoked key {name:?}");
+            }
+        }
+        KeysCommand::Rotate { name } => {
+            let (key, scopes) = admin.rotate(&name).await?;
+            issued(&name, key.expose(), scopes, "rotated")?;
         }
     }
     Ok(())

@@ -1,16 +1,16 @@
 //! Everything the ctl reads from Redis, as plain data (serialisable for `--json`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
 
 use deadpool_redis::Pool;
 use redis::AsyncCommands;
 use redis::streams::StreamRangeReply;
 use serde::Serialize;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
-use shared::tail::render_tail;
-use shared::time::{rfc3339_ms, task_clock};
-use shared::{Field, Keys, TaskState};
+use shared::time::{redis_time_ms, rfc3339_ms, task_clock};
+use shared::usage::UsageView;
+use shared::view::StatusView;
+use shared::{Field, Keys, ReasonKind, TaskRecord, TaskState};
 
 use crate::{Config, CtlError};
 
@@ -69,7 +69,7 @@ pub struct QueueView {
 pub struct RunningTask {
     pub task_id: String,
     /// `running`, or `queued` for a job a worker has just read and not yet claimed.
-    pub state: String,
+    pub state: TaskState,
     pub worker: Option<String>,
     pub runtime: Option<String>,
     /// Seconds since its container started; null before that.
@@ -83,8 +83,8 @@ pub struct RunningTask {
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct FinishedCount {
-    pub state: String,
-    pub reason_kind: String,
+    pub state: TaskState,
+    pub reason_kind: ReasonKind,
     pub count: u64,
 }
 
@@ -92,9 +92,9 @@ pub struct FinishedCount {
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskView {
     pub task_id: String,
-    pub state: String,
+    pub state: TaskState,
     pub reason: Option<String>,
-    pub reason_kind: Option<String>,
+    pub reason_kind: Option<ReasonKind>,
     pub exit_code: Option<i64>,
     pub runtime: Option<String>,
     pub image: Option<String>,
@@ -113,6 +113,8 @@ pub struct TaskView {
     pub stderr_tail: String,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// What it used, once it ended (as `get_task_status` shows it).
+    pub usage: Option<UsageView>,
     /// Seconds until the record expires; null while it has no TTL (queued, running).
     pub expires_in_seconds: Option<i64>,
     /// The raw stored tails, for `--follow` (not in the JSON).
@@ -124,20 +126,9 @@ pub struct TaskView {
 
 impl TaskView {
     pub fn is_terminal(&self) -> bool {
-        self.state
-            .parse::<TaskState>()
-            .map(TaskState::is_terminal)
-            .unwrap_or(true)
+        self.state.is_terminal()
     }
 }
-
-/// `XPENDING key group`: count, first and last ids, and (consumer, count) pairs.
-type PendingSummary = (
-    u64,
-    Option<String>,
-    Option<String>,
-    Option<Vec<(String, String)>>,
-);
 
 /// Fields read for each running task, in this order.
 const RUNNING_FIELDS: [Field; 8] = [
@@ -153,45 +144,29 @@ const RUNNING_FIELDS: [Field; 8] = [
 
 #[derive(Clone)]
 pub struct Reader {
-    pool: Pool,
-    keys: Keys,
+    pub(crate) pool: Pool,
+    pub(crate) keys: Keys,
 }
 
 impl Reader {
-    pub fn new(config: &Config) -> Result<Reader, CtlError> {
+    pub async fn new(config: &Config) -> Result<Reader, CtlError> {
         Ok(Reader {
-            pool: support::redis_pool::build(&config.redis_url, 2, Duration::from_secs(3))?,
+            pool: config.pool(2).await?,
             keys: config.keys.clone(),
         })
     }
 
     async fn now_ms(conn: &mut deadpool_redis::Connection) -> Result<i64, CtlError> {
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
-        Ok(secs * 1000 + micros / 1000)
+        let time: (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+        Ok(redis_time_ms(time))
     }
 
     pub async fn status(&self) -> Result<Status, CtlError> {
         let mut conn = self.pool.get().await?;
         let now_ms = Reader::now_ms(&mut conn).await?;
         let in_stream: u64 = conn.xlen(self.keys.jobs()).await?;
-        // Before any worker made the group, nothing is pending.
-        let summary: Result<PendingSummary, _> = redis::cmd("XPENDING")
-            .arg(self.keys.jobs())
-            .arg(WORKER_GROUP)
-            .query_async(&mut conn)
-            .await;
-        let (held, per_worker) = match summary {
-            Ok((n, _, _, consumers)) => {
-                let per: HashMap<String, u64> = consumers
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(c, n)| (c, n.parse().unwrap_or(0)))
-                    .collect();
-                (n, per)
-            }
-            Err(e) if e.code() == Some("NOGROUP") => (0, HashMap::new()),
-            Err(e) => return Err(e.into()),
-        };
+        let pending = support::jobs::pending_summary(&mut conn, &self.keys).await?;
+        let (held, per_worker) = (pending.count, pending.per_consumer);
         let workers = self.workers(&mut conn, &per_worker).await?;
         let (running, running_truncated) = if held > 0 {
             self.running(&mut conn, now_ms).await?
@@ -303,20 +278,26 @@ impl Reader {
                 ids.push((task_id, consumer.clone()));
             }
         }
+        // Jobs acknowledged (and deleted) since XPENDING listed them leave
+        // nothing to read, and an empty pipeline is an error.
+        if ids.is_empty() {
+            return Ok((Vec::new(), truncated));
+        }
         let mut pipe = redis::pipe();
         for (task_id, _) in &ids {
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(self.keys.task(task_id));
-            for f in RUNNING_FIELDS {
-                cmd.arg(f.as_str());
-            }
-            pipe.add_command(cmd);
+            pipe.cmd("HMGET")
+                .arg(self.keys.task(task_id))
+                .arg(&RUNNING_FIELDS.map(Field::as_str));
         }
-        let records: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
+        let records: Vec<Vec<Option<Vec<u8>>>> = pipe.query_async(conn).await?;
         let mut running: Vec<RunningTask> = ids
             .into_iter()
             .zip(records)
-            .filter_map(|((task_id, consumer), r)| running_task(task_id, consumer, &r, now_ms))
+            .filter_map(|((task_id, consumer), values)| {
+                // Gone, or not readable: nothing to show in a live view.
+                let r = TaskRecord::from_values(&RUNNING_FIELDS, values).ok()??;
+                running_task(task_id, consumer, &r, now_ms)
+            })
             .collect();
         sort_stuck_first(&mut running);
         Ok((running, truncated))
@@ -340,20 +321,22 @@ impl Reader {
     pub async fn task(&self, task_id: &str, tail_bytes: usize) -> Result<TaskView, CtlError> {
         let mut conn = self.pool.get().await?;
         let key = self.keys.task(task_id);
-        let (fields, (secs, micros), ttl): (HashMap<String, Vec<u8>>, (i64, i64), i64) =
-            redis::pipe()
-                .hgetall(&key)
-                .cmd("TIME")
-                .ttl(&key)
-                .query_async(&mut conn)
-                .await?;
-        if fields.is_empty() {
-            return Err(CtlError::NoSuchTask(task_id.to_owned()));
-        }
+        let (fields, time, ttl): (HashMap<String, Vec<u8>>, (i64, i64), i64) = redis::pipe()
+            .hgetall(&key)
+            .cmd("TIME")
+            .ttl(&key)
+            .query_async(&mut conn)
+            .await?;
+        let record = TaskRecord::from_hash(fields)
+            .map_err(|source| CtlError::Record {
+                task_id: task_id.to_owned(),
+                source,
+            })?
+            .ok_or_else(|| CtlError::NoSuchTask(task_id.to_owned()))?;
         Ok(task_view(
             task_id,
-            &fields,
-            secs * 1000 + micros / 1000,
+            &record,
+            redis_time_ms(time),
             ttl,
             tail_bytes,
         ))
@@ -379,42 +362,29 @@ pub fn worker_view(name: String, beat: Option<&str>, pttl_ms: i64, jobs_held: u6
     }
 }
 
-/// A running task from its `RUNNING_FIELDS`; `None` if its record is gone or
-/// it has already ended (its job not yet acknowledged).
+/// A running task from its `RUNNING_FIELDS`; `None` if it has already ended
+/// (its job not yet acknowledged).
 fn running_task(
     task_id: String,
     consumer: String,
-    r: &[Option<String>],
+    r: &TaskRecord,
     now_ms: i64,
 ) -> Option<RunningTask> {
-    let get = |f: Field| {
-        RUNNING_FIELDS
-            .iter()
-            .position(|x| *x == f)
-            .and_then(|i| r.get(i))
-            .and_then(Option::as_deref)
-    };
-    let int = |f: Field| get(f).and_then(|v| v.parse::<i64>().ok());
-    let state = get(Field::State)?;
-    if state.parse::<TaskState>().ok()?.is_terminal() {
+    if r.state.is_terminal() {
         return None;
     }
-    let (runtime_seconds, seconds_since_last_output) = task_clock(
-        int(Field::StartedAt),
-        int(Field::LastOutputAt),
-        None,
-        now_ms,
-    );
+    let (runtime_seconds, seconds_since_last_output) =
+        task_clock(r.started_at, r.last_output_at, None, now_ms);
     Some(RunningTask {
         task_id,
-        state: state.to_owned(),
-        worker: get(Field::Worker).map(str::to_owned).or(Some(consumer)),
-        runtime: get(Field::Runtime).map(str::to_owned),
+        state: r.state,
+        worker: r.worker.clone().or(Some(consumer)),
+        runtime: r.runtime.clone(),
         runtime_seconds,
         seconds_since_last_output,
-        timeout_seconds: int(Field::TimeoutSeconds).map(|t| t.max(0) as u64),
-        stdout_bytes: int(Field::StdoutBytes).unwrap_or(0).max(0) as u64,
-        stderr_bytes: int(Field::StderrBytes).unwrap_or(0).max(0) as u64,
+        timeout_seconds: r.timeout_seconds,
+        stdout_bytes: r.stdout_bytes.unwrap_or(0),
+        stderr_bytes: r.stderr_bytes.unwrap_or(0),
     })
 }
 
@@ -428,18 +398,27 @@ pub fn sort_stuck_first(tasks: &mut [RunningTask]) {
     });
 }
 
-/// Per-minute counter hashes (fields `<state>:<reason_kind>`) summed.
+/// Per-minute counter hashes (fields `<state>:<reason_kind>`) summed, in the
+/// order of their names. Fields that do not name a known state and kind are
+/// skipped.
 pub fn sum_minutes(hashes: &[HashMap<String, u64>]) -> Vec<FinishedCount> {
-    let mut sums: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut sums: BTreeMap<(&str, &str), (TaskState, ReasonKind, u64)> = BTreeMap::new();
     for h in hashes {
         for (field, n) in h {
-            if let Some((state, kind)) = field.split_once(':') {
-                *sums.entry((state.to_owned(), kind.to_owned())).or_default() += n;
-            }
+            let Some((state, kind)) = field.split_once(':') else {
+                continue;
+            };
+            let (Ok(state), Ok(kind)) = (state.parse::<TaskState>(), kind.parse::<ReasonKind>())
+            else {
+                continue;
+            };
+            sums.entry((state.as_str(), kind.as_str()))
+                .or_insert((state, kind, 0))
+                .2 += n;
         }
     }
-    sums.into_iter()
-        .map(|((state, reason_kind), count)| FinishedCount {
+    sums.into_values()
+        .map(|(state, reason_kind, count)| FinishedCount {
             state,
             reason_kind,
             count,
@@ -447,53 +426,43 @@ pub fn sum_minutes(hashes: &[HashMap<String, u64>]) -> Vec<FinishedCount> {
         .collect()
 }
 
-/// A task record as `task` shows it; times as `get_task_status` computes them.
+/// A task record as `task` shows it; the status part as `get_task_status`
+/// builds it (`StatusView`).
 pub fn task_view(
     task_id: &str,
-    f: &HashMap<String, Vec<u8>>,
+    r: &TaskRecord,
     now_ms: i64,
     ttl: i64,
     tail_bytes: usize,
 ) -> TaskView {
-    let bytes = |x: Field| f.get(x.as_str()).map(Vec::as_slice);
-    let text = |x: Field| bytes(x).map(|b| String::from_utf8_lossy(b).into_owned());
-    let int = |x: Field| text(x).and_then(|s| s.parse::<i64>().ok());
-    let started = int(Field::StartedAt);
-    let finished = int(Field::FinishedAt);
-    let (runtime_seconds, seconds_since_last_output) =
-        task_clock(started, int(Field::LastOutputAt), finished, now_ms);
-    let stdout_bytes = int(Field::StdoutBytes).unwrap_or(0).max(0) as u64;
-    let stderr_bytes = int(Field::StderrBytes).unwrap_or(0).max(0) as u64;
-    let raw_stdout = bytes(Field::StdoutTail).unwrap_or_default().to_vec();
-    let raw_stderr = bytes(Field::StderrTail).unwrap_or_default().to_vec();
-    let out = render_tail(&raw_stdout, tail_bytes, stdout_bytes);
-    let err = render_tail(&raw_stderr, tail_bytes, stderr_bytes);
+    let v = StatusView::new(r, now_ms, tail_bytes);
     TaskView {
         task_id: task_id.to_owned(),
-        state: text(Field::State).unwrap_or_default(),
-        reason: text(Field::Reason),
-        reason_kind: text(Field::ReasonKind),
-        exit_code: int(Field::ExitCode),
-        runtime: text(Field::Runtime),
-        image: text(Field::Image),
-        command: text(Field::Command),
-        worker: text(Field::Worker),
-        timeout_seconds: int(Field::TimeoutSeconds).map(|t| t.max(0) as u64),
-        created_at: int(Field::CreatedAt).map(rfc3339_ms),
-        claimed_at: int(Field::ClaimedAt).map(rfc3339_ms),
-        started_at: started.map(rfc3339_ms),
-        finished_at: finished.map(rfc3339_ms),
-        runtime_seconds,
-        seconds_since_last_output,
-        stdout_bytes,
-        stderr_bytes,
-        stdout_tail: out.text,
-        stderr_tail: err.text,
-        stdout_truncated: out.truncated,
-        stderr_truncated: err.truncated,
+        state: v.state,
+        reason: v.reason,
+        reason_kind: v.reason_kind,
+        exit_code: v.exit_code,
+        runtime: v.runtime,
+        image: r.image.clone(),
+        command: r.command.clone(),
+        worker: r.worker.clone(),
+        timeout_seconds: v.timeout_seconds,
+        created_at: v.created_at,
+        claimed_at: r.claimed_at.map(rfc3339_ms),
+        started_at: v.started_at,
+        finished_at: v.finished_at,
+        runtime_seconds: v.runtime_seconds,
+        seconds_since_last_output: v.seconds_since_last_output,
+        stdout_bytes: v.stdout_bytes,
+        stderr_bytes: v.stderr_bytes,
+        stdout_tail: v.stdout.text,
+        stderr_tail: v.stderr.text,
+        stdout_truncated: v.stdout.truncated,
+        stderr_truncated: v.stderr.truncated,
+        usage: v.usage.map(|u| u.view()),
         expires_in_seconds: (ttl >= 0).then_some(ttl),
-        raw_stdout,
-        raw_stderr,
+        raw_stdout: r.stdout_tail.clone().unwrap_or_default(),
+        raw_stderr: r.stderr_tail.clone().unwrap_or_default(),
     }
 }
 
@@ -504,7 +473,7 @@ mod tests {
     fn task(id: &str, silent: Option<f64>) -> RunningTask {
         RunningTask {
             task_id: id.into(),
-            state: "running".into(),
+            state: TaskState::Running,
             worker: None,
             runtime: None,
             runtime_seconds: silent,
@@ -528,21 +497,32 @@ mod tests {
         let m1 = HashMap::from([
             ("succeeded:exited".to_owned(), 2),
             ("killed:killed-by-user".to_owned(), 1),
+            ("timed-out:timed-out".to_owned(), 1),
         ]);
-        let m2 = HashMap::from([("succeeded:exited".to_owned(), 3), ("junk".to_owned(), 9)]);
+        let m2 = HashMap::from([
+            ("succeeded:exited".to_owned(), 3),
+            ("junk".to_owned(), 9),
+            ("done:exited".to_owned(), 9),
+        ]);
         let sums = sum_minutes(&[m1, m2]);
+        // In the order of the names (as the JSON always was), not of the enums.
         assert_eq!(
             sums,
             vec![
                 FinishedCount {
-                    state: "killed".into(),
-                    reason_kind: "killed-by-user".into(),
+                    state: TaskState::Killed,
+                    reason_kind: ReasonKind::KilledByUser,
                     count: 1
                 },
                 FinishedCount {
-                    state: "succeeded".into(),
-                    reason_kind: "exited".into(),
+                    state: TaskState::Succeeded,
+                    reason_kind: ReasonKind::Exited,
                     count: 5
+                },
+                FinishedCount {
+                    state: TaskState::TimedOut,
+                    reason_kind: ReasonKind::TimedOut,
+                    count: 1
                 },
             ]
         );
@@ -574,24 +554,30 @@ mod tests {
 
     #[test]
     fn a_running_task_reads_its_silence_from_last_output() {
-        let r: Vec<Option<String>> = vec![
-            Some("running".into()),
-            Some("w1".into()),
-            Some("python3.13".into()),
-            Some("1000".into()),
-            Some("4000".into()),
-            Some("60".into()),
-            Some("12".into()),
+        let values = [
+            Some("running"),
+            Some("w1"),
+            Some("python3.13"),
+            Some("1000"),
+            Some("4000"),
+            Some("60"),
+            Some("12"),
             None,
         ];
+        let r = TaskRecord::from_values(&RUNNING_FIELDS, values)
+            .ok()
+            .flatten()
+            .expect("a record");
         let t = running_task("t".into(), "w1".into(), &r, 11_000).expect("running");
         assert_eq!(
             (t.runtime_seconds, t.seconds_since_last_output),
             (Some(10.0), Some(7.0))
         );
         assert_eq!((t.stdout_bytes, t.stderr_bytes), (12, 0));
-        let mut ended = r.clone();
-        ended[0] = Some("succeeded".into());
+        let ended = TaskRecord {
+            state: TaskState::Succeeded,
+            ..r
+        };
         assert!(running_task("t".into(), "w1".into(), &ended, 11_000).is_none());
     }
 }

@@ -112,7 +112,7 @@ pub fn status(s: &Status) -> String {
         .map(|t| {
             vec![
                 t.task_id.clone(),
-                t.state.clone(),
+                t.state.to_string(),
                 opt(&t.worker),
                 opt(&t.runtime),
                 t.runtime_seconds
@@ -150,7 +150,13 @@ pub fn status(s: &Status) -> String {
     let rows: Vec<Vec<String>> = s
         .finished_last_hour
         .iter()
-        .map(|f| vec![f.state.clone(), f.reason_kind.clone(), f.count.to_string()])
+        .map(|f| {
+            vec![
+                f.state.to_string(),
+                f.reason_kind.to_string(),
+                f.count.to_string(),
+            ]
+        })
         .collect();
     table(&mut out, &["STATE", "REASON KIND", "TASKS"], &rows);
     out
@@ -163,7 +169,7 @@ pub fn task(t: &TaskView) -> String {
         let _ = writeln!(out, "{name:<26} {v}");
     };
     field("task_id", t.task_id.clone());
-    field("state", t.state.clone());
+    field("state", t.state.to_string());
     field("reason", opt(&t.reason));
     field("reason_kind", opt(&t.reason_kind));
     field("exit_code", opt(&t.exit_code));
@@ -183,6 +189,16 @@ pub fn task(t: &TaskView) -> String {
     );
     field("stdout_bytes", t.stdout_bytes.to_string());
     field("stderr_bytes", t.stderr_bytes.to_string());
+    let usage = t.usage.as_ref();
+    field("usage.cpu_seconds", opt(&usage.and_then(|u| u.cpu_seconds)));
+    field(
+        "usage.peak_memory_bytes",
+        opt(&usage.and_then(|u| u.peak_memory_bytes)),
+    );
+    field(
+        "usage.workspace_bytes",
+        opt(&usage.and_then(|u| u.workspace_bytes)),
+    );
     field("expires_in_seconds", opt(&t.expires_in_seconds));
     for (name, tail, truncated, total) in [
         ("stdout", &t.stdout_tail, t.stdout_truncated, t.stdout_bytes),

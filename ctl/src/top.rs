@@ -23,7 +23,7 @@ pub async fn run(reader: &Reader, every: Duration, prefix: &str) -> Result<(), C
     let mut terminal = ratatui::try_init()?;
     let result = async {
         loop {
-            let read = reader.status().await.map_err(|e| e.to_string());
+            let read = reader.status().await;
             terminal.draw(|f| draw(f, &read, prefix))?;
             let next = Instant::now() + every;
             while let Some(left) = next.checked_duration_since(Instant::now()) {
@@ -46,7 +46,7 @@ pub async fn run(reader: &Reader, every: Duration, prefix: &str) -> Result<(), C
 
 /// One screen: a summary line, then workers, running tasks (stuck-looking
 /// first) and what finished in the last hour.
-pub fn draw(f: &mut Frame, read: &Result<Status, String>, prefix: &str) {
+pub fn draw(f: &mut Frame, read: &Result<Status, CtlError>, prefix: &str) {
     let s = match read {
         Ok(s) => s,
         Err(e) => {
@@ -180,8 +180,8 @@ pub fn draw(f: &mut Frame, read: &Result<Status, String>, prefix: &str) {
 
     let rows = s.finished_last_hour.iter().map(|c| {
         Row::new(vec![
-            c.state.clone(),
-            c.reason_kind.clone(),
+            c.state.to_string(),
+            c.reason_kind.to_string(),
             c.count.to_string(),
         ])
     });
@@ -207,6 +207,7 @@ mod tests {
     use crate::read::{FinishedCount, QueueView, RunningTask, WorkerView};
     use ratatui::Terminal;
     use ratatui::backend::TestBackend;
+    use shared::{ReasonKind, TaskState};
 
     #[test]
     fn a_screen_shows_workers_running_tasks_and_the_hour() {
@@ -229,7 +230,7 @@ mod tests {
             },
             running: vec![RunningTask {
                 task_id: "0b5c9a4e-0000-4000-8000-000000000001".into(),
-                state: "running".into(),
+                state: TaskState::Running,
                 worker: Some("w-one".into()),
                 runtime: Some("python3.13".into()),
                 runtime_seconds: Some(75.0),
@@ -240,8 +241,8 @@ mod tests {
             }],
             running_truncated: false,
             finished_last_hour: vec![FinishedCount {
-                state: "succeeded".into(),
-                reason_kind: "exited".into(),
+                state: TaskState::Succeeded,
+                reason_kind: ReasonKind::Exited,
                 count: 7,
             }],
             finished_last_hour_total: 7,

@@ -5,11 +5,18 @@
 #   REDIS_KEY_PREFIX   the key prefix the api and workers use (default sr)
 #   REDIS_MAXMEMORY    memory cap (default 1gb); writes fail beyond it, nothing is evicted
 #   REDIS_TLS          on: also serve TLS on 6380 with /tls/redis.crt, /tls/redis.key
-#                      (for workers on other hosts; clients need no certificate)
+#                      (for workers on other hosts)
+#   REDIS_TLS_CLIENT_CERTS  on (with REDIS_TLS=on): the TLS port also requires a client
+#                      certificate signed by /tls/ca.crt (mutual TLS); the plain port
+#                      (the local api and worker, on the internal network) is unchanged
 #
 # Users (the `default` user is off, so every client must log in):
 #   api     what script-runner-api sends, on keys under the prefix only
-#   worker  what script-runner-worker sends, on keys under the prefix only
+#   worker  what script-runner-worker sends, on keys under the prefix only (the local worker)
+#   worker-NAME  one per worker host, the same rules as worker, each with its own password:
+#           added and removed while Redis runs with `redis-entrypoint.sh worker-host add|remove
+#           NAME` (deploy/add-worker.sh --issue/--revoke call it), kept across restarts in
+#           /data/worker-hosts.acl (NAME and SHA-256 of the password, one per line)
 #   admin   everything: health check, ACL LOG, backups, watching live with redis-cli
 #   ops     (only when REDIS_OPS_PASSWORD is set) reads only, under the prefix: what
 #           script-runner-ctl needs (+@read +time, and CLIENT SETINFO, which redis-rs
@@ -37,22 +44,108 @@ hash() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 # once at start by api and worker, to check that nothing is evicted and AOF is on
 # (support/src/redis_setup.rs). It shows no keys and no configuration values.
 conn="+ping +unwatch +client|setinfo +info"
-# Lua: scripts read the clock (TIME); EVALSHA with SCRIPT LOAD on a cache miss (what
-# redis-rs's Script does). Not +@scripting, which includes SCRIPT FLUSH and FUNCTION.
-# Commands inside the scripts are checked too, so each user lists those of its scripts
-# (api: submit, kill; worker: claim, started, progress, finish, requeue, forget_worker).
-lua="+time +evalsha +script|load"
-api_cmds="$conn $lua +xadd +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +zadd +zrem +zremrangebyscore +zrevrangebyscore"
-worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hincrby +get +set +setex +exists +del +expire +sadd +srem +smembers"
+# Lua: the scripts are one Redis Functions library, loaded by `admin` only
+# (script-runner-ctl redis load-functions, the `functions` service in
+# docker-compose.yml); api and worker may call its functions (FCALL) and see whether
+# their version is loaded (FUNCTION LIST), never load code: no EVAL, EVALSHA, SCRIPT or
+# FUNCTION LOAD/DELETE/FLUSH. The scripts read the clock (TIME). Commands inside the
+# scripts are checked too, so each user lists those of its scripts (api: submit, kill,
+# key_touch; worker: claim, started, progress, finish, requeue, forget_worker). API keys
+# are managed with script-runner-ctl as `admin`, not `api`.
+# e2e/tests/redis_acl.rs holds these lists to the scripts' redis.call()s and to the
+# commands the api and worker send from Rust, and tries the refused ones against a real
+# redis-server; the deploy test checks ACL LOG stays empty.
+lua="+time +fcall +function|list"
+api_cmds="$conn $lua +xadd +xread +xrevrange +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +pexpire +exists +zadd +zrem +zrange +zrevrange +zcard +zremrangebyscore +zrevrangebyscore"
+worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hexists +hincrby +get +set +setex +exists +del +expire +sadd +srem +smembers +zadd +zincrby +zremrangebyscore"
+
+# The keys a worker reads and writes (docs/redis-keys.md), and nothing else under the
+# prefix: not the API keys (sr:apikey:*, sr:apikeys*), so a worker host's password cannot
+# mint or read one, nor the api's indexes (sr:tasks, an owner's tasks and active set).
+# Commands inside the functions are checked against these too.
+worker_keys="~${prefix}:jobs ~${prefix}:task:* ~${prefix}:stats ~${prefix}:stats:* ~${prefix}:worker:* ~${prefix}:workers ~${prefix}:owner:*:cpu ~${prefix}:owner:*:usage ~${prefix}:usage:*"
+# A worker's rules, after `user NAME on #SHA256`: the one definition the local worker and
+# every worker host's user share (in the ACL file and in ACL SETUSER alike).
+worker_rules() { echo "resetkeys $worker_keys resetchannels -@all $worker_cmds"; }
+hosts_file=/data/worker-hosts.acl
+
+# --- worker-host add|remove|list NAME: per-host users while Redis runs (as the redis
+# user, in the container: `docker compose exec -T -u redis redis redis-entrypoint.sh
+# worker-host ...`; /data is redis's, and root there has no DAC_OVERRIDE) ---------------
+if [ "${1:-}" = worker-host ]; then
+    action="${2:-}" name="${3:-}"
+    admin() { REDISCLI_AUTH="$REDIS_ADMIN_PASSWORD" redis-cli --no-auth-warning --user admin -p 6379 "$@"; }
+    if [ "$action" = list ]; then
+        [ ! -s "$hosts_file" ] || cut -d' ' -f1 "$hosts_file"
+        exit 0
+    fi
+    case "$name" in
+    *[!A-Za-z0-9._-]* | "" | -*) echo "redis: worker-host $action NAME: NAME must be letters, digits, '.', '-', '_'" >&2; exit 64 ;;
+    esac
+    user="worker-$name"
+    touch "$hosts_file"
+    # One change at a time: the file is rewritten whole.
+    exec 9>"$hosts_file.lock"
+    flock 9
+    # The name compared as a string (awk), never as a pattern: with grep "^$name ", the
+    # '.' of w.1 would also match w-1's line and drop it.
+    awk -v n="$name" '$1 != n' "$hosts_file" >"$hosts_file.new"
+    case "$action" in
+    add)
+        # The password comes on stdin (never in argv); only its SHA-256 is kept.
+        IFS= read -r password || true
+        [ "${#password}" -ge 32 ] || { echo "redis: worker-host add: give a password of at least 32 characters on stdin" >&2; exit 64; }
+        sum="$(hash "$password")"
+        # shellcheck disable=SC2046 # the rules are words
+        reply="$(admin ACL SETUSER "$user" reset on "#$sum" $(worker_rules))"
+        [ "$reply" = OK ] || { rm -f "$hosts_file.new"; echo "redis: ACL SETUSER $user: $reply" >&2; exit 1; }
+        echo "$name $sum" >>"$hosts_file.new"
+        ;;
+    remove)
+        # Out of the file first, so no restart brings it back; ACL DELUSER then closes
+        # the user's open connections.
+        ;;
+    *) rm -f "$hosts_file.new"; echo "redis: worker-host add|remove|list NAME" >&2; exit 64 ;;
+    esac
+    chmod 600 "$hosts_file.new"
+    mv "$hosts_file.new" "$hosts_file"
+    if [ "$action" = remove ]; then
+        reply="$(admin ACL DELUSER "$user")"
+        case "$reply" in
+        1) echo "redis: $user removed, its connections closed" >&2 ;;
+        0) echo "redis: there was no user $user" >&2 ;;
+        *) echo "redis: ACL DELUSER $user: $reply" >&2; exit 1 ;;
+        esac
+    else
+        # A new password for an existing user: SETUSER does not close the connections
+        # made with the old one (NOTES.md), so close them here; the host's worker
+        # reconnects with the new password, a holder of the old one cannot.
+        reply="$(admin CLIENT KILL USER "$user")"
+        case "$reply" in
+        '' | *[!0-9]*) echo "redis: CLIENT KILL USER $user: $reply" >&2; exit 1 ;;
+        esac
+        echo "redis: $user added; $reply open connection(s) of it closed" >&2
+    fi
+    exit 0
+fi
 
 mkdir -p /run/redis
 umask 077
 cat >/run/redis/users.acl <<ACL
 user default off resetpass ~* &* +@all
 user api on #$(hash "$REDIS_API_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all $api_cmds
-user worker on #$(hash "$REDIS_WORKER_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all $worker_cmds
+user worker on #$(hash "$REDIS_WORKER_PASSWORD") $(worker_rules)
 user admin on #$(hash "$REDIS_ADMIN_PASSWORD") ~* &* +@all
 ACL
+# Read as redis, whose file it is: root here has no capability to read past its mode.
+if setpriv --reuid=redis --regid=redis --init-groups test -s "$hosts_file"; then
+    setpriv --reuid=redis --regid=redis --init-groups cat "$hosts_file" | while read -r name sum; do
+        case "$name:$sum" in
+        *[!A-Za-z0-9._:-]* | :* | *:) echo "redis: skipping a malformed line of $hosts_file" >&2; continue ;;
+        esac
+        echo "user worker-$name on #$sum $(worker_rules)" >>/run/redis/users.acl
+    done
+fi
 if [ -n "${REDIS_OPS_PASSWORD:-}" ]; then
     echo "user ops on #$(hash "$REDIS_OPS_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all +@read +time +ping +client|setinfo" \
         >>/run/redis/users.acl
@@ -73,13 +166,23 @@ if [ "${REDIS_TLS:-off}" = on ]; then
     mkdir -p /run/redis/tls
     cp /tls/redis.crt /tls/redis.key /run/redis/tls/
     set -- "$@" --tls-port 6380 --tls-cert-file /run/redis/tls/redis.crt \
-        --tls-key-file /run/redis/tls/redis.key --tls-auth-clients no \
-        --tls-protocols "TLSv1.2 TLSv1.3"
+        --tls-key-file /run/redis/tls/redis.key --tls-protocols "TLSv1.2 TLSv1.3"
     if [ -r /tls/ca.crt ]; then
         cp /tls/ca.crt /run/redis/tls/
         set -- "$@" --tls-ca-cert-file /run/redis/tls/ca.crt
     fi
+    # tls-auth-clients applies to TLS connections only: the plain port stays as it is.
+    case "${REDIS_TLS_CLIENT_CERTS:-off}" in
+    on)
+        [ -r /tls/ca.crt ] || { echo "redis: REDIS_TLS_CLIENT_CERTS=on but /tls/ca.crt (the CA that signs worker hosts' certificates) is missing" >&2; exit 1; }
+        set -- "$@" --tls-auth-clients yes ;;
+    off) set -- "$@" --tls-auth-clients no ;;
+    *) echo "redis: REDIS_TLS_CLIENT_CERTS must be on or off" >&2; exit 1 ;;
+    esac
 fi
 
-chown -R redis:redis /run/redis /data
+# /data itself only: what is inside is redis's own (it wrote it), and root holds no
+# DAC_READ_SEARCH in compose (cap_drop: ALL) to walk redis's 0700 appendonlydir.
+chown -R redis:redis /run/redis
+chown redis:redis /data
 exec setpriv --reuid=redis --regid=redis --init-groups "$@"

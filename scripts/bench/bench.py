@@ -41,10 +41,8 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,18 +50,28 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from fill import Filler
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from stack import LABEL_WORKER, Api, BenchError, Proc, Redis, Stack, Worker, containers_of, http_get, wait_until
+from redis import Redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # the shared harness package
+from fill import Filler  # noqa: E402
+from harness.keys import FINAL_STATES as FINAL  # noqa: E402
+from harness.keys import STAT_SUBMITTED, Keys  # noqa: E402
+from harness.mcp_http import ProtocolError, Unreachable, call_once, tools_call  # noqa: E402
+from harness.procs import HarnessError, Proc, wait_until  # noqa: E402
+from harness.stack import CTL_BIN, LABEL_WORKER, Api, Stack, Worker, containers_of, preflight  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
-FINAL = {"succeeded", "failed", "killed", "timed-out"}
 ECHO_HI = "echo hi"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A record of a real `echo hi` task, once one ran: the fill's records are checked against it.
 REAL_RECORD: dict[str, dict[str, str]] = {}
+
+
+class BenchError(HarnessError):
+    """Something the benchmark needs failed; the message says what."""
 
 
 # --------------------------------------------------------------------------- statistics
@@ -138,8 +146,8 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             for name, p in self.procs.items():
-                with contextlib.suppress(OSError):
-                    self.samples[name].append(p.rss_kib())
+                if (kib := p.rss_kib()) is not None:
+                    self.samples[name].append(kib)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> RssSampler:
@@ -161,7 +169,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def mib(kib: int) -> float:
+def mib(kib: int | None) -> float:
+    if kib is None:
+        raise BenchError("a process the benchmark measures is no longer running")
     return kib / 1024
 
 
@@ -242,35 +252,16 @@ def run_wrk(
     return res
 
 
-def jsonrpc(tool: str, arguments: dict[str, Any]) -> str:
-    return json.dumps(
-        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": tool, "arguments": arguments}},
-        separators=(",", ":"),
-    )
-
-
 def post_once(api: Api, token: str, body: str) -> dict[str, Any]:
     """One POST /mcp exactly as wrk sends it (no initialize before: the transport
     is stateless); returns the tool's structuredContent, failing on any error."""
-    req = urllib.request.Request(
-        api.mcp_url,
-        data=body.encode(),
-        method="POST",
-        headers={
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
-            "Accept": "application/json, text/event-stream",
-        },
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        status, ctype, raw = r.status, r.headers.get("Content-Type", ""), r.read().decode()
-    if status != 200 or "application/json" not in ctype:
-        raise BenchError(f"POST /mcp answered {status} {ctype}: {raw[:500]}")
-    reply = json.loads(raw)
-    result = reply.get("result")
-    if not result or result.get("isError") or "structuredContent" not in result:
-        raise BenchError(f"POST /mcp without initialize did not return a tool result: {raw[:500]}")
-    return result["structuredContent"]
+    try:
+        result = call_once(api.mcp_url, token, body, timeout=10)
+    except (Unreachable, ProtocolError) as e:
+        raise BenchError(f"POST /mcp without initialize did not return a tool result: {e}") from e
+    if result.is_error or result.structured is None:
+        raise BenchError(f"POST /mcp without initialize did not return a tool result: {result.text[:500]}")
+    return result.structured
 
 
 # --------------------------------------------------------------------------- configurations
@@ -342,7 +333,9 @@ def detect_pool(cfg: Config, rep: Report) -> None:
 
 def scrape(worker: Worker) -> dict[str, float]:
     """The worker's Docker call latency sums and counts (worker/src/metrics.rs)."""
-    status, text = http_get(worker.metrics_url)
+    assert worker.metrics_url is not None
+    resp = httpx2.get(worker.metrics_url, timeout=5.0)
+    status, text = resp.status_code, resp.text
     if status != 200:
         raise BenchError(f"{worker.metrics_url} answered {status}")
     out = {}
@@ -512,6 +505,15 @@ def service_stages(s: E2eSample, ev: dict[str, float]) -> dict[str, float]:
         if "exec_die" in ev:
             st["exec started -> exited (the script)"] = ev["exec_die"] - ev["exec_start"]
             st["exited -> finished recorded"] = at["finished_at"] - ev["exec_die"]
+    elif {"create", "start", "exec_start", "exec_die"} <= ev.keys():
+        # A cold container: created and started after the claim, its first
+        # process idle, the task run in it by an exec (so its cgroup is read
+        # after the script exits).
+        st["claimed -> container created"] = ev["create"] - at["claimed_at"]
+        st["created -> started"] = ev["start"] - ev["create"]
+        st["started -> exec started"] = ev["exec_start"] - ev["start"]
+        st["exec started -> exited (the script)"] = ev["exec_die"] - ev["exec_start"]
+        st["exited -> finished recorded (usage read)"] = at["finished_at"] - ev["exec_die"]
     elif {"create", "start", "die"} <= ev.keys():
         st["claimed -> container created"] = ev["create"] - at["claimed_at"]
         st["created -> started (attach, start)"] = ev["start"] - ev["create"]
@@ -562,9 +564,7 @@ async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) ->
     seen_ms = time.time() * 1000
     if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n":
         raise BenchError(f"{cfg.label}: task {task_id} ended {sc}")
-    rec = redis("HGETALL", f"{cfg.prefix}:task:{task_id}")
-    assert isinstance(rec, list)
-    record = dict(zip(rec[::2], rec[1::2], strict=True))
+    record = redis.hgetall(Keys(cfg.prefix).task(task_id))
     REAL_RECORD.setdefault("record", record)
     at = {k: int(v) for k, v in record.items() if k.endswith("_at")}
     return E2eSample(total * 1000, submit * 1000, status_ms, task_id, t0_ms, seen_ms, at)
@@ -671,12 +671,16 @@ def wait_final(redis: Redis, prefix: str, ids: list[str], deadline: float, proc:
     """Until every task is final (read straight from Redis every 50 ms, so the
     wait adds no api load); returns their records."""
 
-    def states() -> list[object]:
-        return redis.pipeline([("HGET", f"{prefix}:task:{i}", "state") for i in ids])
+    keys = Keys(prefix)
 
-    wait_until(f"{len(ids)} tasks to finish", lambda: all(s in FINAL for s in states()), proc, deadline)
-    recs = redis.pipeline([("HGETALL", f"{prefix}:task:{i}") for i in ids])
-    return [dict(zip(r[::2], r[1::2], strict=True)) for r in recs]  # type: ignore[index]
+    def each(command: str, *args: str) -> list[Any]:
+        pipe = redis.pipeline(transaction=False)
+        for i in ids:
+            pipe.execute_command(command, keys.task(i), *args)
+        return pipe.execute()
+
+    wait_until(f"{len(ids)} tasks to finish", lambda: all(s in FINAL for s in each("HGET", "state")), proc, deadline)
+    return each("HGETALL")
 
 
 def used_memory(redis: Redis) -> int:
@@ -713,7 +717,7 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
         bad = [r for r in recs if r.get("state") != "succeeded" or r.get("stdout_tail") != "hi\n"]
         if bad:
             raise BenchError(f"{c.label}: {len(bad)} burst tasks did not succeed, e.g. {bad[0]}")
-        wait_until("the jobs stream to empty", lambda: redis("XLEN", f"{c.prefix}:jobs") == 0, c.worker.proc, 30)
+        wait_until("the jobs stream to empty", lambda: redis.xlen(Keys(c.prefix).jobs()) == 0, c.worker.proc, 30)
         mem1 = used_memory(redis)
         created = min(int(r["created_at"]) for r in recs)
         finished = max(int(r["finished_at"]) for r in recs)
@@ -739,8 +743,10 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
 
 def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Report, sections: set[str]) -> None:
     prefix = f"bench-{stack.run_id}-api"
+    keys = Keys(prefix)
     # No worker on this prefix: the queued tasks run_script creates stay queued.
-    api = stack.start_api("load", prefix, {"MAX_QUEUED_TASKS": "10000000"})
+    stack.add_api("load", {"MAX_QUEUED_TASKS": "10000000"}, prefix=prefix)
+    api = stack.start_api("load")
     time.sleep(0.5)  # let start-up allocations settle before reading idle memory
     idle_kib = api.proc.rss_kib()
     assert stack.redis_proc is not None
@@ -748,10 +754,10 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
     token_env = {"BENCH_TOKEN": stack.token}
     secs = args.wrk_seconds
     out: dict[str, Any] = {"api_idle_rss_mib": mib(idle_kib)}
-    run_body = jsonrpc(
+    run_body = tools_call(
         "run_script", {"runtime": args.runtime, "command_base64": base64.b64encode(ECHO_HI.encode()).decode()}
     )
-    filler = Filler(redis, prefix, args.runtime, args.image)
+    filler = Filler(redis, prefix, args.runtime, args.image, stack.binary(CTL_BIN))
 
     def wrk(path: str, conns: int, env: dict[str, str]) -> WrkResult:
         return run_wrk(f"{api.base_url}{path}", conns, secs, stack.tmp_dir, env, cpu_of)
@@ -773,7 +779,7 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
 
         for c in (1, 32, 64):
             show(f"GET /healthz, {c} conn (floor)", wrk("/healthz", c, {}))
-        sub0 = int(redis("HGET", f"{prefix}:stats", "submitted") or 0)
+        sub0 = int(redis.hget(keys.stats(), STAT_SUBMITTED) or 0)
         rss = RssSampler({"api": api.proc})
         with rss:
             show("run_script, 1 conn", wrk("/mcp", 1, token_env | {"BENCH_BODY": run_body}))
@@ -782,7 +788,7 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
                 wrk("/mcp", 32, token_env | {"BENCH_BODY": run_body}),
                 "   target p99 < 10 ms",
             )
-        sub1 = int(redis("HGET", f"{prefix}:stats", "submitted") or 0)
+        sub1 = int(redis.hget(keys.stats(), STAT_SUBMITTED) or 0)
         made = rows["run_script, 1 conn"].requests + rows["run_script, 32 conns"].requests
         if sub1 - sub0 < made:
             raise BenchError(f"wrk made {made} run_script calls but only {sub1 - sub0} tasks were stored")
@@ -794,17 +800,17 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
 
         def settled() -> bool:
             time.sleep(0.3)
-            counts.append(int(redis("HGET", f"{prefix}:stats", "submitted") or 0))
+            counts.append(int(redis.hget(keys.stats(), STAT_SUBMITTED) or 0))
             return counts[-1] == counts[-2]
 
         wait_until("run_script calls to stop arriving", settled, api.proc, 60)
-        redis("DEL", f"{prefix}:jobs")
-        filler = Filler(redis, prefix, args.runtime, args.image)
+        redis.delete(keys.jobs())
+        filler = Filler(redis, prefix, args.runtime, args.image, stack.binary(CTL_BIN))
 
     mem0 = used_memory(redis)
     ids = filler.fill(args.fill_base)
     per_task_fill = (used_memory(redis) - mem0) / len(ids)
-    status_tpl = jsonrpc("get_task_status", {"task_id": "{ID}"})
+    status_tpl = tools_call("get_task_status", {"task_id": "{ID}"})
     sc = post_once(api, stack.token, status_tpl.replace("{ID}", ids[0]))
     if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n" or sc.get("exit_code") != 0:
         raise BenchError(f"a filled task reads back wrong through get_task_status: {sc}")
@@ -862,9 +868,7 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
 def check_fill_matches_real(redis: Redis, prefix: str, filled_id: str, rep: Report) -> None:
     """A filled record has the fields a real `echo hi` record has (compared with
     one from the burst when it ran)."""
-    rec = redis("HGETALL", f"{prefix}:task:{filled_id}")
-    assert isinstance(rec, list)
-    filled = dict(zip(rec[::2], rec[1::2], strict=True))
+    filled = redis.hgetall(Keys(prefix).task(filled_id))
     real = REAL_RECORD.get("record")
     if real is None:
         return
@@ -929,18 +933,12 @@ def main() -> int:
     if unknown:
         ap.error(f"--only: unknown section(s) {sorted(unknown)}")
 
-    for tool in ("wrk", "redis-server", "docker"):
-        if shutil.which(tool) is None:
-            raise BenchError(f"`{tool}` is not on PATH (scripts/bench.sh installs it)")
-    for b in ("script-runner-api", "script-runner-worker"):
-        if not os.access(args.bin_dir / b, os.X_OK):
-            raise BenchError(f"{args.bin_dir / b} is missing: build it (cargo build --release --bins)")
+    # scripts/bench.sh installs wrk and redis-server and builds the image.
     needs_image = bool(sections & {"e2e", "burst"})
-    if needs_image and subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode:
-        raise BenchError(f"image {args.image} is not in the local engine (scripts/build-test-image.sh builds it)")
+    preflight(args.bin_dir, ("wrk", "redis-server", "docker"), [args.image] if needs_image else [])
 
-    tmp = Path(tempfile.mkdtemp(prefix="script-runner-bench-"))
-    stack = Stack(bin_dir=args.bin_dir.resolve(), tmp_dir=tmp, runtime_images=f"{args.runtime}={args.image}")
+    stack = Stack(bin_dir=args.bin_dir, label="bench", runtime_images=f"{args.runtime}={args.image}")
+    tmp = stack.tmp_dir
     args.run_id, args.tmp = stack.run_id, tmp
     rep = Report()
     commit = subprocess.run(["git", "-C", str(HERE), "describe", "--always", "--dirty"], capture_output=True, text=True)
@@ -966,7 +964,7 @@ def main() -> int:
     status = 1
     try:
         stack.start_redis()
-        redis = stack.redis()
+        redis = stack.redis
         rep.out(f"redis-server {redis.info('server')['redis_version']} on port {stack.redis_port}, AOF everysec")
         extra = dict(kv.split("=", 1) for kv in args.worker_env)
         common = {"WORKER_CONCURRENCY": str(args.concurrency)} | extra
@@ -981,8 +979,13 @@ def main() -> int:
             for i, c in enumerate(configs):
                 label = "off" if i == 0 else "on"
                 prefix = f"bench-{stack.run_id}-{label}"
-                c.worker = stack.start_worker(label, prefix, c.worker_env)
-                c.api = stack.start_api(label, prefix)
+                stack.add_worker(
+                    label, c.worker_env | {"SHUTDOWN_GRACE_SECONDS": "5"}, prefix=prefix,
+                    name=f"bench-{stack.run_id}-{label}", tasks_dir=tmp / f"tasks-{label}", metrics=True,
+                )  # fmt: skip
+                c.worker = stack.start_worker(label)
+                stack.add_api(label, prefix=prefix)
+                c.api = stack.start_api(label)
                 time.sleep(0.5)
                 detect_pool(c, rep)
                 mem[c.label] = {"worker_idle_rss_mib": mib(c.worker.proc.rss_kib())}
@@ -1023,7 +1026,7 @@ def main() -> int:
         if sections & {"api", "growth"}:
             api_and_growth(stack, args, redis, rep, sections)
         status = 0
-    except BenchError as e:
+    except (HarnessError, TimeoutError) as e:
         print(f"\nbench: {e}", file=sys.stderr)
     finally:
         left = stack.stop_all()

@@ -24,8 +24,8 @@ impl VarError {
 }
 
 /// A configuration variable and its default, declared once: the code parses the
-/// default from here, and a test checks that README.md's table and
-/// `.env.example` state the same value.
+/// default from here, and a test checks that the table in
+/// docs/configuration.md and `.env.example` state the same value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Var {
     pub name: &'static str,
@@ -103,14 +103,18 @@ pub const REDIS_KEY_PREFIX: Var = Var::new("REDIS_KEY_PREFIX", crate::Keys::DEFA
 pub const TASK_RETENTION_SECONDS: Var = Var::new("TASK_RETENTION_SECONDS", "86400");
 pub const ZIP_MAX_ENTRIES: Var = Var::new("ZIP_MAX_ENTRIES", "10000");
 pub const ZIP_MAX_EXPANDED_BYTES: Var = Var::new("ZIP_MAX_EXPANDED_BYTES", "268435456");
+pub const REDIS_CLIENT_CERT: Var = Var::new("REDIS_CLIENT_CERT", "");
+pub const REDIS_CLIENT_KEY: Var = Var::new("REDIS_CLIENT_KEY", "");
 
 /// The variables both binaries read, with literal defaults.
-pub const COMMON_VARS: [Var; 5] = [
+pub const COMMON_VARS: [Var; 7] = [
     REDIS_URL,
     REDIS_KEY_PREFIX,
     TASK_RETENTION_SECONDS,
     ZIP_MAX_ENTRIES,
     ZIP_MAX_EXPANDED_BYTES,
+    REDIS_CLIENT_CERT,
+    REDIS_CLIENT_KEY,
 ];
 
 /// `raw` parsed as `T`, or `default` when unset or blank.
@@ -180,13 +184,55 @@ pub struct Common {
     /// `TASK_RETENTION_SECONDS`: how long a finished task's record is kept
     /// (default a day, 60 s to a year).
     pub retention_seconds: u64,
+    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate (PEM, with
+    /// any intermediates) and its private key presented on a `rediss://` connection,
+    /// for a Redis that requires mutual TLS. Both or neither; read at start by
+    /// `support::redis_pool::target`.
+    pub redis_client_cert: Option<ClientCertFiles>,
+}
+
+/// The files of a TLS client certificate: paths only (`shared` reads no file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCertFiles {
+    pub cert: String,
+    pub key: String,
 }
 
 impl Common {
     /// `var` returns a variable's value, `None` when unset or blank.
     pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Common, VarError> {
+        let redis_url = REDIS_URL.get(&var);
+        let redis_client_cert = match (
+            var(REDIS_CLIENT_CERT.name).filter(|v| !v.trim().is_empty()),
+            var(REDIS_CLIENT_KEY.name).filter(|v| !v.trim().is_empty()),
+        ) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => {
+                if !redis_url.trim_start().starts_with("rediss://") {
+                    return Err(VarError::new(
+                        REDIS_CLIENT_CERT.name,
+                        &cert,
+                        "set only with a rediss:// REDIS_URL (a client certificate needs TLS)",
+                    ));
+                }
+                Some(ClientCertFiles { cert, key })
+            }
+            (Some(v), None) | (None, Some(v)) => {
+                let set = if v == var(REDIS_CLIENT_CERT.name).unwrap_or_default() {
+                    REDIS_CLIENT_CERT
+                } else {
+                    REDIS_CLIENT_KEY
+                };
+                return Err(VarError::new(
+                    set.name,
+                    &v,
+                    "REDIS_CLIENT_CERT and REDIS_CLIENT_KEY go together: set both or neither",
+                ));
+            }
+        };
         Ok(Common {
-            redis_url: REDIS_URL.get(&var),
+            redis_client_cert,
+            redis_url,
             // Every key is `<prefix>:...`: a ':' or a glob character in the
             // prefix would let two deployments' keys (and SCANs) meet.
             keys: crate::Keys::new(REDIS_KEY_PREFIX.name_value(&var, 64)?),
@@ -211,6 +257,33 @@ mod tests {
             Some("X=\"0\" is not valid: a whole number from 1 to 10")
         );
         assert!(parse_range("X", Some("ten"), 5, 1, 10).is_err());
+    }
+
+    #[test]
+    fn a_client_certificate_needs_its_key_and_tls() {
+        let load = |pairs: &[(&str, &str)]| Common::from_lookup(lookup_of(pairs));
+        let tls = ("REDIS_URL", "rediss://w:p@redis.example:6380");
+        let both = [
+            tls,
+            ("REDIS_CLIENT_CERT", "/c.crt"),
+            ("REDIS_CLIENT_KEY", "/c.key"),
+        ];
+        assert_eq!(
+            load(&both).map(|c| c.redis_client_cert),
+            Ok(Some(ClientCertFiles {
+                cert: "/c.crt".into(),
+                key: "/c.key".into()
+            }))
+        );
+        assert_eq!(load(&[tls]).map(|c| c.redis_client_cert), Ok(None));
+        let half = load(&[tls, ("REDIS_CLIENT_CERT", "/c.crt")]);
+        assert!(half.is_err_and(|e| e.expected.contains("set both or neither")));
+        let plain = load(&[
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+            ("REDIS_CLIENT_CERT", "/c.crt"),
+            ("REDIS_CLIENT_KEY", "/c.key"),
+        ]);
+        assert!(plain.is_err_and(|e| e.expected.contains("rediss://")));
     }
 
     #[test]

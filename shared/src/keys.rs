@@ -1,20 +1,13 @@
-//! The Redis key schema, in one typed place. README.md documents it for ops.
+//! The Redis key schema, in one typed place: `Keys` builds every key name,
+//! `Field` names the task hash's fields. What each key and field holds, who
+//! writes it and how long it lives is documented once, in docs/redis-keys.md;
+//! a test (`e2e/tests/config_docs.rs`) fails when that page and this module
+//! disagree.
 //!
 //! Every key starts with a prefix (`REDIS_KEY_PREFIX`, default `sr`) so several
 //! deployments, or several test runs, can share one Redis without meeting.
-//!
-//! | key | type | what |
-//! |---|---|---|
-//! | `{p}:jobs` | stream | one entry per submitted task: `task_id` |
-//! | `{p}:task:{id}` | hash | the task record (fields: [`Field`]) |
-//! | `{p}:task:{id}:zip` | string | the submitted zip, until the task finishes or is killed |
-//! | `{p}:task:{id}:stdin` | string | the submitted stdin, until the task finishes or is killed |
-//! | `{p}:task:{id}:files` | string | the collected files (a zip), expiring with the record |
-//! | `{p}:tasks` | sorted set | task ids by creation time (ms), for `list_tasks` |
-//! | `{p}:worker:{name}` | string with TTL | a live worker's heartbeat |
-//! | `{p}:workers` | set | workers that registered and have not been forgotten (a dead one is removed once it holds no job) |
-//! | `{p}:stats` | hash | counters: `submitted`, `finished:<state>:<reason_kind>` |
-//! | `{p}:stats:{minute}` | hash with TTL | tasks finished in that Unix minute: `<state>:<reason_kind>` |
+
+use crate::names::{UnknownName, stored_names};
 
 /// The consumer group every worker joins on the jobs stream.
 pub const WORKER_GROUP: &str = "workers";
@@ -61,6 +54,14 @@ impl Keys {
         format!("{}:task:{task_id}:files", self.prefix)
     }
 
+    /// A small stream (at most about `TASK_EVENTS_MAXLEN` entries) that the
+    /// state scripts (CLAIM, STARTED, PROGRESS when the output grew, FINISH,
+    /// KILL) append to, so a `wait_seconds` caller blocks on it (`XREAD BLOCK`)
+    /// instead of polling the record. Expires with the record.
+    pub fn task_events(&self, task_id: &str) -> String {
+        format!("{}:task:{task_id}:events", self.prefix)
+    }
+
     /// Task ids scored by creation time, newest last, for `list_tasks`.
     pub fn task_index(&self) -> String {
         format!("{}:tasks", self.prefix)
@@ -86,6 +87,66 @@ impl Keys {
     /// they expire after `STATS_MINUTE_TTL_SECONDS`.
     pub fn stats_minute(&self, minute: u64) -> String {
         format!("{}:{minute}", self.stats())
+    }
+
+    /// An owner's tasks that may still be queued or running (sorted set: task
+    /// id by created_at), for the per-key quotas. Written by SUBMIT; entries
+    /// whose task has ended are dropped by the next SUBMIT that counts them.
+    pub fn owner_active(&self, owner: &str) -> String {
+        format!("{}:owner:{owner}:active", self.prefix)
+    }
+
+    /// An owner's CPU use over the last day (sorted set: `<task_id>:<cpu_ms>`
+    /// by finished_at), for the CPU quota. Written by FINISH; entries older than
+    /// a day are dropped by whoever reads it.
+    pub fn owner_cpu(&self, owner: &str) -> String {
+        format!("{}:owner:{owner}:cpu", self.prefix)
+    }
+
+    /// An owner's tasks by created_at (sorted set), for its `list_tasks`: the
+    /// owner's share of `task_index`. Written by SUBMIT, trimmed like it.
+    pub fn owner_tasks(&self, owner: &str) -> String {
+        format!("{}:owner:{owner}:tasks", self.prefix)
+    }
+
+    /// An API key's record (hash, `ApiKeyField`s), under the SHA-256 (hex) of
+    /// the key: the key itself is never stored.
+    pub fn api_key(&self, sha256: &str) -> String {
+        format!("{}:apikey:{sha256}", self.prefix)
+    }
+
+    /// Every API key's name and the SHA-256 of its key (hash: name -> hash),
+    /// for `keys list`, `revoke` and `rotate`.
+    pub fn api_key_names(&self) -> String {
+        format!("{}:apikeys", self.prefix)
+    }
+
+    /// The names of revoked keys (set), kept forever: a revoked key's tasks
+    /// keep its name as their owner, so `keys create` refuses the name (a new
+    /// key under it would see and kill them, and inherit their quota counts).
+    pub fn api_keys_revoked(&self) -> String {
+        format!("{}:apikeys:revoked", self.prefix)
+    }
+
+    /// What an owner's tasks used in all (hash, fields in `shared::usage`:
+    /// tasks, cpu_ms, peak_memory_bytes (the highest), workspace_bytes).
+    /// Written by FINISH; kept forever.
+    pub fn owner_usage(&self, owner: &str) -> String {
+        format!("{}:owner:{owner}:usage", self.prefix)
+    }
+
+    /// Every owner with usage, scored by its total CPU ms (sorted set), so the
+    /// heaviest can be listed without scanning: `/metrics` labels the top ones.
+    /// Written by FINISH; kept forever.
+    pub fn usage_owners(&self) -> String {
+        format!("{}:usage:owners", self.prefix)
+    }
+
+    /// What every owned task used in all (hash, the fields of `owner_usage`):
+    /// `/metrics` shows the owners past its top ones as `other`, this less
+    /// theirs. Written by FINISH; kept forever.
+    pub fn usage_totals(&self) -> String {
+        format!("{}:usage:totals", self.prefix)
     }
 }
 
@@ -177,6 +238,15 @@ pub const HEARTBEAT_RUNNING: &str = "running=";
 /// seconds: long enough for any "last hour" read.
 pub const STATS_MINUTE_TTL_SECONDS: u64 = 7200;
 
+/// How many entries a task's events stream keeps (`XADD MAXLEN ~`): a waiter
+/// only needs to know that something was appended after the id it read.
+pub const TASK_EVENTS_MAXLEN: u64 = 16;
+
+/// The one field of a task events entry, and its values: what the scripts
+/// append. Waiters read only that an entry came, not what it says.
+pub const TASK_EVENT_FIELD: &str = "e";
+pub const TASK_EVENTS: [&str; 5] = ["claimed", "started", "output", "finished", "killed"];
+
 /// The `stats` hash field counting submitted tasks.
 pub const STAT_SUBMITTED: &str = "submitted";
 /// The prefix of the `stats` hash fields counting finished tasks.
@@ -190,7 +260,21 @@ impl Default for Keys {
 
 /// The fields of a task hash. Timestamps are Unix milliseconds read from Redis's
 /// own clock (`TIME`), so api and worker hosts never compare skewed clocks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Stored under its `as_str()` name, the variant's in snake case.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = Field::unknown)]
 pub enum Field {
     /// `TaskState::as_str()`.
     State,
@@ -239,40 +323,20 @@ pub enum Field {
     /// Total bytes the script wrote to stdout / stderr.
     StdoutBytes,
     StderrBytes,
+    /// Who submitted it: the API key's name, `oauth:<subject>` for an OAuth
+    /// token, or absent for the operator's admin key (`SCRIPT_RUNNER_TOKEN`).
+    Owner,
+    /// CPU time the task's container used, in milliseconds, as its cgroup
+    /// reported at the end.
+    UsageCpuMs,
+    /// The container's peak memory use in bytes (cgroup), files in its tmpfs
+    /// mounts included.
+    UsagePeakMemoryBytes,
+    /// Bytes in /workspace when the task ended.
+    UsageWorkspaceBytes,
 }
 
-impl Field {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Field::State => "state",
-            Field::Runtime => "runtime",
-            Field::Image => "image",
-            Field::Command => "command",
-            Field::TimeoutSeconds => "timeout_seconds",
-            Field::HasZip => "has_zip",
-            Field::HasStdin => "has_stdin",
-            Field::Env => "env",
-            Field::Network => "network",
-            Field::Collect => "collect",
-            Field::Files => "files",
-            Field::CreatedAt => "created_at",
-            Field::ClaimedAt => "claimed_at",
-            Field::StartedAt => "started_at",
-            Field::FinishedAt => "finished_at",
-            Field::LastOutputAt => "last_output_at",
-            Field::Worker => "worker",
-            Field::Entry => "entry",
-            Field::Container => "container",
-            Field::ExitCode => "exit_code",
-            Field::Reason => "reason",
-            Field::ReasonKind => "reason_kind",
-            Field::StdoutTail => "stdout_tail",
-            Field::StderrTail => "stderr_tail",
-            Field::StdoutBytes => "stdout_bytes",
-            Field::StderrBytes => "stderr_bytes",
-        }
-    }
-}
+stored_names!(Field, parse "task record field");
 
 /// The field of a jobs-stream entry that names the task.
 pub const JOB_TASK_ID: &str = "task_id";
@@ -330,6 +394,51 @@ mod tests {
             Heartbeat::parse("running=1 pool=3 slots=2").and_then(|h| h.slots),
             Some(2)
         );
+    }
+
+    /// The stored names are derived; these are what Redis holds today (and what
+    /// ops and the Python harness read), so a renamed variant cannot slip by.
+    #[test]
+    fn fields_keep_their_stored_names() {
+        let names: Vec<&str> = Field::ALL.iter().map(|f| f.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "state",
+                "runtime",
+                "image",
+                "command",
+                "timeout_seconds",
+                "has_zip",
+                "has_stdin",
+                "env",
+                "network",
+                "collect",
+                "files",
+                "created_at",
+                "claimed_at",
+                "started_at",
+                "finished_at",
+                "last_output_at",
+                "worker",
+                "entry",
+                "container",
+                "exit_code",
+                "reason",
+                "reason_kind",
+                "stdout_tail",
+                "stderr_tail",
+                "stdout_bytes",
+                "stderr_bytes",
+                "owner",
+                "usage_cpu_ms",
+                "usage_peak_memory_bytes",
+                "usage_workspace_bytes",
+            ]
+        );
+        for &f in Field::ALL {
+            assert_eq!(f.as_str().parse::<Field>(), Ok(f));
+        }
     }
 
     #[test]

@@ -5,16 +5,24 @@
 //! Invariant: this crate does no I/O. It holds types, names and pure functions, so
 //! both binaries (and ops reading Redis by hand) see one definition of each.
 
+pub mod apikey;
 pub mod envvar;
+pub mod functions;
 pub mod keys;
+mod names;
 pub mod options;
+pub mod record;
 pub mod runtimes;
 pub mod scripts;
 pub mod tail;
 pub mod task;
 pub mod time;
+pub mod usage;
+pub mod view;
 pub mod zipcheck;
 
 pub use keys::{Field, Keys};
+pub use names::UnknownName;
+pub use record::{RecordError, TaskRecord};
 pub use runtimes::{RuntimeCatalog, RuntimeError};
 pub use task::{ReasonKind, TaskState};

@@ -3,16 +3,31 @@
 //! submit; the worker applies them as recorded.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::{UnknownName, stored_names};
+
 /// The network a task's container gets.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
 )]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = Network::unknown)]
 pub enum Network {
     /// The isolated task bridge: the internet is reachable, the service, this
     /// host and private networks are not.
@@ -22,31 +37,7 @@ pub enum Network {
     None,
 }
 
-impl Network {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Network::Internet => "internet",
-            Network::None => "none",
-        }
-    }
-}
-
-impl fmt::Display for Network {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Network {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "internet" => Ok(Network::Internet),
-            "none" => Ok(Network::None),
-            other => Err(format!("unknown network {other:?}")),
-        }
-    }
-}
+stored_names!(Network, parse "network");
 
 /// At most this many extra environment variables per task.
 pub const MAX_ENV_VARS: usize = 64;
@@ -169,6 +160,12 @@ mod tests {
 pub const MAX_COLLECT_PATTERNS: usize = 20;
 /// At most this many characters in one pattern.
 pub const MAX_COLLECT_PATTERN_LEN: usize = 256;
+/// Bytes of collected files kept per task at most (the archive read from the
+/// task, about the files' total). The worker enforces it; the tool
+/// descriptions quote it.
+pub const MAX_COLLECT_BYTES: u64 = 16 << 20;
+/// Collected files kept per task at most.
+pub const MAX_COLLECT_FILES: usize = 1000;
 
 /// Why a `collect` list was refused. Shown to the client as is.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

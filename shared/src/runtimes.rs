@@ -21,6 +21,31 @@ pub enum RuntimeError {
     BadName(String),
 }
 
+/// The image [`DEFAULT_RUNTIMES`] gives `runtime`, if it is one of them.
+pub fn default_image(runtime: &str) -> Option<&'static str> {
+    DEFAULT_RUNTIMES
+        .iter()
+        .find(|(n, _)| *n == runtime)
+        .map(|(_, i)| *i)
+}
+
+/// Why a worker refuses to run a task record: what it names is outside the
+/// worker's catalogue. The sentence is the task's reason, shown to clients.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ImageRefusal {
+    #[error("refused: runtime {runtime:?} is not in this worker's catalogue ({known})")]
+    UnknownRuntime { runtime: String, known: String },
+    #[error(
+        "refused: the task's record names image {recorded:?} for runtime {runtime}; \
+         this worker accepts only {accepted} for it"
+    )]
+    ImageNotInCatalogue {
+        runtime: String,
+        recorded: String,
+        accepted: String,
+    },
+}
+
 /// Configured runtimes, sorted by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeCatalog {
@@ -43,10 +68,8 @@ impl RuntimeCatalog {
         Ok(catalog)
     }
 
-    /// Only the entries `RUNTIME_IMAGES` lists, without the defaults: what a
-    /// worker host overrides (say, a local mirror's tag) in the image the api
-    /// recorded for a task.
-    pub fn overrides(value: Option<&str>) -> Result<RuntimeCatalog, RuntimeError> {
+    /// Only the entries `RUNTIME_IMAGES` lists, without the defaults.
+    fn overrides(value: Option<&str>) -> Result<RuntimeCatalog, RuntimeError> {
         let mut images = BTreeMap::new();
         for entry in value
             .unwrap_or("")
@@ -69,6 +92,36 @@ impl RuntimeCatalog {
             images.insert(name.to_owned(), image.to_owned());
         }
         Ok(RuntimeCatalog { images })
+    }
+
+    /// The image a worker runs for a task recorded with `runtime` and
+    /// `recorded_image`: always this catalogue's image for the runtime, never the
+    /// record's. `self` is the worker's catalogue ([`RuntimeCatalog::from_env_value`]:
+    /// the defaults and its `RUNTIME_IMAGES`). The record is refused when its
+    /// runtime is not here, or its image is neither this catalogue's for the
+    /// runtime nor the runtime's default (what an api without an override
+    /// records), so a record written by anything but an api that agrees with
+    /// this worker cannot choose what runs.
+    pub fn resolve(&self, runtime: &str, recorded_image: &str) -> Result<&str, ImageRefusal> {
+        let Some(image) = self.image(runtime) else {
+            return Err(ImageRefusal::UnknownRuntime {
+                runtime: runtime.to_owned(),
+                known: self.names_list(),
+            });
+        };
+        let default = default_image(runtime);
+        if recorded_image == image || default == Some(recorded_image) {
+            return Ok(image);
+        }
+        let accepted = match default {
+            Some(d) if d != image => format!("{image:?} or {d:?}"),
+            _ => format!("{image:?}"),
+        };
+        Err(ImageRefusal::ImageNotInCatalogue {
+            runtime: runtime.to_owned(),
+            recorded: recorded_image.to_owned(),
+            accepted,
+        })
     }
 
     pub fn image(&self, runtime: &str) -> Option<&str> {
@@ -127,6 +180,48 @@ mod tests {
                 .ok()
                 .map(|c| c.names().count()),
             Some(0)
+        );
+    }
+
+    #[test]
+    fn a_worker_runs_its_own_image_and_accepts_only_the_default_or_its_override() {
+        let c = RuntimeCatalog::from_env_value(Some("node24=mirror/node:24,ruby3=ruby:3")).ok();
+        let resolve = |r: &str, i: &str| c.as_ref().map(|c| c.resolve(r, i).map(str::to_owned));
+        // The override runs whether the api recorded the default or the override.
+        assert_eq!(
+            resolve("node24", "node:24-slim"),
+            Some(Ok("mirror/node:24".into()))
+        );
+        assert_eq!(
+            resolve("node24", "mirror/node:24"),
+            Some(Ok("mirror/node:24".into()))
+        );
+        assert_eq!(
+            resolve("python3.13", "python:3.13-slim"),
+            Some(Ok("python:3.13-slim".into()))
+        );
+        assert_eq!(resolve("ruby3", "ruby:3"), Some(Ok("ruby:3".into())));
+        let refused = resolve("node24", "attacker.invalid/evil:1")
+            .and_then(Result::err)
+            .map(|e| e.to_string());
+        assert_eq!(
+            refused.as_deref(),
+            Some(
+                "refused: the task's record names image \"attacker.invalid/evil:1\" for runtime \
+                 node24; this worker accepts only \"mirror/node:24\" or \"node:24-slim\" for it"
+            )
+        );
+        // Another runtime's image is not this runtime's.
+        assert!(matches!(
+            resolve("python3.13", "python:3.8-slim"),
+            Some(Err(ImageRefusal::ImageNotInCatalogue { .. }))
+        ));
+        assert_eq!(
+            resolve("cobol", "python:3.13-slim").and_then(Result::err),
+            Some(ImageRefusal::UnknownRuntime {
+                runtime: "cobol".into(),
+                known: "node24, python3.13, python3.8, ruby3".into()
+            })
         );
     }
 

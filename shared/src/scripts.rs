@@ -10,39 +10,524 @@
 //! Rules every state script follows: a terminal state is never overwritten, and a
 //! worker only writes to a task whose `worker` field is its own name.
 //!
-//! This crate does no I/O: the binaries wrap these sources in `redis::Script`
-//! once per process (`support::scripts`), so each is sent by `EVALSHA`.
+//! Each script has one typed call beside its source: a `ScriptCall` builder
+//! that takes what the script needs and lays out its KEYS and ARGV as the
+//! script's header says, so no call site assembles them by hand (a test holds
+//! every builder to its header's counts). [`Script::ALL`] is the one list of
+//! scripts.
+//!
+//! This crate does no I/O: [`crate::functions`] makes one Redis Functions
+//! library of these sources, and `support::scripts` loads it and runs a
+//! `ScriptCall` with `support::scripts::invoke` (an `FCALL`).
 
-use crate::task::{TaskState, UnknownState};
+use crate::apikey::{ApiKeyField, Limits};
+use crate::keys::{Keys, WORKER_GROUP};
+use crate::names::{UnknownName, stored_names};
+use crate::record::TaskRecord;
+use crate::task::{Outcome, ReasonKind, TaskState};
+use crate::usage::{CPU_LEDGER_WINDOW_MS, Usage};
+
+/// Every Lua script, each named as its file `lua/<name>.lua`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case", const_into_str)]
+pub enum Script {
+    Submit,
+    Claim,
+    Started,
+    Progress,
+    Finish,
+    Kill,
+    ForgetWorker,
+    Requeue,
+    KeyCreate,
+    KeyRotate,
+    KeyRevoke,
+    KeyTouch,
+}
+
+// `Script::ALL` is the one list of scripts (for the functions library, and for the tests).
+stored_names!(Script);
+
+impl Script {
+    /// The file stem, `lua/<name>.lua`.
+    pub const fn name(self) -> &'static str {
+        self.as_str()
+    }
+
+    pub const fn source(self) -> &'static str {
+        match self {
+            Script::Submit => SUBMIT,
+            Script::Claim => CLAIM,
+            Script::Started => STARTED,
+            Script::Progress => PROGRESS,
+            Script::Finish => FINISH,
+            Script::Kill => KILL,
+            Script::ForgetWorker => FORGET_WORKER,
+            Script::Requeue => REQUEUE,
+            Script::KeyCreate => KEY_CREATE,
+            Script::KeyRotate => KEY_ROTATE,
+            Script::KeyRevoke => KEY_REVOKE,
+            Script::KeyTouch => KEY_TOUCH,
+        }
+    }
+}
+
+/// One call of a script: which, its KEYS and its ARGV, in the header's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptCall {
+    pub script: Script,
+    pub keys: Vec<String>,
+    pub args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall {
+    fn new<const K: usize, const A: usize>(
+        script: Script,
+        keys: [String; K],
+        args: [&[u8]; A],
+    ) -> ScriptCall {
+        ScriptCall {
+            script,
+            keys: keys.into(),
+            args: args.iter().map(|a| a.to_vec()).collect(),
+        }
+    }
+}
 
 /// `run_script`: the new record, its zip and its job, all or nothing.
 pub const SUBMIT: &str = include_str!("lua/submit.lua");
+
+/// What SUBMIT stores besides the record's fields.
+#[derive(Debug, Clone, Copy)]
+pub struct Submit<'a> {
+    pub task_id: &'a str,
+    pub zip: Option<&'a [u8]>,
+    pub stdin: Option<&'a [u8]>,
+    /// Index entries older than this many milliseconds are dropped.
+    pub index_horizon_ms: u64,
+    /// `MAX_QUEUED_TASKS`: with this many jobs in the stream, nothing is stored.
+    pub max_queued: u64,
+    /// Who submits it (an API key's name, `oauth:<subject>`), with its quotas;
+    /// `None` for the admin key.
+    pub owner: Option<(&'a str, Limits)>,
+}
+
+/// An owner's quota that refused a submit. Named in SUBMIT's reply as `as_str`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "snake_case", const_into_str)]
+pub enum Quota {
+    MaxQueued,
+    MaxRunning,
+    CpuSecondsPerDay,
+}
+
+stored_names!(Quota);
+
+/// What SUBMIT did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitReply {
+    Queued,
+    /// `MAX_QUEUED_TASKS` refused it: this many jobs were in the stream.
+    Full(u64),
+    /// The owner's task-count quota refused it: `count` of its tasks are
+    /// queued (`MaxQueued`) or active (`MaxRunning`), the limit is `limit`.
+    Tasks {
+        quota: Quota,
+        limit: u64,
+        count: u64,
+    },
+    /// The CPU quota refused it: `used_ms` of `limit_ms` in the last 24 h;
+    /// back under the limit at `frees_at_ms` (Redis's clock).
+    Cpu {
+        limit_ms: u64,
+        used_ms: u64,
+        frees_at_ms: i64,
+    },
+}
+
+impl SubmitReply {
+    /// From SUBMIT's reply: an entry id (text), an integer, or
+    /// `{quota, limit, count, frees_at}`.
+    pub fn parse(reply: SubmitRaw) -> Result<SubmitReply, UnknownName> {
+        match reply {
+            SubmitRaw::Entry => Ok(SubmitReply::Queued),
+            SubmitRaw::Backlog(n) => Ok(SubmitReply::Full(n.max(0) as u64)),
+            SubmitRaw::Quota(name, limit, count, frees_at) => {
+                let quota: Quota = name.parse().map_err(|_| UnknownName {
+                    what: "quota",
+                    name: name.clone(),
+                })?;
+                let (limit, count) = (limit.max(0) as u64, count.max(0) as u64);
+                Ok(match quota {
+                    Quota::CpuSecondsPerDay => SubmitReply::Cpu {
+                        limit_ms: limit,
+                        used_ms: count,
+                        frees_at_ms: frees_at,
+                    },
+                    quota => SubmitReply::Tasks {
+                        quota,
+                        limit,
+                        count,
+                    },
+                })
+            }
+        }
+    }
+}
+
+/// SUBMIT's reply before it is read as a [`SubmitReply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitRaw {
+    Entry,
+    Backlog(i64),
+    Quota(String, i64, i64, i64),
+}
+
+impl ScriptCall {
+    /// Replies with the jobs stream entry id, or (refused) the backlog as an integer.
+    pub fn submit(keys: &Keys, s: &Submit<'_>, record: &TaskRecord) -> ScriptCall {
+        let id = s.task_id;
+        let (horizon, max) = (s.index_horizon_ms.to_string(), s.max_queued.to_string());
+        // The admin key has no owner: the owner keys are named (for the
+        // header's count) but never touched.
+        let (owner, limits) = s.owner.unwrap_or_default();
+        let opt = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+        let cpu_ms = opt(limits.cpu_seconds_per_day.map(|s| s.saturating_mul(1000)));
+        let (max_q, max_r) = (opt(limits.max_queued), opt(limits.max_running));
+        let mut call = ScriptCall::new(
+            Script::Submit,
+            [
+                keys.task(id),
+                keys.task_zip(id),
+                keys.task_stdin(id),
+                keys.stats(),
+                keys.jobs(),
+                keys.task_index(),
+                keys.owner_active(owner),
+                keys.owner_cpu(owner),
+                keys.owner_tasks(owner),
+            ],
+            [
+                id.as_bytes(),
+                s.zip.unwrap_or_default(),
+                s.stdin.unwrap_or_default(),
+                horizon.as_bytes(),
+                max.as_bytes(),
+                owner.as_bytes(),
+                max_q.as_bytes(),
+                max_r.as_bytes(),
+                cpu_ms.as_bytes(),
+            ],
+        );
+        for (field, value) in record.to_fields() {
+            call.args.push(field.as_str().as_bytes().to_vec());
+            call.args.push(value);
+        }
+        call
+    }
+}
+
 /// A worker takes a task it read from the stream: queued -> running.
 pub const CLAIM: &str = include_str!("lua/claim.lua");
+
+impl ScriptCall {
+    /// Replies with a [`TaskStateReply`].
+    pub fn claim(keys: &Keys, task_id: &str, worker: &str, entry_id: &str) -> ScriptCall {
+        ScriptCall::new(
+            Script::Claim,
+            [keys.task(task_id), keys.task_events(task_id)],
+            [worker.as_bytes(), entry_id.as_bytes()],
+        )
+    }
+}
+
 /// The task's container has started.
 pub const STARTED: &str = include_str!("lua/started.lua");
+
+impl ScriptCall {
+    /// Replies with a [`TaskStateReply`]: `running` if the task is still `worker`'s.
+    pub fn started(keys: &Keys, task_id: &str, worker: &str, container: &str) -> ScriptCall {
+        ScriptCall::new(
+            Script::Started,
+            [keys.task(task_id), keys.task_events(task_id)],
+            [worker.as_bytes(), container.as_bytes()],
+        )
+    }
+}
+
 /// Publishes a running task's output tails; replies with its state.
 pub const PROGRESS: &str = include_str!("lua/progress.lua");
+
+/// Output tails as published while a task runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'a> {
+    pub stdout_tail: &'a [u8],
+    pub stderr_tail: &'a [u8],
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Milliseconds since the last output byte; `None` if there was none yet.
+    pub output_age_ms: Option<u64>,
+}
+
+impl ScriptCall {
+    /// Replies with a [`TaskStateReply`] (a kill shows here).
+    pub fn progress(keys: &Keys, task_id: &str, worker: &str, p: &Progress<'_>) -> ScriptCall {
+        let (out, err) = (p.stdout_bytes.to_string(), p.stderr_bytes.to_string());
+        let age = p.output_age_ms.map(|a| a.to_string()).unwrap_or_default();
+        ScriptCall::new(
+            Script::Progress,
+            [keys.task(task_id), keys.task_events(task_id)],
+            [
+                worker.as_bytes(),
+                p.stdout_tail,
+                p.stderr_tail,
+                out.as_bytes(),
+                err.as_bytes(),
+                age.as_bytes(),
+            ],
+        )
+    }
+}
+
 /// Records how a task ended.
 pub const FINISH: &str = include_str!("lua/finish.lua");
+
+impl ScriptCall {
+    /// As `worker` (the one recorded as holding the task). `collected`: the
+    /// zip of the collected files and its listing (JSON), kept as long as the
+    /// record. Replies with a [`TaskStateReply`]: the state the task ends in.
+    pub fn finish(
+        keys: &Keys,
+        task_id: &str,
+        worker: &str,
+        outcome: &Outcome,
+        retention_seconds: u64,
+        ended: &Ended<'_>,
+    ) -> ScriptCall {
+        let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
+        let retention = retention_seconds.to_string();
+        let (zip, listing) = ended.collected.unwrap_or_default();
+        let figure = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_default();
+        let u = &ended.usage;
+        let (cpu, peak, ws) = (
+            figure(u.cpu_ms),
+            figure(u.peak_memory_bytes),
+            figure(u.workspace_bytes),
+        );
+        let owner = ended.owner.unwrap_or_default();
+        let window = CPU_LEDGER_WINDOW_MS.to_string();
+        ScriptCall::new(
+            Script::Finish,
+            [
+                keys.task(task_id),
+                keys.task_zip(task_id),
+                keys.stats(),
+                keys.task_stdin(task_id),
+                keys.task_files(task_id),
+                keys.owner_cpu(owner),
+                keys.owner_usage(owner),
+                keys.usage_owners(),
+                keys.usage_totals(),
+                keys.task_events(task_id),
+            ],
+            [
+                worker.as_bytes(),
+                outcome.state.as_str().as_bytes(),
+                outcome.kind.as_str().as_bytes(),
+                outcome.reason.as_bytes(),
+                code.as_bytes(),
+                retention.as_bytes(),
+                zip,
+                listing.as_bytes(),
+                task_id.as_bytes(),
+                owner.as_bytes(),
+                cpu.as_bytes(),
+                peak.as_bytes(),
+                ws.as_bytes(),
+                window.as_bytes(),
+            ],
+        )
+    }
+}
+
+/// What FINISH records besides the outcome. `Default`: nothing (a reaper
+/// settling a lost worker's task).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ended<'a> {
+    /// The files `collect` gathered: their zip and its listing (JSON).
+    pub collected: Option<(&'a [u8], &'a str)>,
+    /// What the container used (nothing unknown is written).
+    pub usage: Usage,
+    /// The task's owner as the worker read it at claim (`None`: the admin
+    /// key's task): its CPU ledger and totals are counted.
+    pub owner: Option<&'a str>,
+}
+
 /// `kill_task`.
 pub const KILL: &str = include_str!("lua/kill.lua");
+
+impl ScriptCall {
+    /// Replies with `{state, killed}`: read it with [`KillReply::parse`].
+    /// `owner`: the caller's (`None` for the admin key); another owner's task
+    /// is answered as missing.
+    pub fn kill(
+        keys: &Keys,
+        task_id: &str,
+        reason: &str,
+        kind: ReasonKind,
+        retention_seconds: u64,
+        owner: Option<&str>,
+    ) -> ScriptCall {
+        let retention = retention_seconds.to_string();
+        ScriptCall::new(
+            Script::Kill,
+            [
+                keys.task(task_id),
+                keys.task_zip(task_id),
+                keys.stats(),
+                keys.task_stdin(task_id),
+                keys.task_events(task_id),
+            ],
+            [
+                reason.as_bytes(),
+                kind.as_str().as_bytes(),
+                retention.as_bytes(),
+                owner.unwrap_or_default().as_bytes(),
+            ],
+        )
+    }
+}
+
+/// What KILL did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReply {
+    /// No such task.
+    Missing,
+    /// The task's state after the call, and whether this call killed it.
+    State(TaskState, bool),
+}
+
+impl KillReply {
+    pub fn parse((state, killed): (String, i64)) -> Result<KillReply, UnknownName> {
+        if state == MISSING {
+            return Ok(KillReply::Missing);
+        }
+        Ok(KillReply::State(state.parse()?, killed == 1))
+    }
+}
+
 /// Forgets a dead worker that holds no job.
 pub const FORGET_WORKER: &str = include_str!("lua/forget_worker.lua");
+
+impl ScriptCall {
+    /// Replies 1 if `worker` was forgotten, 0 if it is alive or holds jobs.
+    pub fn forget_worker(keys: &Keys, worker: &str) -> ScriptCall {
+        ScriptCall::new(
+            Script::ForgetWorker,
+            [keys.jobs(), keys.worker(worker), keys.workers()],
+            [WORKER_GROUP.as_bytes(), worker.as_bytes()],
+        )
+    }
+}
+
 /// Puts a job back in the stream for any worker.
 pub const REQUEUE: &str = include_str!("lua/requeue.lua");
 
-/// Every script, for tests and for loading them all at once.
-pub const ALL: [&str; 8] = [
-    SUBMIT,
-    CLAIM,
-    STARTED,
-    PROGRESS,
-    FINISH,
-    KILL,
-    FORGET_WORKER,
-    REQUEUE,
-];
+impl ScriptCall {
+    /// Replies 1 if requeued, 0 if the entry was no longer pending.
+    pub fn requeue(keys: &Keys, entry_id: &str, task_id: &str) -> ScriptCall {
+        ScriptCall::new(
+            Script::Requeue,
+            [keys.jobs()],
+            [
+                WORKER_GROUP.as_bytes(),
+                entry_id.as_bytes(),
+                task_id.as_bytes(),
+            ],
+        )
+    }
+}
+
+/// `keys create`: a new key's record and name, unless the name is taken.
+pub const KEY_CREATE: &str = include_str!("lua/key_create.lua");
+/// `keys rotate`: the record moves to the new key's hash.
+pub const KEY_ROTATE: &str = include_str!("lua/key_rotate.lua");
+/// `keys revoke`: the record and the name go.
+pub const KEY_REVOKE: &str = include_str!("lua/key_revoke.lua");
+/// The api's `last_used_at`, at most once per interval.
+pub const KEY_TOUCH: &str = include_str!("lua/key_touch.lua");
+
+impl ScriptCall {
+    /// Replies 1; 0 when the name is taken; 2 when a key of that name was
+    /// revoked. `fields`: the record's pairs (`ApiKeyRecord::to_fields`).
+    pub fn key_create(
+        keys: &Keys,
+        name: &str,
+        sha256: &str,
+        fields: &[(ApiKeyField, String)],
+    ) -> ScriptCall {
+        let mut call = ScriptCall::new(
+            Script::KeyCreate,
+            [
+                keys.api_key_names(),
+                keys.api_key(sha256),
+                keys.api_keys_revoked(),
+            ],
+            [name.as_bytes(), sha256.as_bytes()],
+        );
+        for (f, v) in fields {
+            call.args.push(f.as_str().as_bytes().to_vec());
+            call.args.push(v.as_bytes().to_vec());
+        }
+        call
+    }
+
+    /// Replies 1, or 0 when no key has that name.
+    pub fn key_rotate(keys: &Keys, name: &str, new_sha256: &str) -> ScriptCall {
+        ScriptCall::new(
+            Script::KeyRotate,
+            [
+                keys.api_key_names(),
+                keys.api_key(new_sha256),
+                keys.api_key(""),
+            ],
+            [name.as_bytes(), new_sha256.as_bytes()],
+        )
+    }
+
+    /// Replies 1, or 0 when no key has that name.
+    pub fn key_revoke(keys: &Keys, name: &str) -> ScriptCall {
+        ScriptCall::new(
+            Script::KeyRevoke,
+            [
+                keys.api_key_names(),
+                keys.api_key(""),
+                keys.api_keys_revoked(),
+            ],
+            [name.as_bytes()],
+        )
+    }
+
+    /// Replies 1 if `last_used_at` was written.
+    pub fn key_touch(keys: &Keys, sha256: &str, interval_ms: u64) -> ScriptCall {
+        let interval = interval_ms.to_string();
+        ScriptCall::new(
+            Script::KeyTouch,
+            [keys.api_key(sha256)],
+            [interval.as_bytes()],
+        )
+    }
+}
 
 /// Replied when the task hash does not exist (never made, or expired).
 pub const MISSING: &str = "missing";
@@ -61,7 +546,7 @@ pub enum TaskStateReply {
 }
 
 impl TaskStateReply {
-    pub fn parse(s: &str) -> Result<TaskStateReply, UnknownState> {
+    pub fn parse(s: &str) -> Result<TaskStateReply, UnknownName> {
         match s {
             MISSING => Ok(TaskStateReply::Missing),
             NOT_OWNER => Ok(TaskStateReply::NotOwner),
@@ -70,7 +555,7 @@ impl TaskStateReply {
     }
 
     /// A plain `HGET state` read: `None` is a missing task.
-    pub fn from_field(state: Option<&str>) -> Result<TaskStateReply, UnknownState> {
+    pub fn from_field(state: Option<&str>) -> Result<TaskStateReply, UnknownName> {
         TaskStateReply::parse(state.unwrap_or(MISSING))
     }
 
@@ -83,42 +568,14 @@ impl TaskStateReply {
 mod tests {
     use super::*;
     use crate::Field;
-
-    const ALL_FIELDS: [Field; 26] = [
-        Field::Collect,
-        Field::Files,
-        Field::HasStdin,
-        Field::Env,
-        Field::Network,
-        Field::State,
-        Field::Runtime,
-        Field::Image,
-        Field::Command,
-        Field::TimeoutSeconds,
-        Field::HasZip,
-        Field::CreatedAt,
-        Field::ClaimedAt,
-        Field::Entry,
-        Field::StartedAt,
-        Field::FinishedAt,
-        Field::LastOutputAt,
-        Field::Worker,
-        Field::Container,
-        Field::ExitCode,
-        Field::Reason,
-        Field::ReasonKind,
-        Field::StdoutTail,
-        Field::StderrTail,
-        Field::StdoutBytes,
-        Field::StderrBytes,
-    ];
+    use crate::options::Network;
 
     /// Every single-quoted word in a script's code must be a known field, state,
     /// reply, stats or stream name, or a Redis command, so a typo cannot silently
     /// write a stray field.
     #[test]
     fn scripts_only_name_known_fields() {
-        let known: Vec<&str> = ALL_FIELDS
+        let known: Vec<&str> = Field::ALL
             .iter()
             .map(|f| f.as_str())
             .chain(crate::TaskState::ALL.iter().map(|s| s.as_str()))
@@ -127,9 +584,20 @@ mod tests {
             ])
             .chain([crate::keys::JOB_TASK_ID, crate::keys::STAT_SUBMITTED])
             .chain(["finished:", "finished:killed:", "killed:"])
+            .chain(["~", crate::keys::TASK_EVENT_FIELD])
+            .chain(crate::keys::TASK_EVENTS)
+            .chain(Quota::ALL.iter().map(|q| q.as_str()))
+            .chain(ApiKeyField::ALL.iter().map(|f| f.as_str()))
+            .chain([":(%d+)$"])
+            .chain([
+                crate::usage::TOTAL_TASKS,
+                crate::usage::TOTAL_CPU_MS,
+                crate::usage::TOTAL_PEAK_MEMORY_BYTES,
+                crate::usage::TOTAL_WORKSPACE_BYTES,
+            ])
             .collect();
         let is_command = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_uppercase());
-        for script in ALL {
+        for script in Script::ALL.iter().map(|s| s.source()) {
             // Header comments may quote freely; only the code is checked.
             let code: String = script
                 .lines()
@@ -147,18 +615,220 @@ mod tests {
         }
     }
 
+    fn header(script: Script) -> String {
+        script
+            .source()
+            .lines()
+            .take_while(|l| l.starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The highest `NAME[n]` the header documents, and whether it is open-ended
+    /// (`NAME[n..]`: that many or more).
+    fn documented(header: &str, name: &str) -> (usize, bool) {
+        let mut max = (0, false);
+        for part in header.split(&format!("{name}[")).skip(1) {
+            let digits: String = part.chars().take_while(char::is_ascii_digit).collect();
+            let n: usize = digits.parse().unwrap_or(0);
+            let open = part[digits.len()..].starts_with("..]");
+            if n > max.0 || (n == max.0 && open) {
+                max = (n, open);
+            }
+        }
+        max
+    }
+
     #[test]
     fn every_script_documents_its_keys_argv_and_reply() {
-        for script in ALL {
-            let header: String = script
-                .lines()
-                .take_while(|l| l.starts_with("--"))
-                .collect::<Vec<_>>()
-                .join("\n");
+        for &script in Script::ALL {
+            let header = header(script);
             assert!(header.contains("KEYS[1]"), "no KEYS in\n{header}");
             assert!(header.contains("ARGV[1]"), "no ARGV in\n{header}");
             assert!(header.contains("Returns"), "no reply in\n{header}");
         }
+    }
+
+    /// A typical call of each script's builder (a match, so a new script must
+    /// add one here).
+    fn sample_call(script: Script, keys: &Keys) -> ScriptCall {
+        let outcome = Outcome::worker_lost();
+        match script {
+            Script::Submit => {
+                let mut record = TaskRecord::new(TaskState::Queued);
+                record.runtime = Some("python3.13".into());
+                record.network = Some(Network::None);
+                let s = Submit {
+                    task_id: "t",
+                    zip: None,
+                    stdin: Some(b"in"),
+                    index_horizon_ms: 1,
+                    max_queued: 2,
+                    owner: Some(("alice", Limits::default())),
+                };
+                ScriptCall::submit(keys, &s, &record)
+            }
+            Script::Claim => ScriptCall::claim(keys, "t", "w", "1-0"),
+            Script::Started => ScriptCall::started(keys, "t", "w", "c"),
+            Script::Progress => {
+                let p = Progress {
+                    stdout_tail: b"o",
+                    stderr_tail: b"",
+                    stdout_bytes: 1,
+                    stderr_bytes: 0,
+                    output_age_ms: None,
+                };
+                ScriptCall::progress(keys, "t", "w", &p)
+            }
+            Script::Finish => {
+                let ended = Ended {
+                    usage: Usage {
+                        cpu_ms: Some(5),
+                        ..Usage::default()
+                    },
+                    owner: Some("alice"),
+                    ..Ended::default()
+                };
+                ScriptCall::finish(keys, "t", "w", &outcome, 60, &ended)
+            }
+            Script::Kill => ScriptCall::kill(keys, "t", "why", ReasonKind::KilledByUser, 60, None),
+            Script::ForgetWorker => ScriptCall::forget_worker(keys, "w"),
+            Script::Requeue => ScriptCall::requeue(keys, "1-0", "t"),
+            Script::KeyCreate => ScriptCall::key_create(
+                keys,
+                "ci",
+                "ab",
+                &[
+                    (ApiKeyField::Name, "ci".into()),
+                    (ApiKeyField::Scopes, "run".into()),
+                ],
+            ),
+            Script::KeyRotate => ScriptCall::key_rotate(keys, "ci", "cd"),
+            Script::KeyRevoke => ScriptCall::key_revoke(keys, "ci"),
+            Script::KeyTouch => ScriptCall::key_touch(keys, "ab", 60_000),
+        }
+    }
+
+    /// Each typed call passes exactly the KEYS and ARGV its header documents
+    /// (an open-ended `ARGV[n..]` takes field/value pairs from `n` on).
+    #[test]
+    fn every_typed_call_matches_its_header() {
+        let keys = Keys::new("p");
+        for &script in Script::ALL {
+            let (header, call) = (header(script), sample_call(script, &keys));
+            assert_eq!(call.script, script);
+            let (n_keys, _) = documented(&header, "KEYS");
+            assert_eq!(call.keys.len(), n_keys, "{} KEYS", script.name());
+            let (n_args, open) = documented(&header, "ARGV");
+            if open {
+                let fixed = n_args - 1;
+                assert!(
+                    call.args.len() > fixed && (call.args.len() - fixed) % 2 == 0,
+                    "{} ARGV: {} for {fixed} and pairs",
+                    script.name(),
+                    call.args.len()
+                );
+            } else {
+                assert_eq!(call.args.len(), n_args, "{} ARGV", script.name());
+            }
+            assert!(
+                call.keys.iter().all(|k| k.starts_with("p:")),
+                "{} names a key outside the prefix: {:?}",
+                script.name(),
+                call.keys
+            );
+        }
+    }
+
+    /// Every append to a task's events stream is trimmed to the documented
+    /// length; the scripts that change a task's state or output all append.
+    #[test]
+    fn event_appends_are_trimmed_and_every_state_script_appends() {
+        let xadd = format!(
+            "'XADD', KEYS[{{}}], 'MAXLEN', '~', {}, '*', '{}', '",
+            crate::keys::TASK_EVENTS_MAXLEN,
+            crate::keys::TASK_EVENT_FIELD
+        );
+        for (script, key) in [
+            (Script::Claim, 2),
+            (Script::Started, 2),
+            (Script::Progress, 2),
+            (Script::Finish, 10),
+            (Script::Kill, 5),
+        ] {
+            let want = xadd.replace("{}", &key.to_string());
+            assert!(
+                script.source().contains(&want),
+                "{} does not append `{want}`",
+                script.name()
+            );
+        }
+        for &s in Script::ALL {
+            assert_eq!(
+                s.source().matches("'XADD'").count(),
+                s.source().matches("'MAXLEN', '~', 16,").count()
+                    + usize::from(matches!(s, Script::Submit | Script::Requeue)),
+                "{}: an XADD without the events trim",
+                s.name()
+            );
+        }
+    }
+
+    /// `Script::ALL` is every file in `lua/`, each under its own name.
+    #[test]
+    fn the_list_of_scripts_is_the_lua_directory() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .expect("lua dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        files.sort();
+        let mut named: Vec<String> = Script::ALL
+            .iter()
+            .map(|s| format!("{}.lua", s.name()))
+            .collect();
+        named.sort();
+        assert_eq!(files, named);
+        for &s in Script::ALL {
+            let path = format!("{dir}/{}.lua", s.name());
+            assert_eq!(
+                std::fs::read_to_string(path).ok().as_deref(),
+                Some(s.source())
+            );
+        }
+    }
+
+    #[test]
+    fn submit_passes_the_records_fields_as_pairs() {
+        let call = sample_call(Script::Submit, &Keys::new("p"));
+        let pairs: Vec<(String, String)> = call.args[9..]
+            .chunks(2)
+            .map(|p| {
+                (
+                    String::from_utf8_lossy(&p[0]).into_owned(),
+                    String::from_utf8_lossy(&p[1]).into_owned(),
+                )
+            })
+            .collect();
+        let expect = [
+            ("state", "queued"),
+            ("runtime", "python3.13"),
+            ("network", "none"),
+        ];
+        assert_eq!(pairs, expect.map(|(f, v)| (f.to_owned(), v.to_owned())));
+    }
+
+    #[test]
+    fn kill_replies_read_as_their_kinds() {
+        assert_eq!(
+            KillReply::parse((MISSING.into(), 0)),
+            Ok(KillReply::Missing)
+        );
+        assert_eq!(
+            KillReply::parse(("killed".into(), 1)),
+            Ok(KillReply::State(TaskState::Killed, true))
+        );
+        assert!(KillReply::parse(("gone".into(), 0)).is_err());
     }
 
     #[test]

@@ -8,14 +8,32 @@
 //! state first checks that the current one is not terminal, inside Redis, atomically.
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Where a task is in its life. Stored in the task hash as its `as_str()` form.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+use crate::names::{UnknownName, stored_names};
+
+/// Where a task is in its life. Stored in the task hash as its `as_str()` form,
+/// which is also its serde form (what clients see).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = TaskState::unknown)]
 pub enum TaskState {
     /// Accepted and waiting in the stream for a worker with a free slot.
     Queued,
@@ -31,56 +49,34 @@ pub enum TaskState {
     TimedOut,
 }
 
+stored_names!(TaskState, parse "task state");
+
 impl TaskState {
-    pub const ALL: [TaskState; 6] = [
-        TaskState::Queued,
-        TaskState::Running,
-        TaskState::Succeeded,
-        TaskState::Failed,
-        TaskState::Killed,
-        TaskState::TimedOut,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskState::Queued => "queued",
-            TaskState::Running => "running",
-            TaskState::Succeeded => "succeeded",
-            TaskState::Failed => "failed",
-            TaskState::Killed => "killed",
-            TaskState::TimedOut => "timed-out",
-        }
-    }
-
     pub fn is_terminal(self) -> bool {
         !matches!(self, TaskState::Queued | TaskState::Running)
     }
 }
 
-impl fmt::Display for TaskState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown task state {0:?}")]
-pub struct UnknownState(pub String);
-
-impl FromStr for TaskState {
-    type Err = UnknownState;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        TaskState::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
-    }
-}
-
 /// Why a task reached its terminal state. Stored as `reason_kind` next to the
 /// human sentence in `reason`, so ops and code can branch on it without parsing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = ReasonKind::unknown)]
 pub enum ReasonKind {
     /// The container exited by itself, with the recorded exit code.
     Exited,
@@ -107,51 +103,12 @@ pub enum ReasonKind {
     DiskFull,
     /// The script failed after reaching the process limit.
     ProcessLimit,
+    /// The worker refused the task's record: its runtime or image is not in the
+    /// worker's catalogue (nothing was pulled or run).
+    ImageRefused,
 }
 
-impl ReasonKind {
-    pub const ALL: [ReasonKind; 12] = [
-        ReasonKind::Exited,
-        ReasonKind::TimedOut,
-        ReasonKind::KilledByUser,
-        ReasonKind::OutOfMemory,
-        ReasonKind::StartFailed,
-        ReasonKind::ContainerLost,
-        ReasonKind::WorkspaceFailed,
-        ReasonKind::WorkerLost,
-        ReasonKind::WorkerRestarted,
-        ReasonKind::WorkerShutdown,
-        ReasonKind::DiskFull,
-        ReasonKind::ProcessLimit,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReasonKind::Exited => "exited",
-            ReasonKind::TimedOut => "timed-out",
-            ReasonKind::KilledByUser => "killed-by-user",
-            ReasonKind::OutOfMemory => "out-of-memory",
-            ReasonKind::StartFailed => "start-failed",
-            ReasonKind::ContainerLost => "container-lost",
-            ReasonKind::WorkspaceFailed => "workspace-failed",
-            ReasonKind::WorkerLost => "worker-lost",
-            ReasonKind::WorkerRestarted => "worker-restarted",
-            ReasonKind::WorkerShutdown => "worker-shutdown",
-            ReasonKind::DiskFull => "disk-full",
-            ReasonKind::ProcessLimit => "process-limit",
-        }
-    }
-}
-
-impl FromStr for ReasonKind {
-    type Err = UnknownState;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        ReasonKind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
-    }
-}
+stored_names!(ReasonKind, parse "reason kind");
 
 /// The sentence shown to clients for a kill requested through `kill_task`.
 pub const KILLED_BY_USER_REASON: &str = "killed by kill_task";
@@ -170,7 +127,8 @@ pub fn self_deadline_seconds(timeout_seconds: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ContainerExit {
     pub code: i64,
-    /// Docker's OOM-killed flag.
+    /// Whether the kernel OOM-killed it (its cgroup's `oom_kill` count, or
+    /// Docker's OOM-killed flag).
     pub oom_killed: bool,
     /// How long it ran, from its start to its exit.
     pub ran: Duration,
@@ -428,6 +386,12 @@ impl Outcome {
         )
     }
 
+    /// The worker refused what the task's record names (see
+    /// `runtimes::ImageRefusal`); nothing was pulled or run.
+    pub fn image_refused(refusal: impl fmt::Display) -> Outcome {
+        Outcome::failed(ReasonKind::ImageRefused, refusal.to_string())
+    }
+
     /// The container had started when the worker lost track of it.
     pub fn container_lost(error: impl fmt::Display) -> Outcome {
         Outcome::failed(
@@ -477,7 +441,7 @@ mod tests {
 
     #[test]
     fn states_round_trip_through_their_stored_form() {
-        for st in TaskState::ALL {
+        for &st in TaskState::ALL {
             assert_eq!(st.as_str().parse::<TaskState>(), Ok(st));
             // The serde form is what clients see; it must equal the stored form.
             assert_eq!(
@@ -488,10 +452,48 @@ mod tests {
         assert!("done".parse::<TaskState>().is_err());
     }
 
+    /// The names are derived from the variants; these are the ones stored in
+    /// Redis and shown to clients, so a renamed variant cannot slip by.
+    #[test]
+    fn states_and_reason_kinds_keep_their_stored_names() {
+        let states: Vec<&str> = TaskState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            states,
+            [
+                "queued",
+                "running",
+                "succeeded",
+                "failed",
+                "killed",
+                "timed-out"
+            ]
+        );
+        let kinds: Vec<&str> = ReasonKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "exited",
+                "timed-out",
+                "killed-by-user",
+                "out-of-memory",
+                "start-failed",
+                "container-lost",
+                "workspace-failed",
+                "worker-lost",
+                "worker-restarted",
+                "worker-shutdown",
+                "disk-full",
+                "process-limit",
+                "image-refused",
+            ]
+        );
+    }
+
     #[test]
     fn only_queued_and_running_are_not_terminal() {
         let open: Vec<_> = TaskState::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|s| !s.is_terminal())
             .collect();
         assert_eq!(open, vec![TaskState::Queued, TaskState::Running]);
@@ -583,8 +585,13 @@ mod tests {
 
     #[test]
     fn reason_kinds_round_trip() {
-        for k in ReasonKind::ALL {
+        for &k in ReasonKind::ALL {
             assert_eq!(k.as_str().parse::<ReasonKind>(), Ok(k));
+            // The serde form is what clients see; it must equal the stored form.
+            assert_eq!(
+                serde_json::to_value(k).ok(),
+                Some(serde_json::json!(k.as_str()))
+            );
         }
         assert!("bored".parse::<ReasonKind>().is_err());
     }

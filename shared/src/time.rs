@@ -16,6 +16,12 @@ pub fn rfc3339_ms(unix_ms: i64) -> String {
     )
 }
 
+/// Unix milliseconds from a `TIME` reply (seconds and microseconds), so
+/// every reader turns Redis's clock into the record's unit the same way.
+pub fn redis_time_ms((secs, micros): (i64, i64)) -> i64 {
+    secs * 1000 + micros / 1000
+}
+
 /// A task's clock from its record's timestamps (Unix milliseconds, Redis's clock)
 /// at `now_ms`: seconds since its container started, and seconds since its last
 /// output byte (since the start if none). Both stop at `finished_ms`, so a
@@ -57,6 +63,11 @@ mod tests {
         assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339_ms(1_796_083_199_999), "2026-11-30T23:59:59.999Z");
+    }
+
+    #[test]
+    fn redis_time_reads_as_milliseconds() {
+        assert_eq!(redis_time_ms((1_700_000_000, 123_999)), 1_700_000_000_123);
     }
 
     #[test]

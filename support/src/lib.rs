@@ -1,13 +1,18 @@
 //! The I/O plumbing every binary shares: the Redis pool with our timeouts, the
-//! Lua scripts wrapped once per process, the start-up check of Redis's setup,
-//! and the shutdown signal.
+//! Lua scripts wrapped once per process and run from their typed calls, the
+//! jobs stream's pending summary, the per-owner usage totals, the start-up
+//! check of Redis's setup, and the shutdown signal.
 //!
 //! `shared/` holds what api and worker agree on and does no I/O; what they both
 //! need and does I/O lives here instead, so neither binary carries a twin copy.
 
+pub mod apikeys;
+pub mod exposition;
+pub mod jobs;
 pub mod redis_pool;
 pub mod redis_setup;
 pub mod scripts;
+pub mod usage;
 
 /// Resolves on SIGINT or SIGTERM (whichever comes first), for a graceful stop.
 pub async fn shutdown_signal() {

@@ -5,15 +5,68 @@ use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
-use deadpool_redis::redis::{self, AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Value};
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, ClientTlsConfig, Cmd, ConnectionInfo, IntoConnectionInfo,
+    Pipeline, RedisFuture, TlsCertificates, Value,
+};
 use deadpool_redis::{Pool, Runtime};
+use shared::envvar::{ClientCertFiles, REDIS_CLIENT_CERT, REDIS_CLIENT_KEY};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     #[error("REDIS_URL is not a usable Redis address: {0}")]
     Url(#[from] redis::RedisError),
     #[error("could not create the Redis pool: {0}")]
-    Build(String),
+    Build(#[from] managed::BuildError),
+    #[error("cannot read {var} ({path}): {source}")]
+    ClientCertFile {
+        var: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "REDIS_CLIENT_CERT ({cert}) and REDIS_CLIENT_KEY ({key}) are not a PEM certificate \
+         and private key: {source}"
+    )]
+    ClientCert {
+        cert: String,
+        key: String,
+        source: redis::RedisError,
+    },
+}
+
+/// Where a binary's Redis is: `REDIS_URL`, and with `REDIS_CLIENT_CERT` and
+/// `REDIS_CLIENT_KEY` the client certificate a mutual-TLS Redis requires, read
+/// once here (the server's certificate is still checked against the system roots
+/// or `SSL_CERT_FILE`). Every pool and client of a binary connects through it.
+pub async fn target(
+    redis_url: &str,
+    client_cert: Option<&ClientCertFiles>,
+) -> Result<ConnectionInfo, PoolError> {
+    let Some(files) = client_cert else {
+        return Ok(redis_url.into_connection_info()?);
+    };
+    let read = |var: &'static str, path: String| async move {
+        tokio::fs::read(&path)
+            .await
+            .map_err(|source| PoolError::ClientCertFile { var, path, source })
+    };
+    let tls = ClientTlsConfig {
+        client_cert: read(REDIS_CLIENT_CERT.name, files.cert.clone()).await?,
+        client_key: read(REDIS_CLIENT_KEY.name, files.key.clone()).await?,
+    };
+    let certificates = TlsCertificates {
+        client_tls: Some(tls),
+        root_cert: None,
+    };
+    let client = redis::Client::build_with_tls(redis_url, certificates).map_err(|source| {
+        PoolError::ClientCert {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        }
+    })?;
+    Ok(client.get_connection_info().clone())
 }
 
 /// redis-rs times a response out after 500 ms by default, which storing or
@@ -38,14 +91,18 @@ fn bounded<M: managed::Manager, W: From<managed::Object<M>>>(
         .recycle_timeout(Some(Duration::from_secs(2)))
         .runtime(Runtime::Tokio1)
         .build()
-        .map_err(|e| PoolError::Build(e.to_string()))
+        .map_err(PoolError::Build)
 }
 
 /// A pool of at most `max_size` connections that waits at most `wait` for a free
 /// one, so a caller answers in bounded time when Redis is down. Every checkout
 /// costs a round trip (deadpool-redis's `UNWATCH` + `PING`); see `build_lean`.
-pub fn build(redis_url: &str, max_size: usize, wait: Duration) -> Result<Pool, PoolError> {
-    let manager = deadpool_redis::Manager::new_with_config(redis_url, connection_config())?;
+pub fn build(
+    redis: impl IntoConnectionInfo,
+    max_size: usize,
+    wait: Duration,
+) -> Result<Pool, PoolError> {
+    let manager = deadpool_redis::Manager::new_with_config(redis, connection_config())?;
     bounded(Pool::builder(manager), max_size, wait)
 }
 
@@ -68,13 +125,13 @@ pub const TRUSTED_FOR: Duration = Duration::from_secs(1);
 /// used on these connections (nothing `UNWATCH`es them); `MULTI`/`EXEC` sent as
 /// one pipeline is fine.
 pub fn build_lean(
-    redis_url: &str,
+    redis: impl IntoConnectionInfo,
     max_size: usize,
     wait: Duration,
     trusted_for: Duration,
 ) -> Result<LeanPool, PoolError> {
     let manager = LeanManager {
-        inner: deadpool_redis::Manager::new_with_config(redis_url, connection_config())?,
+        inner: deadpool_redis::Manager::new_with_config(redis, connection_config())?,
         trusted_for,
     };
     bounded(managed::Pool::builder(manager), max_size, wait)
@@ -131,6 +188,13 @@ impl From<managed::Object<LeanManager>> for LeanConnection {
 }
 
 impl LeanConnection {
+    /// Closes the connection instead of returning it to the pool: for one a
+    /// caller stopped waiting on mid-command (a blocking read whose reply is
+    /// still to come would hold up the next user's commands).
+    pub fn discard(self) {
+        drop(managed::Object::take(self.0));
+    }
+
     fn note<T>(&mut self, result: &redis::RedisResult<T>) {
         if let Err(e) = result
             && breaks_connection(e)

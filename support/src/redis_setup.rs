@@ -1,5 +1,6 @@
 //! Is the Redis we were given able to lose what we store? Checked once at start by
-//! the api and by every worker.
+//! the api and by every worker, together with whether it has this build's Lua
+//! functions (`crate::scripts::ensure_loaded`).
 //!
 //! Two settings decide it. `maxmemory-policy`: anything but `noeviction` lets
 //! Redis delete keys when memory runs short; `allkeys-*` may delete a queued
@@ -16,7 +17,9 @@
 
 use std::time::Duration;
 
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+use backon::{ConstantBuilder, Retryable};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
 use shared::envvar::{Var, VarError};
 
 /// What to do when Redis can lose data: `refuse` (the default) stops the binary
@@ -127,6 +130,9 @@ pub enum SetupError {
     Unreachable(RedisError),
     #[error("INFO gave no {0}; is this Redis?")]
     Unexpected(&'static str),
+    /// This build's Lua functions are not in Redis and could not be loaded.
+    #[error(transparent)]
+    Functions(#[from] crate::scripts::FunctionsError),
 }
 
 fn join(risks: &[Risk]) -> String {
@@ -140,7 +146,11 @@ fn join(risks: &[Risk]) -> String {
 impl SetupError {
     /// Redis did not answer: check again later.
     pub fn is_transient(&self) -> bool {
-        matches!(self, SetupError::Unreachable(_))
+        match self {
+            SetupError::Unreachable(_) => true,
+            SetupError::Functions(e) => e.is_transient(),
+            _ => false,
+        }
     }
 }
 
@@ -179,12 +189,13 @@ fn unreachable(e: &RedisError) -> bool {
         )
 }
 
-/// Reads the setup over one short-lived connection. `Ok(None)`: Redis answered
-/// but refused `INFO` (an ACL user without `+info`), so nothing can be said.
-pub async fn inspect(redis_url: &str) -> Result<Option<Setup>, SetupError> {
-    let client = match redis::Client::open(redis_url) {
+/// One short-lived connection for a check. `Ok(None)`: a URL or a login that
+/// the binary's own Redis use refuses with its own message.
+async fn connect(
+    redis: impl IntoConnectionInfo,
+) -> Result<Option<MultiplexedConnection>, SetupError> {
+    let client = match redis::Client::open(redis) {
         Ok(c) => c,
-        // A URL the binary's own Redis use refuses with its own message.
         Err(e) => {
             tracing::warn!(error = %e, "cannot check Redis's setup");
             return Ok(None);
@@ -193,17 +204,25 @@ pub async fn inspect(redis_url: &str) -> Result<Option<Setup>, SetupError> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(Some(Duration::from_secs(5)));
-    let mut conn = match client
+    match client
         .get_multiplexed_async_connection_with_config(&config)
         .await
     {
-        Ok(c) => c,
-        Err(e) if unreachable(&e) => return Err(SetupError::Unreachable(e)),
+        Ok(c) => Ok(Some(c)),
+        Err(e) if unreachable(&e) => Err(SetupError::Unreachable(e)),
         // A wrong password and the like: the binary's own Redis use reports it.
         Err(e) => {
             tracing::warn!(error = %e, "cannot check Redis's setup");
-            return Ok(None);
+            Ok(None)
         }
+    }
+}
+
+/// Reads the setup over one short-lived connection. `Ok(None)`: Redis answered
+/// but refused `INFO` (an ACL user without `+info`), so nothing can be said.
+pub async fn inspect(redis: impl IntoConnectionInfo) -> Result<Option<Setup>, SetupError> {
+    let Some(mut conn) = connect(redis).await? else {
+        return Ok(None);
     };
     // Two sections in one call needs Redis 7; one at a time works everywhere.
     let mut info = String::new();
@@ -243,9 +262,32 @@ pub async fn inspect(redis_url: &str) -> Result<Option<Setup>, SetupError> {
 }
 
 /// Checks Redis once: `Err(Unsafe)` in `Mode::Refuse` when it can lose data,
-/// `Err(Unreachable)` when it did not answer. Every finding is logged.
-pub async fn check(redis_url: &str, mode: Mode) -> Result<(), SetupError> {
-    let Some(setup) = inspect(redis_url).await? else {
+/// `Err(Unreachable)` when it did not answer, `Err(Functions)` (whatever the
+/// mode) when this build's Lua functions are missing and this user may not load
+/// them (`crate::scripts::ensure_loaded`). Every finding is logged.
+pub async fn check(redis: impl IntoConnectionInfo + Clone, mode: Mode) -> Result<(), SetupError> {
+    check_setup(redis.clone(), mode).await?;
+    let Some(mut conn) = connect(redis).await? else {
+        return Ok(());
+    };
+    let library = &crate::scripts::library().name;
+    match crate::scripts::ensure_loaded(&mut conn).await {
+        Ok(loaded) => {
+            tracing::info!(%library, ?loaded, "Redis has this build's Lua functions");
+            Ok(())
+        }
+        Err(e) => {
+            if !e.is_transient() {
+                tracing::error!("{e}");
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// The eviction and persistence half of [`check`].
+async fn check_setup(redis: impl IntoConnectionInfo, mode: Mode) -> Result<(), SetupError> {
+    let Some(setup) = inspect(redis).await? else {
         return Ok(());
     };
     let risks = setup.risks();
@@ -277,22 +319,18 @@ pub async fn check(redis_url: &str, mode: Mode) -> Result<(), SetupError> {
     }
 }
 
-/// `check`, again every `every` for as long as Redis does not answer. Cancel by
-/// dropping the future.
+/// `check`, again every `every` for as long as Redis does not answer; an answer
+/// (safe, unsafe or refused) ends it. Cancel by dropping the future.
 pub async fn check_until_answered(
-    redis_url: &str,
+    redis: impl IntoConnectionInfo + Clone,
     mode: Mode,
     every: Duration,
 ) -> Result<(), SetupError> {
-    loop {
-        match check(redis_url, mode).await {
-            Err(e) if e.is_transient() => {
-                tracing::warn!(error = %e, "Redis setup not checked yet; trying again");
-                tokio::time::sleep(every).await;
-            }
-            other => return other,
-        }
-    }
+    (|| check(redis.clone(), mode))
+        .retry(ConstantBuilder::new().with_delay(every).without_max_times())
+        .when(SetupError::is_transient)
+        .notify(|e, _| tracing::warn!(error = %e, "Redis setup not checked yet; trying again"))
+        .await
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 Python MCP SDK (the same `mcp` 2.x as tests/python).
 
     mcp_check.py run   URL TOKEN CAFILE        list tools, run a Python one-liner, poll to succeeded
+                                               (MCP_CHECK_USAGE=1: and it has a measured usage)
     mcp_check.py probe URL TOKEN CAFILE H:P..  a task tries each host:port; all must be refused
     mcp_check.py status URL TOKEN CAFILE ID    task ID is (still) succeeded
     mcp_check.py unauthorized URL CAFILE       a wrong token gets HTTP 401
@@ -115,6 +116,13 @@ async def main(argv: list[str]) -> None:
                 files = await call(client, "get_task_files", {"task_id": status["task_id"]})
                 assert [f["name"] for f in files["files"]] == ["answer.txt"], files
                 print(f"mcp_check: task {status['task_id']} succeeded, printed 42, its file came back")
+                if os.environ.get("MCP_CHECK_USAGE"):
+                    # Measured from the task's cgroup by the worker in its container.
+                    usage = status.get("usage")
+                    assert usage and usage["cpu_seconds"] is not None, status
+                    assert (usage["peak_memory_bytes"] or 0) > 0, usage
+                    assert (usage["workspace_bytes"] or 0) > 0, usage
+                    print(f"mcp_check: usage {usage}")
                 # The other tools' Redis paths (the kill script, the task index).
                 killed = await call(client, "kill_task", {"task_id": status["task_id"]})
                 assert killed["killed"] is False and killed["state"] == "succeeded", killed

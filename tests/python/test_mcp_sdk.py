@@ -18,18 +18,17 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from conftest import RUNTIMES, Stack, connect, task_count
 from jsonschema import Draft202012Validator
 from mcp import Client, MCPError
 from mcp.types import CallToolResult, TextContent
-
-from conftest import RUNTIMES, Stack, connect, redis_command
 
 pytestmark = pytest.mark.anyio
 
 TOOLS = {"run_script", "get_task_status", "kill_task", "list_tasks", "get_task_files"}
 FINAL_STATES = {"succeeded", "failed", "killed", "timed-out"}
 STATUS_FIELDS = {
-    "task_id", "state", "exit_code", "reason", "runtime", "runtime_seconds", "seconds_since_last_output",
+    "task_id", "state", "exit_code", "reason", "reason_kind", "runtime", "runtime_seconds", "seconds_since_last_output",
     "stdout_tail", "stderr_tail", "stdout_truncated", "stderr_truncated", "stdout_bytes", "stderr_bytes",
     "timeout_seconds", "created_at", "started_at", "finished_at",
 }  # fmt: skip
@@ -62,14 +61,28 @@ async def call_ok(client: Client, tool: str, arguments: dict[str, Any]) -> dict[
     return sc
 
 
-async def call_err(client: Client, tool: str, arguments: dict[str, Any]) -> str:
+ERROR_CODES = {
+    "invalid_argument", "too_large", "unknown_runtime", "unknown_task", "not_finished", "queue_full",
+    "unavailable", "internal", "missing_scope", "quota_exceeded",
+}  # fmt: skip
+
+
+async def call_err_code(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[str, str]:
     """Calls a tool that must answer with a tool error (isError: true, not a protocol
-    error); returns the error text."""
+    error); returns its stable code and its text, which structuredContent holds too."""
     result = await client.call_tool(tool, arguments)
     assert result.is_error, f"{tool}({arguments}) should have failed but returned {result.structured_content}"
     message = text_of(result)
     assert message.strip(), "a tool error should say what is wrong"
-    return message
+    sc = result.structured_content
+    assert isinstance(sc, dict) and sc.get("message") == message, f"no code and message: {sc}"
+    assert sc.get("code") in ERROR_CODES, f"unknown error code in {sc}"
+    return sc["code"], message
+
+
+async def call_err(client: Client, tool: str, arguments: dict[str, Any]) -> str:
+    """`call_err_code`'s text."""
+    return (await call_err_code(client, tool, arguments))[1]
 
 
 _SCHEMAS: dict[str, dict[str, Any]] = {}
@@ -248,7 +261,19 @@ async def test_nonzero_exit_is_failed(client: Client) -> None:
     assert status["state"] == "failed", status
     assert status["exit_code"] == 3
     assert "3" in status["reason"]
+    assert status["reason_kind"] == "exited"
     assert status["stdout_tail"] == "before\n"
+
+
+async def test_wait_seconds_answers_a_short_task_in_one_call(client: Client) -> None:
+    # The result is get_task_status's, and still valid against run_script's outputSchema
+    # (call_ok checks it).
+    status = await call_ok(
+        client, "run_script", {"runtime": "python3.13", "command_base64": b64("echo hi"), "wait_seconds": 20}
+    )
+    assert status["state"] == "succeeded", status
+    assert set(status) >= STATUS_FIELDS
+    assert (status["exit_code"], status["stdout_tail"]) == (0, "hi\n")
 
 
 async def test_tail_bytes_and_truncation(client: Client) -> None:
@@ -275,6 +300,7 @@ async def test_kill_running_task(client: Client) -> None:
     running = await wait_for(client, task_id, lambda s: s["state"] in FINAL_STATES or "started" in s["stdout_tail"])
     assert running["state"] == "running", running
     assert running["exit_code"] is None and running["reason"] is None and running["finished_at"] is None
+    assert running["reason_kind"] is None
 
     kill = await call_ok(client, "kill_task", {"task_id": task_id})
     assert kill == {"task_id": task_id, "state": "killed", "killed": True}
@@ -282,6 +308,7 @@ async def test_kill_running_task(client: Client) -> None:
     status = await wait_for(client, task_id, lambda s: s["finished_at"] is not None)
     assert status["state"] == "killed", status
     assert "kill" in status["reason"]
+    assert status["reason_kind"] == "killed-by-user"
 
     again = await call_ok(client, "kill_task", {"task_id": task_id})
     assert again == {"task_id": task_id, "state": "killed", "killed": False}
@@ -381,30 +408,35 @@ BAD_RUN_SCRIPT = [
 async def test_run_script_rejects_bad_input(
     stack: Stack, client: Client, override: dict[str, Any], expected: list[str]
 ) -> None:
-    tasks_before = stack.task_count()
+    tasks_before = task_count(stack)
     arguments = {"runtime": "python3.13", "command_base64": b64("echo never"), **override}
     arguments = {k: v for k, v in arguments.items() if v is not DROP}
     message = await call_err(client, "run_script", arguments)
     for fragment in expected:
         assert fragment in message, f"{fragment!r} not in the error message {message!r}"
-    assert stack.task_count() == tasks_before, "a rejected run_script must not create a task"
+    assert task_count(stack) == tasks_before, "a rejected run_script must not create a task"
 
 
 @pytest.mark.parametrize(
     ("tool", "arguments", "expected"),
     [
-        pytest.param("get_task_status", {"task_id": "not-a-uuid"}, "not a task id", id="status-malformed-id"),
-        pytest.param("get_task_status", {"task_id": str(uuid.uuid4())}, "no task with id", id="status-unknown-id"),
-        pytest.param("kill_task", {"task_id": "not-a-uuid"}, "not a task id", id="kill-malformed-id"),
-        pytest.param("kill_task", {"task_id": str(uuid.uuid4())}, "no task with id", id="kill-unknown-id"),
+        pytest.param("get_task_status", {"task_id": "not-a-uuid"}, ("invalid_argument", "not a task id"), id="status-malformed-id"),
+        pytest.param("get_task_status", {"task_id": str(uuid.uuid4())}, ("unknown_task", "no task with id"), id="status-unknown-id"),
+        pytest.param("kill_task", {"task_id": "not-a-uuid"}, ("invalid_argument", "not a task id"), id="kill-malformed-id"),
+        pytest.param("kill_task", {"task_id": str(uuid.uuid4())}, ("unknown_task", "no task with id"), id="kill-unknown-id"),
         pytest.param(
-            "get_task_status", {"task_id": str(uuid.uuid4()), "tail_bytes": -1}, "between 0 and 65536", id="bad-tail"
+            "get_task_status",
+            {"task_id": str(uuid.uuid4()), "tail_bytes": -1},
+            ("invalid_argument", "between 0 and 65536"),
+            id="bad-tail",
         ),
     ],
-)
-async def test_task_tools_reject_bad_input(client: Client, tool: str, arguments: dict[str, Any], expected: str) -> None:
-    message = await call_err(client, tool, arguments)
-    assert expected in message, message
+)  # fmt: skip
+async def test_task_tools_reject_bad_input(
+    client: Client, tool: str, arguments: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    code, message = await call_err_code(client, tool, arguments)
+    assert (code, expected[1] in message) == (expected[0], True), (code, message)
 
 
 # --------------------------------------------------------------------------- auth
@@ -426,6 +458,23 @@ async def test_wrong_token_is_rejected_by_the_sdk(stack: Stack) -> None:
         rejected.extend(leaves(group))
     assert rejected, "connecting with a wrong bearer token should fail"
     assert statuses and all(s == 401 for s in statuses), statuses
+
+
+async def test_a_foreign_origin_is_refused_by_the_sdk_and_no_origin_is_served(stack: Stack) -> None:
+    """The Streamable HTTP transport's Origin rule, with ALLOWED_ORIGINS at its
+    default (no browser origin trusted): the SDK sending an Origin, as a browser
+    would, gets 403 however right its token; without one it is served."""
+    rejected: list[MCPError] = []
+    statuses: list[int] = []
+    try:
+        async with connect(stack, origin="https://evil.example.com", statuses=statuses) as client:
+            await client.list_tools()
+    except* MCPError as group:
+        rejected.extend(leaves(group))
+    assert rejected, "a foreign Origin should be refused"
+    assert statuses and all(s == 403 for s in statuses), statuses
+    async with connect(stack) as client:
+        assert {t.name for t in (await client.list_tools()).tools} == TOOLS
 
 
 @pytest.mark.parametrize(
@@ -604,9 +653,8 @@ async def test_collected_files_come_back_byte_for_byte(stack: Stack, client: Cli
     got = unzip(files["zip_base64"])
     assert got == {"out/report.txt": b"the report\n", "plot.png": bytes(range(256)) * 40}
     # The files expire with the task's record...
-    task_key = f"{stack.prefix}:task:{status['task_id']}"
-    record_ttl = int(redis_command(stack.redis_port, "TTL", task_key))  # type: ignore[arg-type]
-    files_ttl = int(redis_command(stack.redis_port, "TTL", task_key + ":files"))  # type: ignore[arg-type]
+    record_ttl = stack.redis.ttl(stack.keys.task(status["task_id"]))
+    files_ttl = stack.redis.ttl(stack.keys.task_files(status["task_id"]))
     assert record_ttl > 0 and abs(record_ttl - files_ttl) <= 2, (record_ttl, files_ttl)
     # ...and nothing of the collection is left on the host (it went through a pipe).
     assert left_in_tasks_dir(stack) == [], "collection left files in TASKS_DIR"

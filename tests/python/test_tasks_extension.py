@@ -16,13 +16,12 @@ from typing import Any, AsyncIterator, Literal
 import anyio
 import httpx2
 import pytest
+from conftest import Stack, connect, second_api
 from mcp import Client, MCPError
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, Request, RequestParams, Result
 from pydantic import ConfigDict
-
-from conftest import Stack, connect, free_port, spawn_api
 from test_mcp_sdk import b64, containers_of
 
 pytestmark = pytest.mark.anyio
@@ -31,31 +30,28 @@ TASKS = "io.modelcontextprotocol/tasks"
 DEADLINE = 60.0
 
 
-class TaskHandle(Result):
+class TaskFields(Result):
+    """A task's fields, as both `CreateTaskResult` and `tasks/get` carry them."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None = None
+    poll_interval_ms: int | None = None
+
+
+class TaskHandle(TaskFields):
     """`CreateTaskResult`: the seed state of a task, `resultType: "task"`."""
 
-    model_config = ConfigDict(extra="allow")
     result_type: Literal["task"]
-    task_id: str
-    status: str
-    status_message: str | None = None
-    created_at: str
-    last_updated_at: str
-    ttl_ms: int | None = None
-    poll_interval_ms: int | None = None
 
 
-class DetailedTask(Result):
+class DetailedTask(TaskFields):
     """`tasks/get`'s answer: the task with its result once completed."""
 
-    model_config = ConfigDict(extra="allow")
-    task_id: str
-    status: str
-    status_message: str | None = None
-    created_at: str
-    last_updated_at: str
-    ttl_ms: int | None = None
-    poll_interval_ms: int | None = None
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
 
@@ -167,17 +163,16 @@ async def test_cancel_kills_the_container(stack: Stack) -> None:
 
 
 async def test_another_api_replica_answers_tasks_get(stack: Stack) -> None:
-    port = free_port()
-    second = spawn_api(stack, port, "api-2")
+    second = second_api(stack, "api-2")
     try:
         async with tasks_client(stack) as client:
             handle = await start(client, "echo from-one")
-        async with tasks_client(stack, url=f"http://127.0.0.1:{port}/mcp") as other:
+        async with tasks_client(stack, url=second.mcp_url) as other:
             task, _ = await poll(other, handle.task_id)
         assert task.status == "completed" and task.result is not None, task
         assert task.result["structuredContent"]["stdout_tail"] == "from-one\n"
     finally:
-        second.stop()
+        second.proc.stop()
 
 
 async def test_an_unknown_task_id_is_invalid_params(stack: Stack) -> None:

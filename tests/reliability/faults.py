@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import base64
 import json
+import os
 import re
 import signal
 import sys
@@ -48,21 +49,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    FINAL_STATES,
-    REPO_ROOT,
-    ContainerStarts,
-    Mcp,
-    ProtocolError,
-    Stack,
-    Unreachable,
-    log,
-    pairs,
-    print_table,
-    scan_keys,
-    wait_for,
-)
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # common.py, and tests/: the shared harness package
+from common import ContainerStarts, log, parser, print_table  # noqa: E402
+from common import main as run_main  # noqa: E402
+from harness.keys import FINAL_STATES, JOB_TASK_ID, WORKER_GROUP  # noqa: E402
+from harness.mcp_http import Mcp, ProtocolError, Unreachable  # noqa: E402
+from harness.procs import DEFAULT_RUST_LOG  # noqa: E402
+from harness.procs import wait_until_async as wait_for  # noqa: E402
+from harness.stack import IMAGE, Stack, containers_of, preflight  # noqa: E402
 
 STATE_RANK = {"queued": 0, "running": 1} | {s: 2 for s in FINAL_STATES}
 FAULTS = ("worker-kill", "worker-term", "redis-kill", "api-kill")
@@ -131,7 +126,7 @@ class FaultRun:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.n = args.tasks
-        self.stack = Stack(bin_dir=args.bin_dir, appendfsync=args.appendfsync, keep=args.keep)
+        self.stack = Stack(bin_dir=args.bin_dir, label="rel", rust_log=os.environ.get("RELIABILITY_RUST_LOG", DEFAULT_RUST_LOG))
         self.tasks: dict[str, Task] = {}
         self.by_index: dict[int, Task] = {}
         self.next_index = 0
@@ -162,9 +157,10 @@ class FaultRun:
 
     async def start(self) -> None:
         a, st = self.args, self.stack
-        Stack.preflight(need_caddy="api-kill" in self.faults)
-        log(f"run {st.run_id}: logs in {st.tmp}")
-        await st.start_redis()
+        tools = ["redis-server", "docker"] + (["caddy"] if "api-kill" in self.faults else [])
+        preflight(st.bin_dir, tools, [IMAGE])  # every task here is python3.13's (a shell in that image)
+        log(f"run {st.run_id}: logs in {st.tmp_dir}")
+        await asyncio.to_thread(st.start_redis, a.appendfsync)
         worker_env = {
             "WORKER_CONCURRENCY": str(a.concurrency),
             "WORKER_HEARTBEAT_SECONDS": str(a.heartbeat),
@@ -174,17 +170,17 @@ class FaultRun:
             st.add_worker(f"w{i}", worker_env)
         self.starts = ContainerStarts(st.worker_names())
         await self.starts.start()
-        await asyncio.gather(*(st.start_worker(s) for s in st.workers))
+        await asyncio.gather(*(asyncio.to_thread(st.start_worker, s) for s in st.workers))
         api_env = {"MAX_QUEUED_TASKS": str(a.max_queued)}
         for name in ("api1", "api2") if "api-kill" in self.faults else ("api1",):
             st.add_api(name, api_env)
-            await st.start_api(name)
+            await asyncio.to_thread(st.start_api, name)
         if "api-kill" in self.faults:
-            await st.start_proxy()
-        self.mcp = Mcp(st.url, st.token, timeout=20.0, connections=a.clients + a.pollers + 4)
+            await asyncio.to_thread(st.start_proxy)
+        self.mcp = Mcp(st.base_url, st.token, timeout=20.0, connections=a.clients + a.pollers + 4)
         log(
             f"stack up: redis :{st.redis_port} (appendfsync {a.appendfsync}), {a.workers} workers x {a.concurrency} slots, "
-            f"apis {st.api_ports}, clients via {st.url}"
+            f"apis {({s: a.port for s, a in st.apis.items()})}, clients via {st.base_url}"
         )
 
     # ------------------------------------------------------------------ clients
@@ -281,21 +277,23 @@ class FaultRun:
     async def pending_of(self, worker: str) -> list[tuple[str, str]]:
         """(entry id, task id) of the stream entries pending under `worker`."""
         st = self.stack
-        rows = await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP, "-", "+", 1000, worker)
+        r = st.aredis
+        rows = await r.xpending_range(st.keys.jobs(), WORKER_GROUP, "-", "+", 1000, consumername=worker)
         out = []
-        for entry_id, *_ in rows or []:
-            got = await st.r("XRANGE", st.keys.jobs(), entry_id, entry_id)
+        for row in rows:
+            entry_id = row["message_id"]
+            got = await r.xrange(st.keys.jobs(), entry_id, entry_id)
             if got:
-                out.append((entry_id, pairs(got[0][1]).get("task_id", "")))
+                out.append((entry_id, got[0][1].get(JOB_TASK_ID, "")))
         return out
 
     async def record(self, task_id: str, *fields: str) -> dict[str, str | None]:
-        vals = await self.stack.r("HMGET", self.stack.keys.task(task_id), *fields)
+        vals = await self.stack.aredis.hmget(self.stack.keys.task(task_id), list(fields))
         return dict(zip(fields, vals))
 
     async def running_on(self, short: str) -> list[str]:
         """Tasks whose container worker `short` has started and still runs."""
-        name = self.stack.worker_name(short)
+        name = self.stack.workers[short].name
         ids = []
         for _, task_id in await self.pending_of(name):
             rec = await self.record(task_id, "state", "started_at", "worker")
@@ -335,19 +333,20 @@ class FaultRun:
 
     async def worker_kill(self) -> None:
         st, short = self.stack, "w1"
-        name = st.worker_name(short)
+        name = st.workers[short].name
         async def ready() -> bool:
             # w1 runs a task, and a job waits in the stream for the read below.
-            undelivered = await st.r("XLEN", st.keys.jobs()) - (await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP))[0]
+            jobs = st.keys.jobs()
+            undelivered = await st.aredis.xlen(jobs) - (await st.aredis.xpending(jobs, WORKER_GROUP))["pending"]
             return undelivered > 0 and bool(await self.running_on(short))
 
         await self.wait_with_work("worker-kill", f"{short} to run a task while a job waits", ready, 120, every=0.05)
         # A job read under its name and never claimed: as if it died right after
         # XREADGROUP. Read just before the kill, so its own reaper has no time to
         # take it back (that needs two heartbeat periods of idleness).
-        read = await st.r("XREADGROUP", "GROUP", st.keys.GROUP, name, "COUNT", 1, "STREAMS", st.keys.jobs(), ">")
-        injected = [pairs(f).get("task_id", "") for _, entries in (read or []) for _, f in entries]
-        st.workers[short].kill()
+        read = await st.aredis.xreadgroup(WORKER_GROUP, name, {st.keys.jobs(): ">"}, count=1)
+        injected = [f.get(JOB_TASK_ID, "") for _, entries in (read or []) for _, f in entries]
+        st.workers[short].proc.kill()
         t_kill = time.monotonic()
         self.phase = "worker-kill"
         self.injected["worker-kill"].set()
@@ -364,7 +363,7 @@ class FaultRun:
         log(f"SIGKILLed worker w1 holding {len(held)} job(s): " + ", ".join(f"{k} {len(v)}" for k, v in classes.items()))
 
         async def forgotten() -> bool:
-            return await st.r("SISMEMBER", st.keys.workers(), name) == 0
+            return not await st.aredis.sismember(st.keys.workers(), name)
 
         await wait_for("w1 to be settled and forgotten by another worker's reaper", forgotten, 120, every=0.2)
         t_forgotten = time.monotonic() - t_kill
@@ -372,14 +371,14 @@ class FaultRun:
         # time they forget it (two reapers may race; one removal can still be
         # under way): none may be left a little later.
         async def w1_containers_gone() -> bool:
-            return not await self._containers_of(name)
+            return not await asyncio.to_thread(containers_of, name)
 
         try:
             await wait_for("w1's containers to be removed", w1_containers_gone, 30, every=0.5)
         except TimeoutError:
             pass  # counted below
-        w1_left = await self._containers_of(name)
-        await st.start_worker(short)
+        w1_left = await asyncio.to_thread(containers_of, name)
+        await asyncio.to_thread(st.start_worker, short)
         self.phase = "normal"
         self.figures["worker_kill"] = {
             "held_jobs": len(held),
@@ -392,21 +391,10 @@ class FaultRun:
         self.kill_classes = classes
         log(f"w1 settled and forgotten after {t_forgotten:.1f} s; restarted")
 
-    async def _containers_of(self, worker: str) -> list[str]:
-        def q() -> list[str]:
-            import subprocess
-
-            out = subprocess.run(
-                ["docker", "ps", "-aq", "--filter", f"label=script-runner.worker={worker}"], capture_output=True, text=True
-            )
-            return out.stdout.split()
-
-        return await asyncio.to_thread(q)
-
     async def worker_term(self) -> None:
         st, short = self.stack, "w2"
         running = await self.wait_with_work("worker-term", f"{short} to run a task", lambda: self.running_on(short), 120, every=0.2)
-        proc = st.workers[short]
+        proc = st.workers[short].proc
         proc.signal(signal.SIGTERM)
         t = time.monotonic()
         self.phase = "worker-term"
@@ -414,7 +402,7 @@ class FaultRun:
         log(f"SIGTERMed worker w2 running {len(running)} task(s)")
         code = await proc.wait_exit(self.args.grace + 60)
         drained = time.monotonic() - t
-        await st.start_worker(short)
+        await asyncio.to_thread(st.start_worker, short)
         self.phase = "normal"
         self.term_running = running
         self.figures["worker_term"] = {"running_at_signal": len(running), "exit_code": code, "exited_after_s": round(drained, 1)}
@@ -442,14 +430,14 @@ class FaultRun:
                 import httpx2
 
                 async with httpx2.AsyncClient(timeout=5.0) as c:
-                    health.append((await c.get(f"{st.url}/healthz")).status_code)
+                    health.append((await c.get(f"{st.base_url}/healthz")).status_code)
             except Exception as e:  # noqa: BLE001 - counted as what it is
                 health.append(type(e).__name__)
             await asyncio.sleep(0.5)
         # From here on, answers may come from the restarted Redis.
         self.phase = "redis-recovery"
         down = time.monotonic() - t_kill
-        await st.start_redis()
+        await asyncio.to_thread(st.start_redis, self.args.appendfsync)
         t_up = time.monotonic()
         outage = t_up - t_kill
 
@@ -457,13 +445,13 @@ class FaultRun:
             import httpx2
 
             async with httpx2.AsyncClient(timeout=5.0) as c:
-                return (await c.get(f"{st.url}/healthz")).status_code == 200
+                return (await c.get(f"{st.base_url}/healthz")).status_code == 200
 
         await wait_for("the api to report healthy after Redis came back", api_healthy, 60)
         api_back = time.monotonic() - t_up
 
         async def all_beating() -> bool:
-            return all([await st.r("EXISTS", st.keys.worker(n)) == 1 for n in st.worker_names()])
+            return all([await st.aredis.exists(st.keys.worker(n)) == 1 for n in st.worker_names()])
 
         await wait_for("every worker to heartbeat after Redis came back", all_beating, 60)
         workers_back = time.monotonic() - t_up
@@ -485,7 +473,7 @@ class FaultRun:
 
     async def api_kill(self) -> None:
         st = self.stack
-        st.apis["api1"].kill()
+        st.apis["api1"].proc.kill()
         self.phase = "api-killed"
         self.injected["api-kill"].set()
         log("SIGKILLed api1; clients go on through the proxy")
@@ -524,10 +512,11 @@ class FaultRun:
             self.observe(task, res.structured)
         # Every record under the prefix, including tasks no client was told about
         # (a retried submit whose first answer was lost).
-        all_ids = [k.split(":")[2] for k in await scan_keys(st.redis_port, f"{st.prefix}:task:*") if k.count(":") == 2]
+        head = st.keys.task("")
+        all_ids = sorted({k[len(head) :] async for k in st.aredis.scan_iter(match=f"{head}*", count=1000) if ":" not in k[len(head) :]})
         records = {}
         for tid in all_ids:
-            records[tid] = pairs(await st.r("HGETALL", st.keys.task(tid)))
+            records[tid] = await st.aredis.hgetall(st.keys.task(tid))
         orphans = [tid for tid in all_ids if tid not in self.tasks]
         # Container starts, from docker events: wait until every task that says it
         # started has been seen (the event stream lags a little).
@@ -552,12 +541,12 @@ class FaultRun:
             self.failures.append(f"task containers left behind: {st.containers(idle_pool=False)}")
 
         async def stream_empty() -> bool:
-            return await st.r("XLEN", st.keys.jobs()) == 0
+            return await st.aredis.xlen(st.keys.jobs()) == 0
 
         try:
             await wait_for("the jobs stream to be empty", stream_empty, 60)
         except TimeoutError:
-            self.failures.append(f"jobs stream not empty at the end: XLEN {await st.r('XLEN', st.keys.jobs())}")
+            self.failures.append(f"jobs stream not empty at the end: XLEN {await st.aredis.xlen(st.keys.jobs())}")
 
         # --- the figures
         handed = list(self.tasks.values())
@@ -567,8 +556,9 @@ class FaultRun:
         starts = {tid: len(runs(tid)) for tid in records}
         twice = {tid: runs(tid) for tid, n in starts.items() if n > 1}
         never_started = [tid for tid, n in starts.items() if n == 0]
-        warm = sum(1 for tid in records if starts_seen.runs("", records[tid].get("command", "")))
+        # Every run is an exec; a cold one's container was made for its task.
         cold = sum(1 for tid in records if starts_seen.by_task.get(tid))
+        warm = sum(1 for tid in records if runs(tid) and not starts_seen.by_task.get(tid))
         outcomes = Counter((r.get("state"), r.get("reason_kind")) for r in records.values())
         wrong_output = []
         for t in handed:
@@ -603,7 +593,7 @@ class FaultRun:
         if unseen:
             self.failures.append(
                 f"{len(unseen)} succeeded task(s) whose container start docker events never reported "
-                f"(a cold start's labelled container, or a warm start's exec with the command's nonce): {unseen[:5]}"
+                f"(the exec with the command's nonce, in a warm or a cold container): {unseen[:5]}"
             )
         if wrong_output:
             self.failures.append(f"{len(wrong_output)} succeeded task(s) with wrong output: {wrong_output[:5]}")
@@ -644,10 +634,10 @@ class FaultRun:
         # Only w1 died: a reaper that settled or forgot any other worker took a
         # live one for dead (the workers log each).
         live_reaped = Counter()
-        for proc in st.workers.values():
-            for line in proc.log_path.read_text(errors="replace").splitlines():
+        for w in st.workers.values():
+            for line in w.proc.log_path.read_text(errors="replace").splitlines():
                 m = re.search(r"(settling the jobs of a lost worker|lost worker forgotten) worker=(\S+)", line)
-                if m and m.group(2) != st.worker_name("w1"):
+                if m and m.group(2) != st.workers["w1"].name:
                     live_reaped[m.group(2)] += 1
         if live_reaped:
             self.failures.append(f"live worker(s) taken for dead by a reaper: {dict(live_reaped)}")
@@ -772,14 +762,17 @@ class FaultRun:
                 await self.starts.stop()
             if self.mcp:
                 await self.mcp.close()
-            self.stack.stop_all()
+            await self.stack.aclose()
+            left = await asyncio.to_thread(self.stack.stop_all)
+            if left:
+                log(f"removed {len(left)} container(s) left behind")
         if "tasks" in self.figures:
             self.summary()
             if self.args.json:
                 Path(self.args.json).write_text(json.dumps(self.figures | {"failures": self.failures}, indent=2))
         else:
             print("\n".join(f"FAILED: {m}" for m in self.failures))
-        self.stack.cleanup(failed=bool(self.failures))
+        self.stack.cleanup(keep=self.args.keep or bool(self.failures))
         return 1 if self.failures else 0
 
     def dump_state(self) -> None:
@@ -792,7 +785,7 @@ class FaultRun:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--tasks", type=int, default=300, help="short tasks to submit (default 300)")
     p.add_argument("--workers", type=int, default=3, help="workers on this host (default 3; at least 3)")
     p.add_argument("--concurrency", type=int, default=2, help="WORKER_CONCURRENCY of each (default 2: two cores)")
@@ -801,14 +794,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-queued", type=int, default=0, help="MAX_QUEUED_TASKS (default: twice the slots)")
     p.add_argument("--clients", type=int, default=6, help="concurrent submitting clients (default 6)")
     p.add_argument("--pollers", type=int, default=3, help="concurrent status pollers (default 3)")
-    p.add_argument("--pool-size", help="the workers' POOL_SIZE (default: theirs, a warm pool); 0 for none")
     p.add_argument("--redis-outage", type=float, default=5.0, help="seconds Redis stays down (default 5)")
     p.add_argument("--appendfsync", choices=("everysec", "always"), default="everysec", help="Redis AOF fsync policy (default everysec, as deployed)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
-    p.add_argument("--bin-dir", type=Path, default=REPO_ROOT / "target" / "debug", help="where the binaries are (default target/debug)")
     p.add_argument("--deadline", type=float, default=900, help="abort (and fail) after this many seconds (default 900)")
     p.add_argument("--json", help="write the figures to this file")
-    p.add_argument("--keep", action="store_true", help="keep logs and Redis data even on success")
     a = p.parse_args(argv)
     a.faults = [f.strip() for f in a.faults.split(",") if f.strip()]
     bad = [f for f in a.faults if f not in FAULTS]
@@ -822,7 +812,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main() -> int:
-    return asyncio.run(FaultRun(parse_args(sys.argv[1:])).run())
+    return run_main(FaultRun(parse_args(sys.argv[1:])).run)
 
 
 if __name__ == "__main__":

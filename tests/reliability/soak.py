@@ -37,6 +37,7 @@ import base64
 import csv
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -46,19 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    FINAL_STATES,
-    REPO_ROOT,
-    Mcp,
-    ProtocolError,
-    Stack,
-    Unreachable,
-    log,
-    print_table,
-    scan_keys,
-    wait_for,
-)
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # common.py, and tests/: the shared harness package
+from common import log, parser, print_table  # noqa: E402
+from common import main as run_main  # noqa: E402
+from harness.keys import FINAL_STATES, STATS_MINUTE_TTL_SECONDS, WORKER_GROUP  # noqa: E402
+from harness.mcp_http import Mcp, ProtocolError, Unreachable  # noqa: E402
+from harness.procs import DEFAULT_RUST_LOG  # noqa: E402
+from harness.procs import wait_until_async as wait_for  # noqa: E402
+from harness.stack import IMAGE, Stack, preflight  # noqa: E402
 
 KINDS = ("short", "failing", "long", "short", "killed", "big", "short", "zip", "failing", "short")
 TASK_NETWORK = "script-runner-tasks"  # the workers' default TASK_NETWORK
@@ -142,7 +139,7 @@ class Outcome:
 class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.stack = Stack(bin_dir=args.bin_dir, keep=args.keep)
+        self.stack = Stack(bin_dir=args.bin_dir, label="soak", rust_log=os.environ.get("RELIABILITY_RUST_LOG", DEFAULT_RUST_LOG))
         self.outcomes: list[Outcome] = []
         self.samples: list[Sample] = []
         self.phase = "load"
@@ -154,17 +151,17 @@ class Soak:
 
     async def start(self) -> None:
         a, st = self.args, self.stack
-        Stack.preflight(need_caddy=False)
-        log(f"soak {st.run_id}: logs in {st.tmp}")
-        await st.start_redis()
+        preflight(st.bin_dir, images=[IMAGE])  # every task here is python3.13's
+        log(f"soak {st.run_id}: logs in {st.tmp_dir}")
+        await asyncio.to_thread(st.start_redis)
         st.common_env = {"TASK_RETENTION_SECONDS": str(a.retention)}
         pool = {"POOL_SIZE": a.pool_size} if a.pool_size is not None else {}
         for i in range(1, a.workers + 1):
             st.add_worker(f"w{i}", {"WORKER_CONCURRENCY": str(a.concurrency)} | pool)
-        await asyncio.gather(*(st.start_worker(s) for s in st.workers))
+        await asyncio.gather(*(asyncio.to_thread(st.start_worker, s) for s in st.workers))
         st.add_api("api", {})
-        await st.start_api("api")
-        self.mcp = Mcp(st.url, st.token, timeout=30.0, connections=64)
+        await asyncio.to_thread(st.start_api, "api")
+        self.mcp = Mcp(st.base_url, st.token, timeout=30.0, connections=64)
         self.networks_before = set(self.networks())
         log(f"stack up: {a.workers} worker(s) x {a.concurrency} slots, {a.rate} task/s for {a.duration} s, retention {a.retention} s")
 
@@ -269,10 +266,10 @@ class Soak:
     async def sample(self) -> Sample:
         st = self.stack
         mib = lambda kib: round((kib or 0) / 1024, 1)  # noqa: E731
-        info = await st.r("INFO", "memory")
-        used = int(next(line.split(":")[1] for line in info.splitlines() if line.startswith("used_memory:")))
-        xlen = await st.r("XLEN", st.keys.jobs())
-        pending = (await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP))[0] if xlen else 0
+        r = st.aredis
+        used = int((await r.info("memory"))["used_memory"])
+        xlen = await r.xlen(st.keys.jobs())
+        pending = (await r.xpending(st.keys.jobs(), WORKER_GROUP))["pending"] if xlen else 0
         finished = sum(1 for o in self.outcomes if o.status or o.problems)
         assert st.redis_proc is not None
         containers = len(await asyncio.to_thread(st.containers, False))
@@ -285,11 +282,11 @@ class Soak:
             finished=finished,
             in_flight=len(self.outcomes) - finished,
             queued=xlen - pending,
-            api_mib=mib(st.apis["api"].vm_rss_kib()),
-            worker_mib=[mib(w.vm_rss_kib()) for w in st.workers.values()],
-            redis_rss_mib=mib(st.redis_proc.vm_rss_kib()),
+            api_mib=mib(st.apis["api"].proc.rss_kib()),
+            worker_mib=[mib(w.proc.rss_kib()) for w in st.workers.values()],
+            redis_rss_mib=mib(st.redis_proc.rss_kib()),
             redis_used_mib=round(used / 1048576, 1),
-            redis_keys=await st.r("DBSIZE"),
+            redis_keys=await r.dbsize(),
             containers=containers,
             pool_idle=pool_idle,
             tasks_dir=tasks_dir,
@@ -332,18 +329,19 @@ class Soak:
         found["task_network_endpoints"] = [n for n in out.stdout.split() if n in names]
         found["new_networks"] = sorted(set(self.networks()) - self.networks_before)
         found["tasks_dir"] = await asyncio.to_thread(st.tasks_dir_leftovers)
-        keys = await scan_keys(st.redis_port, f"{st.prefix}:*")
+        r = st.aredis
+        keys = sorted({k async for k in r.scan_iter(match=f"{st.prefix}:*", count=1000)})
         live = {st.keys.worker(n) for n in st.worker_names()}
         stats_minute = [k for k in keys if k.startswith(st.keys.stats() + ":")]
         expected = {st.keys.jobs(), st.keys.workers(), st.keys.stats(), st.keys.task_index()} | live
         found["unexpected_keys"] = [k for k in keys if k not in expected and k not in stats_minute]
         found["stats_minute_keys"] = len(stats_minute)
-        ttls = [await st.r("TTL", k) for k in stats_minute]
-        found["stats_minute_bad_ttl"] = [k for k, t in zip(stats_minute, ttls) if not 0 < t <= 7200]
-        found["jobs_stream"] = {"xlen": await st.r("XLEN", st.keys.jobs()),
-                                "pending": (await st.r("XPENDING", st.keys.jobs(), st.keys.GROUP))[0]}  # fmt: skip
-        found["workers_set"] = sorted(await st.r("SMEMBERS", st.keys.workers()))
-        index_before = await st.r("ZCARD", st.keys.task_index())
+        ttls = [await r.ttl(k) for k in stats_minute]
+        found["stats_minute_bad_ttl"] = [k for k, t in zip(stats_minute, ttls) if not 0 < t <= STATS_MINUTE_TTL_SECONDS]
+        found["jobs_stream"] = {"xlen": await r.xlen(st.keys.jobs()),
+                                "pending": (await r.xpending(st.keys.jobs(), WORKER_GROUP))["pending"]}  # fmt: skip
+        found["workers_set"] = sorted(await r.smembers(st.keys.workers()))
+        index_before = await r.zcard(st.keys.task_index())
         # A list_tasks walk drops index entries whose record has expired.
         cursor = None
         for _ in range(10000):
@@ -357,7 +355,7 @@ class Soak:
             cursor = page.get("next_cursor")
             if not cursor:
                 break
-        found["task_index"] = {"before_walk": index_before, "after_walk": await st.r("ZCARD", st.keys.task_index())}
+        found["task_index"] = {"before_walk": index_before, "after_walk": await r.zcard(st.keys.task_index())}
         return found
 
     def growth(self) -> dict[str, float]:
@@ -505,7 +503,10 @@ class Soak:
                 self.csv_file.close()
             if self.mcp:
                 await self.mcp.close()
-            self.stack.stop_all()
+            await self.stack.aclose()
+            left = await asyncio.to_thread(self.stack.stop_all)
+            if left:
+                log(f"removed {len(left)} container(s) left behind")
         if result:
             self.report(result)
             if a.json:
@@ -516,7 +517,7 @@ class Soak:
             print(f"FAILED: {m}")
         if not self.failures:
             print("all checks passed")
-        self.stack.cleanup(failed=bool(self.failures))
+        self.stack.cleanup(keep=a.keep or bool(self.failures))
         return 1 if self.failures else 0
 
     def report(self, r: dict[str, Any]) -> None:
@@ -541,7 +542,7 @@ class Soak:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--duration", type=float, default=1800, help="seconds of load (default 1800)")
     p.add_argument("--rate", type=float, default=2.0, help="tasks submitted per second (default 2)")
     p.add_argument("--sample-every", type=float, default=60, help="seconds between memory samples (default 60)")
@@ -549,21 +550,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--margin", type=int, default=15, help="seconds past retention before the leak checks (default 15)")
     p.add_argument("--workers", type=int, default=1, help="workers (default 1)")
     p.add_argument("--concurrency", type=int, default=12, help="WORKER_CONCURRENCY (default 12)")
-    p.add_argument("--pool-size", help="the worker's POOL_SIZE (default: its own, a warm pool); 0 for none")
     p.add_argument("--long-seconds", type=int, default=20, help="how long a 'long' task sleeps (default 20)")
     p.add_argument("--max-growth-api", type=float, default=16, help="MiB the api may grow (default 16)")
     p.add_argument("--max-growth-worker", type=float, default=16, help="MiB each worker may grow (default 16)")
     p.add_argument("--max-growth-redis", type=float, default=16, help="MiB Redis may grow, RSS and used_memory (default 16)")
-    p.add_argument("--bin-dir", type=Path, default=REPO_ROOT / "target" / "debug", help="where the binaries are (default target/debug)")
     p.add_argument("--csv", help="write the samples to this CSV file")
     p.add_argument("--json", help="write the figures and samples to this file")
     p.add_argument("--png", help="draw the memory curves to this PNG (needs matplotlib)")
-    p.add_argument("--keep", action="store_true", help="keep logs and Redis data even on success")
     return p.parse_args(argv)
 
 
 def main() -> int:
-    return asyncio.run(Soak(parse_args(sys.argv[1:])).run())
+    return run_main(Soak(parse_args(sys.argv[1:])).run)
 
 
 if __name__ == "__main__":

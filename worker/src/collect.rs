@@ -11,16 +11,11 @@ use std::io::{Cursor, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use shared::options::{CollectedFile, CollectedFiles};
+use shared::options::{CollectedFile, CollectedFiles, MAX_COLLECT_BYTES, MAX_COLLECT_FILES};
 use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
 use crate::queue::Collected;
-
-/// Bytes of archive read from a task at most (the files' total, about).
-pub const MAX_COLLECT_BYTES: u64 = 16 << 20;
-/// Files kept at most.
-pub const MAX_COLLECT_FILES: usize = 1000;
 
 /// The collection pipe of one task, and the reader draining it.
 pub struct Collector {
@@ -29,15 +24,20 @@ pub struct Collector {
 }
 
 impl Collector {
-    /// Makes the pipe `TASKS_DIR/<task_id>.collect` (writable by the task user)
-    /// and starts reading it: the read waits until the container's prelude opens
-    /// the pipe after the script.
-    pub async fn start(tasks_dir: &Path, task_id: &str) -> std::io::Result<Collector> {
+    /// Makes the pipe `TASKS_DIR/<task_id>.collect` (writable by the task user
+    /// `task_user`, `TASK_USER`) and starts reading it: the read waits until the
+    /// container's prelude opens the pipe after the script.
+    pub async fn start(
+        tasks_dir: &Path,
+        task_id: &str,
+        task_user: &str,
+    ) -> std::io::Result<Collector> {
         let fifo = tasks_dir.join(format!("{task_id}.collect"));
         let path = fifo.clone();
+        let owner = crate::workspace::parse_owner(task_user);
         tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_file(&path);
-            make_fifo(&path)
+            make_fifo(&path, owner)
         })
         .await
         .map_err(std::io::Error::other)??;
@@ -95,23 +95,47 @@ impl Collector {
     }
 }
 
-/// Makes a FIFO at `path` that the task's user can write (`-m` is not subject
-/// to the umask). Blocking: it runs `mkfifo`.
-pub fn make_fifo(path: &Path) -> std::io::Result<()> {
+/// Makes a FIFO at `path` that the task's user can write and nobody else can
+/// open: owned by `owner` (the task's `uid:gid`) with mode 0600. The worker,
+/// root, reads it whatever its mode. When it cannot be given to the task's user
+/// (`TASK_USER` is a name, or the worker is not root and may not chown), it is
+/// 0622: anyone may write, only the worker read; `TASKS_DIR` (0700) still keeps
+/// other local users from reaching it. Blocking: it runs `mkfifo`.
+pub fn make_fifo(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    // Made 0600 (`-m` is not subject to the umask), then given away: at no
+    // moment may anyone but the worker open it.
     let made = std::process::Command::new("mkfifo")
         .arg("-m")
-        .arg("0666")
+        .arg("0600")
         .arg(path)
         .status()?;
-    if made.success() {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
+    if !made.success() {
+        return Err(std::io::Error::other(format!(
             "mkfifo {} failed: {made}",
             path.display()
-        )))
+        )));
+    }
+    let given = match owner {
+        Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid)),
+        None => Err(std::io::ErrorKind::Unsupported.into()),
+    };
+    match given {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::Unsupported
+            ) =>
+        {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(FIFO_MODE_SHARED))
+        }
+        Err(e) => Err(e),
     }
 }
+
+/// A collection pipe's mode when it cannot belong to the task's user.
+pub const FIFO_MODE_SHARED: u32 = 0o622;
 
 /// The regular files of a tar archive (possibly cut short) as a zip and its
 /// listing. `cut`: the archive was longer than what was read.
@@ -187,6 +211,27 @@ mod tests {
             b.append_data(&mut h, name, *data).expect("append");
         }
         b.into_inner().expect("tar")
+    }
+
+    #[test]
+    fn the_pipe_belongs_to_the_task_user_and_only_a_named_user_gets_a_shared_one() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let dir = std::env::temp_dir().join(format!("sr-fifo-test-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir(&dir).expect("dir");
+        let root = crate::workspace::effective_uid().expect("euid") == 0;
+        let (pipe, named) = (dir.join("p.collect"), dir.join("n.collect"));
+        make_fifo(&pipe, Some((65534, 65534))).expect("fifo");
+        make_fifo(&named, None).expect("fifo");
+        let meta = |p: &Path| std::fs::symlink_metadata(p).expect("stat");
+        let m = meta(&pipe);
+        assert!(m.file_type().is_fifo());
+        if root {
+            assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (65534, 65534, 0o600));
+        } else {
+            assert_eq!(m.mode() & 0o7777, FIFO_MODE_SHARED);
+        }
+        assert_eq!(meta(&named).mode() & 0o7777, FIFO_MODE_SHARED);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The worker's configuration, loaded from the environment. `.env.example` lists
-//! every variable with its default; README.md explains each.
+//! every variable with its default; docs/configuration.md explains each.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,7 +17,20 @@ pub enum ConfigError {
     #[error("WORKER_NAME {0:?} is not allowed: use letters, digits, '.', '-' and '_'")]
     BadWorkerName(String),
     #[error("POOL_SIZE={value:?}: {why}")]
-    PoolSize { value: String, why: String },
+    PoolSize { value: String, why: PoolSizeError },
+}
+
+/// What is wrong with one entry of `POOL_SIZE`.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolSizeError {
+    #[error("entry {0:?} is not runtime=count (e.g. python3.13=2,node24=1; 0 turns the pool off)")]
+    NotAPair(String),
+    #[error("unknown runtime {runtime:?}; this worker's runtimes are {known}")]
+    UnknownRuntime { runtime: String, known: String },
+    #[error("count {count:?} for {runtime} is not a whole number from 0 to {MAX_POOL_PER_RUNTIME}")]
+    BadCount { runtime: String, count: String },
+    #[error("runtime {0} is listed twice")]
+    Twice(String),
 }
 
 /// Caps applied to every task container.
@@ -48,12 +61,20 @@ pub struct SandboxLimits {
     pub firewall: bool,
     /// `TASK_BLOCKED_CIDRS`: more IPv4 ranges tasks must not reach (comma-separated).
     pub blocked_cidrs: Vec<String>,
+    /// `TASK_OCI_RUNTIME`: the Docker runtime every task container (warm and cold)
+    /// is created with, e.g. `runsc` (gVisor); `None` (the default, empty) is the
+    /// engine's default (runc). The worker refuses to start when the engine does
+    /// not list it.
+    pub oci_runtime: Option<String>,
 }
 
 #[derive(Clone)]
 pub struct Config {
     /// `REDIS_URL`.
     pub redis_url: String,
+    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate for a
+    /// Redis that requires mutual TLS (a worker host's; both or neither).
+    pub redis_client_cert: Option<shared::envvar::ClientCertFiles>,
     /// `REDIS_KEY_PREFIX` (default `sr`).
     pub keys: Keys,
     /// `WORKER_NAME`: this worker's consumer name; keep it stable across restarts so
@@ -63,10 +84,12 @@ pub struct Config {
     pub concurrency: usize,
     /// `TASKS_DIR`: where task workspaces live on this host (default `./tasks-data`).
     pub tasks_dir: PathBuf,
-    /// `RUNTIME_IMAGES`, without the defaults: images this host uses instead of
-    /// the one the api recorded for a task (e.g. a local mirror's tag). A runtime
-    /// not listed here runs in the recorded image.
-    pub runtime_overrides: RuntimeCatalog,
+    /// This worker's catalogue: the default runtimes with `RUNTIME_IMAGES` over
+    /// them (e.g. a local mirror's tag). A task always runs in this catalogue's
+    /// image for its runtime, never in one its record names; a record naming an
+    /// image that is neither the runtime's default nor this worker's is refused
+    /// (`RuntimeCatalog::resolve`).
+    pub catalog: RuntimeCatalog,
     pub limits: SandboxLimits,
     /// `ZIP_MAX_ENTRIES` / `ZIP_MAX_EXPANDED_BYTES`, enforced again at extraction.
     pub zip_limits: ZipLimits,
@@ -120,7 +143,7 @@ impl PoolConfig {
         catalog: &RuntimeCatalog,
         max_age: Duration,
     ) -> Result<Self, ConfigError> {
-        let bad = |why: String| ConfigError::PoolSize {
+        let bad = |why: PoolSizeError| ConfigError::PoolSize {
             value: value.to_owned(),
             why,
         };
@@ -130,27 +153,26 @@ impl PoolConfig {
             for entry in value_t.split(',').map(str::trim).filter(|e| !e.is_empty()) {
                 let Some((runtime, n)) = entry.split_once('=').map(|(r, n)| (r.trim(), n.trim()))
                 else {
-                    return Err(bad(format!(
-                        "entry {entry:?} is not runtime=count (e.g. python3.13=2,node24=1; 0 turns the pool off)"
-                    )));
+                    return Err(bad(PoolSizeError::NotAPair(entry.to_owned())));
                 };
                 let Some(image) = catalog.image(runtime) else {
-                    return Err(bad(format!(
-                        "unknown runtime {runtime:?}; this worker's runtimes are {}",
-                        catalog.names_list()
-                    )));
+                    return Err(bad(PoolSizeError::UnknownRuntime {
+                        runtime: runtime.to_owned(),
+                        known: catalog.names_list(),
+                    }));
                 };
                 let size = n
                     .parse::<usize>()
                     .ok()
                     .filter(|n| *n <= MAX_POOL_PER_RUNTIME)
                     .ok_or_else(|| {
-                        bad(format!(
-                            "count {n:?} for {runtime} is not a whole number from 0 to {MAX_POOL_PER_RUNTIME}"
-                        ))
+                        bad(PoolSizeError::BadCount {
+                            runtime: runtime.to_owned(),
+                            count: n.to_owned(),
+                        })
                     })?;
                 if sizes.iter().any(|t| t.runtime == runtime) {
-                    return Err(bad(format!("runtime {runtime} is listed twice")));
+                    return Err(bad(PoolSizeError::Twice(runtime.to_owned())));
                 }
                 if size > 0 {
                     sizes.push(PoolTarget {
@@ -173,6 +195,7 @@ impl std::fmt::Debug for Config {
                 "redis_url",
                 &support::redis_pool::redacted_url(&self.redis_url),
             )
+            .field("redis_client_cert", &self.redis_client_cert)
             .field("worker_name", &self.worker_name)
             .field("concurrency", &self.concurrency)
             .field("tasks_dir", &self.tasks_dir)
@@ -193,6 +216,7 @@ const TASK_NETWORK: Var = Var::new("TASK_NETWORK", "script-runner-tasks");
 const TASK_BRIDGE: Var = Var::new("TASK_BRIDGE", "sr-tasks0");
 const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");
 const TASK_BLOCKED_CIDRS: Var = Var::new("TASK_BLOCKED_CIDRS", "");
+const TASK_OCI_RUNTIME: Var = Var::new("TASK_OCI_RUNTIME", "");
 const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15");
 const SHUTDOWN_GRACE_SECONDS: Var = Var::new("SHUTDOWN_GRACE_SECONDS", "30");
 const WORKER_METRICS_ADDR: Var = Var::new("WORKER_METRICS_ADDR", "");
@@ -200,8 +224,8 @@ const POOL_SIZE: Var = Var::new("POOL_SIZE", "python3.13=2,node24=1");
 const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
-/// ones); README.md and `.env.example` are checked against them.
-pub const VARS: [Var; 18] = [
+/// ones); docs/configuration.md and `.env.example` are checked against them.
+pub const VARS: [Var; 19] = [
     support::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
@@ -215,6 +239,7 @@ pub const VARS: [Var; 18] = [
     TASK_BRIDGE,
     TASK_FIREWALL,
     TASK_BLOCKED_CIDRS,
+    TASK_OCI_RUNTIME,
     WORKER_HEARTBEAT_SECONDS,
     SHUTDOWN_GRACE_SECONDS,
     WORKER_METRICS_ADDR,
@@ -252,6 +277,7 @@ impl Config {
         Ok(Config {
             pool,
             redis_url: common.redis_url,
+            redis_client_cert: common.redis_client_cert,
             keys: common.keys,
             worker_name,
             concurrency: parse_range(
@@ -262,7 +288,7 @@ impl Config {
                 1024,
             )? as usize,
             tasks_dir: PathBuf::from(TASKS_DIR.get(&var)),
-            runtime_overrides: RuntimeCatalog::overrides(var("RUNTIME_IMAGES").as_deref())?,
+            catalog,
             limits: SandboxLimits::from_lookup(&var)?,
             zip_limits: ZipLimits::from_lookup(&var)?,
             retention_seconds: common.retention_seconds,
@@ -328,6 +354,12 @@ impl SandboxLimits {
             bridge: TASK_BRIDGE.name_value(var, MAX_BRIDGE_LEN)?,
             firewall,
             blocked_cidrs: parse_list(Some(&TASK_BLOCKED_CIDRS.get(var)), ""),
+            // Docker's runtime names are free-form, but they reach the engine's
+            // API and the log: the same alphabet as the network's.
+            oci_runtime: match TASK_OCI_RUNTIME.get(var).trim() {
+                "" => None,
+                _ => Some(TASK_OCI_RUNTIME.name_value(var, 64)?),
+            },
         })
     }
 }
@@ -429,5 +461,17 @@ mod tests {
         assert!(refused(&[("TASK_USER", "nobody")]).starts_with("TASK_USER="));
         assert!(refused(&[("REDIS_KEY_PREFIX", "a b")]).starts_with("REDIS_KEY_PREFIX="));
         assert!(refused(&[("TASK_FIREWALL", "nft")]).contains("iptables or off"));
+        assert!(refused(&[("TASK_OCI_RUNTIME", "run sc")]).starts_with("TASK_OCI_RUNTIME="));
+    }
+
+    #[test]
+    fn the_oci_runtime_is_the_engine_s_default_unless_named() {
+        let runtime = |vars: &[(&str, &str)]| load(vars).ok().and_then(|c| c.limits.oci_runtime);
+        assert_eq!(runtime(&[]), None);
+        assert_eq!(runtime(&[("TASK_OCI_RUNTIME", " ")]), None);
+        assert_eq!(
+            runtime(&[("TASK_OCI_RUNTIME", "runsc")]),
+            Some("runsc".to_owned())
+        );
     }
 }

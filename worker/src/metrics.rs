@@ -1,19 +1,30 @@
 //! The worker's own Prometheus metrics, served on `WORKER_METRICS_ADDR` (off by
 //! default): how long the Docker engine takes to create, start and remove task
 //! containers, how long tasks run (by runtime), Docker API errors, whether the
-//! task firewall is installed, and the worker's identity and slots.
+//! task firewall is installed and intact (and how often it was repaired), and the worker's identity and slots.
 //!
 //! What the whole deployment does (queue, outcomes) is the api's `/metrics`,
 //! read from Redis; these are what only the worker's host can see. The numbers
 //! belong to one worker (its `Sandbox` holds them), so several workers in one
 //! process (as in the tests) each report their own.
+//!
+//! `prometheus-client` keeps and encodes them, in the Prometheus text format
+//! (0.0.4) the dashboard's Prometheus has always scraped here.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use prometheus_client::encoding::{EncodeLabelSet, prometheus_text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds (seconds) for Docker call latencies.
 const DOCKER_BUCKETS: &[f64] = &[
@@ -33,10 +44,22 @@ pub enum Op {
     Attach,
     /// Handing a warm pool container its task (create and start the process).
     Exec,
+    /// Reading a container's usage at the end of its task (`Sandbox::probe`).
+    Probe,
 }
 
 impl Op {
-    const ALL: [Op; 5] = [Op::Create, Op::Start, Op::Remove, Op::Attach, Op::Exec];
+    const ALL: [Op; 6] = [
+        Op::Create,
+        Op::Start,
+        Op::Remove,
+        Op::Attach,
+        Op::Exec,
+        Op::Probe,
+    ];
+    /// The calls whose latency is a histogram of its own (an attach is only
+    /// counted when it fails).
+    const TIMED: [Op; 5] = [Op::Create, Op::Start, Op::Remove, Op::Exec, Op::Probe];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -45,62 +68,8 @@ impl Op {
             Op::Remove => "remove",
             Op::Attach => "attach",
             Op::Exec => "exec",
+            Op::Probe => "probe",
         }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Histogram {
-    bounds: &'static [f64],
-    /// Observations at or below each bound (not cumulative; summed when rendered).
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Histogram {
-        Histogram {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    fn observe(&mut self, d: Duration) {
-        let s = d.as_secs_f64();
-        if let Some(i) = self.bounds.iter().position(|b| s <= *b) {
-            self.counts[i] += 1;
-        }
-        self.sum += s;
-        self.count += 1;
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (bound, n) in self.bounds.iter().zip(&self.counts) {
-            cumulative += n;
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
-            self.count
-        );
-        let braces = |l: &str| {
-            if l.is_empty() {
-                String::new()
-            } else {
-                format!("{{{l}}}")
-            }
-        };
-        let _ = writeln!(out, "{name}_sum{} {}", braces(labels), self.sum);
-        let _ = writeln!(out, "{name}_count{} {}", braces(labels), self.count);
     }
 }
 
@@ -108,11 +77,11 @@ impl Histogram {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
     /// No idle container fitted: a new one.
-    Cold = 0,
+    Cold,
     /// An idle pool container.
-    Warm = 1,
+    Warm,
     /// A pool container that could not start the task (it had died): a new one.
-    Fallback = 2,
+    Fallback,
 }
 
 impl Claim {
@@ -127,53 +96,156 @@ impl Claim {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Registry {
-    latency: BTreeMap<Op, Histogram>,
-    errors: BTreeMap<Op, u64>,
-    run: BTreeMap<String, Histogram>,
-    firewall: Option<bool>,
-    identity: Option<Identity>,
-    /// Idle warm containers by runtime, and tasks by how they started.
-    pool_idle: BTreeMap<String, usize>,
-    pool_claims: [u64; 3],
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
 }
 
-#[derive(Debug, Clone)]
-struct Identity {
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RuntimeLabel {
+    runtime: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PathLabel {
+    path: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct InfoLabels {
     worker: String,
     host: String,
     version: String,
-    slots: usize,
+}
+
+/// A family without labels: its one sample shows only once it is set, so a
+/// scrape before the worker knows its slots reads no sample rather than a 0.
+type Unset = [(&'static str, &'static str); 0];
+
+type RunTimes = Family<RuntimeLabel, Histogram, fn() -> Histogram>;
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    latency: BTreeMap<Op, Histogram>,
+    errors: Family<OpLabel, Counter>,
+    run: RunTimes,
+    pool_idle: Family<RuntimeLabel, Gauge>,
+    pool_claims: Family<PathLabel, Counter>,
+    info: Family<InfoLabels, Gauge>,
+    slots: Family<Unset, Gauge>,
+    firewall: Family<Unset, Gauge>,
+    firewall_intact: Family<Unset, Gauge>,
+    firewall_repairs: Counter,
 }
 
 /// One worker's metrics; clones share them.
 #[derive(Debug, Clone)]
-pub struct Metrics(Arc<Mutex<Registry>>);
+pub struct Metrics(Arc<Inner>);
 
 impl Default for Metrics {
     fn default() -> Metrics {
-        Metrics(Arc::new(Mutex::new(Registry {
-            latency: [Op::Create, Op::Start, Op::Remove, Op::Exec]
-                .into_iter()
-                .map(|op| (op, Histogram::new(DOCKER_BUCKETS)))
-                .collect(),
-            errors: Op::ALL.into_iter().map(|op| (op, 0)).collect(),
-            run: BTreeMap::new(),
-            firewall: None,
-            identity: None,
-            pool_idle: BTreeMap::new(),
-            pool_claims: [0; 3],
-        })))
+        // The registry ends every help text with a period, and a counter's name
+        // with `_total`: neither is written here.
+        let mut registry = Registry::default();
+        let info = Family::default();
+        registry.register(
+            "script_runner_worker_info",
+            "This worker: name, host and version (always 1)",
+            info.clone(),
+        );
+        let slots = Family::default();
+        registry.register(
+            "script_runner_worker_slots",
+            "Tasks this worker runs at once at most (WORKER_CONCURRENCY)",
+            slots.clone(),
+        );
+        let firewall = Family::default();
+        registry.register(
+            "script_runner_worker_firewall_enabled",
+            "1 if the task firewall was installed at start, 0 if TASK_FIREWALL=off",
+            firewall.clone(),
+        );
+        let firewall_intact = Family::default();
+        registry.register(
+            "script_runner_worker_firewall_intact",
+            "1 if the last check found the task firewall's rules and jumps in place (or \
+             reinstalled them), 0 if they could not be reinstalled: no task starts then",
+            firewall_intact.clone(),
+        );
+        let firewall_repairs = Counter::default();
+        registry.register(
+            "script_runner_worker_firewall_repairs",
+            "Times a check found the task firewall's rules or jumps missing or altered and \
+             reinstalled them",
+            firewall_repairs.clone(),
+        );
+        let latency = Op::TIMED
+            .into_iter()
+            .map(|op| {
+                let h = Histogram::new(DOCKER_BUCKETS.iter().copied());
+                registry.register(
+                    format!("script_runner_worker_container_{}_seconds", op.as_str()),
+                    format!(
+                        "Time the Docker engine took to {} a task container",
+                        op.as_str()
+                    ),
+                    h.clone(),
+                );
+                (op, h)
+            })
+            .collect();
+        let run: RunTimes =
+            Family::new_with_constructor(|| Histogram::new(RUN_BUCKETS.iter().copied()));
+        registry.register(
+            "script_runner_worker_task_run_seconds",
+            "How long task containers ran, from start to exit or kill, by runtime",
+            run.clone(),
+        );
+        let pool_idle = Family::default();
+        registry.register(
+            "script_runner_worker_pool_idle",
+            "Warm pool containers waiting idle for a task, by runtime (POOL_SIZE)",
+            pool_idle.clone(),
+        );
+        let pool_claims = Family::default();
+        registry.register(
+            "script_runner_worker_pool_claims",
+            "Tasks started in a warm pool container (warm), a new one (cold), or a new \
+             one after the warm one they took could not start them (fallback)",
+            pool_claims.clone(),
+        );
+        let errors = Family::default();
+        registry.register(
+            "script_runner_worker_docker_errors",
+            "Docker API calls that failed, by call",
+            errors.clone(),
+        );
+        // Every path and call shows from the start, at 0: a rate() over a
+        // series that appears only at its first increment misses that one.
+        for path in Claim::ALL {
+            let _ = pool_claims.get_or_create(&PathLabel { path: path.label() });
+        }
+        for op in Op::ALL {
+            let _ = errors.get_or_create(&OpLabel { op: op.as_str() });
+        }
+        Metrics(Arc::new(Inner {
+            registry,
+            latency,
+            errors,
+            run,
+            pool_idle,
+            pool_claims,
+            info,
+            slots,
+            firewall,
+            firewall_intact,
+            firewall_repairs,
+        }))
     }
 }
 
 impl Metrics {
-    /// Only ever held for an update or a render, never across an await.
-    fn registry(&self) -> MutexGuard<'_, Registry> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Runs a Docker call, timing it (create, start, remove) and counting its error.
     pub async fn docker<T, E>(
         &self,
@@ -182,155 +254,81 @@ impl Metrics {
     ) -> Result<T, E> {
         let t = Instant::now();
         let r = call.await;
-        let took = t.elapsed();
-        let mut m = self.registry();
-        if let Some(h) = m.latency.get_mut(&op) {
-            h.observe(took);
+        if let Some(h) = self.0.latency.get(&op) {
+            h.observe(t.elapsed().as_secs_f64());
         }
         if r.is_err() {
-            *m.errors.entry(op).or_default() += 1;
+            self.0
+                .errors
+                .get_or_create(&OpLabel { op: op.as_str() })
+                .inc();
         }
         r
     }
 
     /// A task's container ran for `ran` (start to exit or kill).
     pub fn task_ran(&self, runtime: &str, ran: Duration) {
-        self.registry()
+        let runtime = RuntimeLabel {
+            runtime: runtime.to_owned(),
+        };
+        self.0
             .run
-            .entry(runtime.to_owned())
-            .or_insert_with(|| Histogram::new(RUN_BUCKETS))
-            .observe(ran);
+            .get_or_create(&runtime)
+            .observe(ran.as_secs_f64());
     }
 
     /// How many warm containers of `runtime` wait idle now.
     pub fn set_pool_idle(&self, runtime: &str, idle: usize) {
-        self.registry().pool_idle.insert(runtime.to_owned(), idle);
+        let runtime = RuntimeLabel {
+            runtime: runtime.to_owned(),
+        };
+        let idle = i64::try_from(idle).unwrap_or(i64::MAX);
+        self.0.pool_idle.get_or_create(&runtime).set(idle);
     }
 
     /// How a task's container came to it (counted when a pool is on).
     pub fn pool_claim(&self, path: Claim) {
-        self.registry().pool_claims[path as usize] += 1;
+        let path = PathLabel { path: path.label() };
+        self.0.pool_claims.get_or_create(&path).inc();
     }
 
     /// Whether the task firewall was installed at start (`TASK_FIREWALL`).
     pub fn set_firewall(&self, installed: bool) {
-        self.registry().firewall = Some(installed);
+        self.0.firewall.get_or_create(&[]).set(i64::from(installed));
+    }
+
+    /// What the last firewall check found (see `firewall::Firewall::ensure`).
+    pub fn set_firewall_intact(&self, intact: bool) {
+        self.0
+            .firewall_intact
+            .get_or_create(&[])
+            .set(i64::from(intact));
+    }
+
+    /// A check found the firewall missing or altered and reinstalled it.
+    pub fn firewall_repaired(&self) {
+        self.0.firewall_repairs.inc();
     }
 
     pub fn set_identity(&self, worker: &str, host: &str, version: &str, slots: usize) {
-        self.registry().identity = Some(Identity {
+        // One sample, whatever was set before.
+        self.0.info.clear();
+        let labels = InfoLabels {
             worker: worker.to_owned(),
             host: host.to_owned(),
             version: version.to_owned(),
-            slots,
-        });
+        };
+        self.0.info.get_or_create(&labels).set(1);
+        let slots = i64::try_from(slots).unwrap_or(i64::MAX);
+        self.0.slots.get_or_create(&[]).set(slots);
     }
 
     /// The Prometheus text exposition of everything above.
-    pub fn render(&self) -> String {
-        let m = self.registry().clone();
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
-        let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
-        if let Some(id) = &m.identity {
-            head(
-                &mut out,
-                "script_runner_worker_info",
-                "gauge",
-                "This worker: name, host and version (always 1).",
-            );
-            let _ = writeln!(
-                out,
-                "script_runner_worker_info{{worker=\"{}\",host=\"{}\",version=\"{}\"}} 1",
-                escape(&id.worker),
-                escape(&id.host),
-                escape(&id.version)
-            );
-            head(
-                &mut out,
-                "script_runner_worker_slots",
-                "gauge",
-                "Tasks this worker runs at once at most (WORKER_CONCURRENCY).",
-            );
-            let _ = writeln!(out, "script_runner_worker_slots {}", id.slots);
-        }
-        if let Some(on) = m.firewall {
-            head(
-                &mut out,
-                "script_runner_worker_firewall_enabled",
-                "gauge",
-                "1 if the task firewall was installed at start, 0 if TASK_FIREWALL=off.",
-            );
-            let _ = writeln!(
-                out,
-                "script_runner_worker_firewall_enabled {}",
-                u8::from(on)
-            );
-        }
-        for (op, h) in &m.latency {
-            let name = format!("script_runner_worker_container_{}_seconds", op.as_str());
-            head(
-                &mut out,
-                &name,
-                "histogram",
-                &format!(
-                    "Time the Docker engine took to {} a task container.",
-                    op.as_str()
-                ),
-            );
-            h.render(&mut out, &name, "");
-        }
-        let run = "script_runner_worker_task_run_seconds";
-        head(
-            &mut out,
-            run,
-            "histogram",
-            "How long task containers ran, from start to exit or kill, by runtime.",
-        );
-        for (runtime, h) in &m.run {
-            h.render(&mut out, run, &format!("runtime=\"{}\"", escape(runtime)));
-        }
-        let idle = "script_runner_worker_pool_idle";
-        head(
-            &mut out,
-            idle,
-            "gauge",
-            "Warm pool containers waiting idle for a task, by runtime (POOL_SIZE).",
-        );
-        for (runtime, n) in &m.pool_idle {
-            let _ = writeln!(out, "{idle}{{runtime=\"{}\"}} {n}", escape(runtime));
-        }
-        let claims = "script_runner_worker_pool_claims_total";
-        head(
-            &mut out,
-            claims,
-            "counter",
-            "Tasks started in a warm pool container (warm), a new one (cold), or a new \
-             one after the warm one they took could not start them (fallback).",
-        );
-        for (path, n) in Claim::ALL.iter().map(|c| c.label()).zip(m.pool_claims) {
-            let _ = writeln!(out, "{claims}{{path=\"{path}\"}} {n}");
-        }
-        let errors = "script_runner_worker_docker_errors_total";
-        head(
-            &mut out,
-            errors,
-            "counter",
-            "Docker API calls that failed, by call.",
-        );
-        for (op, n) in &m.errors {
-            let _ = writeln!(out, "{errors}{{op=\"{}\"}} {n}", op.as_str());
-        }
-        out
+        prometheus_text::encode(&mut out, &self.0.registry)?;
+        Ok(out)
     }
-}
-
-/// Label values may not contain a raw backslash, quote or newline.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -352,13 +350,17 @@ pub async fn serve(
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || async move {
-            (
-                [(
-                    axum::http::header::CONTENT_TYPE,
-                    "text/plain; version=0.0.4",
-                )],
-                metrics.render(),
-            )
+            match metrics.render() {
+                Ok(text) => (
+                    [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],
+                    text,
+                )
+                    .into_response(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "worker metrics could not be encoded");
+                    StatusCode::INTERNAL_SERVER_ERROR.into_response()
+                }
+            }
         }),
     );
     tracing::info!(%addr, "serving worker metrics on /metrics");
@@ -373,34 +375,136 @@ pub async fn serve(
 mod tests {
     use super::*;
 
+    /// The encoded text, or the test fails.
+    fn text(m: &Metrics) -> String {
+        m.render().expect("the metrics encode")
+    }
+
     #[test]
     fn histograms_render_cumulative_buckets_sum_and_count() {
-        let mut h = Histogram::new(&[0.1, 1.0]);
-        h.observe(Duration::from_micros(62_500));
-        h.observe(Duration::from_millis(500));
-        h.observe(Duration::from_secs(4));
-        let mut out = String::new();
-        h.render(&mut out, "x", "runtime=\"py\"");
+        let m = Metrics::default();
+        for ran in [
+            Duration::from_micros(62_500),
+            Duration::from_millis(500),
+            Duration::from_secs(4),
+        ] {
+            m.task_ran("py", ran);
+        }
+        let out = text(&m);
+        // Bounds as Prometheus writes them (`1`, not `1.0`), cumulative counts.
+        for line in [
+            "script_runner_worker_task_run_seconds_bucket{runtime=\"py\",le=\"0.1\"} 1\n",
+            "script_runner_worker_task_run_seconds_bucket{runtime=\"py\",le=\"1\"} 2\n",
+            "script_runner_worker_task_run_seconds_bucket{runtime=\"py\",le=\"3600\"} 3\n",
+            "script_runner_worker_task_run_seconds_bucket{runtime=\"py\",le=\"+Inf\"} 3\n",
+            "script_runner_worker_task_run_seconds_sum{runtime=\"py\"} 4.5625\n",
+            "script_runner_worker_task_run_seconds_count{runtime=\"py\"} 3\n",
+            "script_runner_worker_container_create_seconds_bucket{le=\"30\"} 0\n\
+             script_runner_worker_container_create_seconds_bucket{le=\"+Inf\"} 0\n\
+             script_runner_worker_container_create_seconds_sum 0.0\n\
+             script_runner_worker_container_create_seconds_count 0\n",
+        ] {
+            assert!(out.contains(line), "{line:?} not in:\n{out}");
+        }
+    }
+
+    #[test]
+    fn identity_shows_once_set_with_its_label_values_escaped() {
+        let m = Metrics::default();
+        let before = text(&m);
+        assert!(!before.contains("script_runner_worker_slots "), "{before}");
+        assert!(!before.contains("script_runner_worker_info{"), "{before}");
+        m.set_identity("w\"1", "host\\a", "0.1.0", 4);
+        m.set_identity("w1", "host-a", "0.1.0", 4);
+        m.set_identity("w\"1", "host\\a", "0.1.0", 2);
+        let out = text(&m);
+        assert!(out.contains("script_runner_worker_slots 2\n"), "{out}");
         assert!(
-            out.contains("x_bucket{runtime=\"py\",le=\"0.1\"} 1\n"),
+            out.contains(
+                "script_runner_worker_info{worker=\"w\\\"1\",host=\"host\\\\a\",version=\"0.1.0\"} 1\n"
+            ),
             "{out}"
         );
-        assert!(
-            out.contains("x_bucket{runtime=\"py\",le=\"1\"} 2\n"),
+        assert_eq!(
+            out.matches("script_runner_worker_info{").count(),
+            1,
             "{out}"
         );
-        assert!(
-            out.contains("x_bucket{runtime=\"py\",le=\"+Inf\"} 3\n"),
-            "{out}"
-        );
-        assert!(out.contains("x_sum{runtime=\"py\"} 4.5625\n"), "{out}");
-        assert!(out.contains("x_count{runtime=\"py\"} 3\n"), "{out}");
-        let mut bare = String::new();
-        Histogram::new(&[1.0]).render(&mut bare, "y", "");
-        assert!(
-            bare.contains("y_bucket{le=\"1\"} 0\ny_bucket{le=\"+Inf\"} 0\ny_sum 0\ny_count 0\n"),
-            "{bare}"
-        );
+    }
+
+    /// Every family the worker serves: name, type and label names. The
+    /// dashboard (deploy/grafana) and any alert query these; a rename fails here.
+    const FAMILIES: &[(&str, &str, &[&str])] = &[
+        (
+            "script_runner_worker_info",
+            "gauge",
+            &["host", "version", "worker"],
+        ),
+        ("script_runner_worker_slots", "gauge", &[]),
+        ("script_runner_worker_firewall_enabled", "gauge", &[]),
+        ("script_runner_worker_firewall_intact", "gauge", &[]),
+        (
+            "script_runner_worker_firewall_repairs_total",
+            "counter",
+            &[],
+        ),
+        (
+            "script_runner_worker_container_create_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "script_runner_worker_container_start_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "script_runner_worker_container_remove_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "script_runner_worker_container_exec_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "script_runner_worker_container_probe_seconds",
+            "histogram",
+            &[],
+        ),
+        (
+            "script_runner_worker_task_run_seconds",
+            "histogram",
+            &["runtime"],
+        ),
+        ("script_runner_worker_pool_idle", "gauge", &["runtime"]),
+        (
+            "script_runner_worker_pool_claims_total",
+            "counter",
+            &["path"],
+        ),
+        (
+            "script_runner_worker_docker_errors_total",
+            "counter",
+            &["op"],
+        ),
+    ];
+
+    #[tokio::test]
+    async fn the_worker_serves_exactly_the_listed_families() {
+        let m = Metrics::default();
+        m.set_identity("w1", "host-a", "0.1.0", 4);
+        m.set_firewall(true);
+        m.set_firewall_intact(true);
+        m.task_ran("python3.13", Duration::from_millis(1500));
+        m.set_pool_idle("python3.13", 2);
+        m.pool_claim(Claim::Warm);
+        for op in Op::ALL {
+            let _ = m.docker(op, async { Ok::<_, ()>(()) }).await;
+        }
+        let served = support::exposition::families(&text(&m));
+        assert_eq!(served, support::exposition::listed(FAMILIES));
     }
 
     #[tokio::test]
@@ -408,10 +512,17 @@ mod tests {
         let m = Metrics::default();
         let _ = m.docker(Op::Attach, async { Err::<(), _>("boom") }).await;
         let _ = m.docker(Op::Start, async { Ok::<_, ()>(()) }).await;
-        let text = m.render();
-        assert!(text.contains("script_runner_worker_docker_errors_total{op=\"attach\"} 1\n"));
-        assert!(text.contains("script_runner_worker_container_start_seconds_count 1\n"));
-        assert!(text.contains("script_runner_worker_docker_errors_total{op=\"attach\"}"));
-        assert!(text.contains("# TYPE script_runner_worker_container_start_seconds histogram"));
+        let out = text(&m);
+        for line in [
+            "script_runner_worker_docker_errors_total{op=\"attach\"} 1\n",
+            // Every call's series is there before its first error.
+            "script_runner_worker_docker_errors_total{op=\"create\"} 0\n",
+            "script_runner_worker_pool_claims_total{path=\"fallback\"} 0\n",
+            "script_runner_worker_container_start_seconds_count 1\n",
+            "# TYPE script_runner_worker_container_start_seconds histogram\n",
+            "# TYPE script_runner_worker_docker_errors_total counter\n",
+        ] {
+            assert!(out.contains(line), "{line:?} not in:\n{out}");
+        }
     }
 }

@@ -18,17 +18,26 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PoolConfig;
-use crate::sandbox::{Sandbox, WarmSpec};
+use crate::sandbox::{Sandbox, WarmSpec, pool_container_name};
+
+/// The longest wait before trying again when a pool container could not be made.
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// How long to wait before trying again when a pool container could not be made
-/// (a missing image, a busy engine); doubled at each failure in a row, up to
-/// `RETRY_MAX`.
-const RETRY_AFTER: Duration = Duration::from_secs(2);
-const RETRY_MAX: Duration = Duration::from_secs(60);
+/// (a missing image, a busy engine): 2 s, doubled at each failure in a row, up
+/// to `RETRY_MAX`.
+fn retry_schedule() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_secs(2))
+        .with_max_delay(RETRY_MAX)
+        .without_max_times()
+        .build()
+}
 
 /// A started, idle container, waiting for one task.
 #[derive(Debug)]
@@ -92,17 +101,12 @@ impl Pool {
         !self.inner.config.sizes.is_empty()
     }
 
-    /// Takes an idle container of `runtime` running `image`, if there is one
-    /// young enough; the refill starts at once. `None` means: start a cold one.
-    pub fn take(&self, runtime: &str, image: &str) -> Option<Warm> {
+    /// Takes an idle container of `runtime`, if there is one young enough; the
+    /// refill starts at once. `None` means: start a cold one. Pool containers
+    /// run this worker's catalogue image for their runtime (`PoolConfig::parse`
+    /// takes it from the catalogue), the one a task of that runtime runs in.
+    pub fn take(&self, runtime: &str) -> Option<Warm> {
         let inner = &self.inner;
-        let target = inner.config.sizes.iter().find(|t| t.runtime == runtime)?;
-        // The image the task is recorded to run is the one it gets: a pool made
-        // from another (the api and this worker disagree on RUNTIME_IMAGES) is
-        // no use to it.
-        if target.image != image {
-            return None;
-        }
         let warm = {
             let mut idle = inner.lock();
             let queue = idle.get_mut(runtime)?;
@@ -126,29 +130,33 @@ impl Pool {
             return;
         }
         let inner = &self.inner;
-        // When the last failure was, and how long to wait after it.
-        let mut failed: Option<(Instant, Duration)> = None;
+        // After failures in a row: the schedule, when the last one was, and how
+        // long to wait after it.
+        let mut failed: Option<(ExponentialBackoff, Instant, Duration)> = None;
         while !stop.is_cancelled() {
             self.replace_old().await;
-            let backing_off = failed.is_some_and(|(at, wait)| at.elapsed() < wait);
+            let backing_off = failed
+                .as_ref()
+                .is_some_and(|(_, at, wait)| at.elapsed() < *wait);
             if !backing_off && let Some((runtime, image)) = self.next_missing() {
                 if self.add(&runtime, &image, &stop).await {
                     failed = None;
                 } else {
-                    let wait = failed.map_or(RETRY_AFTER, |(_, w)| (w * 2).min(RETRY_MAX));
+                    let mut schedule = failed.take().map_or_else(retry_schedule, |(s, ..)| s);
+                    let wait = schedule.next().unwrap_or(RETRY_MAX);
                     tracing::warn!(
                         runtime,
                         image,
                         "pool container not made; next try in {wait:?}"
                     );
-                    failed = Some((Instant::now(), wait));
+                    failed = Some((schedule, Instant::now(), wait));
                 }
                 continue;
             }
             // Full (or backing off): wait for a take, the next container to age
             // out, or the end of the back-off.
             let mut wait = self.next_expiry().unwrap_or(inner.config.max_age);
-            if let Some((at, back_off)) = failed {
+            if let Some((_, at, back_off)) = &failed {
                 wait = wait.min(back_off.saturating_sub(at.elapsed()));
             }
             tokio::select! {
@@ -186,11 +194,12 @@ impl Pool {
     /// not be made (logged).
     async fn add(&self, runtime: &str, image: &str, stop: &CancellationToken) -> bool {
         let inner = &self.inner;
-        let name = format!("sr-pool-{}", uuid::Uuid::new_v4().simple());
+        let name = pool_container_name();
         let dir = inner.root.join(&name);
         let made = {
             let dir = dir.clone();
-            tokio::task::spawn_blocking(move || make_dir(&dir)).await
+            let owner = crate::workspace::parse_owner(&inner.sandbox.limits().user);
+            tokio::task::spawn_blocking(move || make_dir(&dir, owner)).await
         };
         if let Err(e) = made.map_err(std::io::Error::other).and_then(|r| r) {
             tracing::warn!(dir = %dir.display(), error = %e, "could not make a pool container's directory");
@@ -299,13 +308,15 @@ pub async fn remove_dir(dir: PathBuf) {
     let _ = tokio::task::spawn_blocking(move || crate::workspace::remove(&dir)).await;
 }
 
-/// A pool container's host directory: `src/`, readable by the task's user, and
-/// the collection pipe.
-fn make_dir(dir: &Path) -> std::io::Result<()> {
+/// A pool container's host directory (the worker's alone, 0700): `src/`,
+/// readable by the task's user (the container reaches it through its mount, not
+/// through this directory), and the collection pipe, the task user's
+/// (`owner`).
+fn make_dir(dir: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let src = dir.join("src");
     std::fs::create_dir_all(&src)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755))?;
-    crate::collect::make_fifo(&dir.join("collect"))
+    crate::collect::make_fifo(&dir.join("collect"), owner)
 }

@@ -1,18 +1,19 @@
 //! The worker's view of Redis: the jobs stream (consumer group), the task hash
 //! transitions (Lua scripts from `shared`), zips and the heartbeat.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
-use redis::{AsyncCommands, AsyncConnectionConfig, Script};
+use redis::{AsyncCommands, AsyncConnectionConfig};
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::options::Network;
-pub use shared::scripts::TaskStateReply;
+use shared::scripts::{Ended, ScriptCall};
+pub use shared::scripts::{Progress, TaskStateReply};
 use shared::task::{Outcome, RecordedEnd};
-use shared::{Field, Keys};
+use shared::{Field, Keys, RecordError, TaskRecord};
 use support::scripts;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,8 +24,9 @@ pub enum QueueError {
     Redis(#[from] redis::RedisError),
     #[error(transparent)]
     BuildPool(#[from] support::redis_pool::PoolError),
+    /// The task's record does not read as its type (the error names the field).
     #[error("task {0} has a malformed record: {1}")]
-    Corrupt(String, String),
+    Corrupt(String, #[source] RecordError),
 }
 
 impl QueueError {
@@ -32,6 +34,49 @@ impl QueueError {
     /// missing ACL permission, a TLS certificate this worker does not trust. None for
     /// everything else (Redis down, a network blip), which is worth retrying.
     pub fn misconfiguration(&self) -> Option<&'static str> {
+        type Dyn = dyn std::error::Error + 'static;
+        /// The error `err` wraps. tokio-rustls hands a failed handshake on as an
+        /// `io::Error` (InvalidData) around rustls's own error, redis keeps that
+        /// in an `Arc` (ErrorKind::Io), and neither wrapper's `source()` yields
+        /// what it wraps (io::Error's skips it): so each is opened here.
+        fn wrapped(err: &Dyn) -> Option<&Dyn> {
+            if let Some(io) = err.downcast_ref::<std::io::Error>() {
+                return io.get_ref().map(|inner| inner as &Dyn);
+            }
+            if let Some(arc) =
+                err.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+            {
+                return Some(&**arc);
+            }
+            err.source()
+        }
+        /// rustls refused the server's certificate (untrusted, or not naming the
+        /// host): by its error type, not its message.
+        fn certificate_refused(e: &redis::RedisError) -> bool {
+            std::iter::successors(Some(e as &Dyn), |err| wrapped(*err)).any(|err| {
+                matches!(
+                    err.downcast_ref::<rustls::Error>(),
+                    Some(rustls::Error::InvalidCertificate(_))
+                )
+            })
+        }
+        /// Redis (with REDIS_TLS_CLIENT_CERTS=on) refused this worker's client
+        /// certificate, or wanted one: the alert it sent in the handshake.
+        fn client_certificate_refused(e: &redis::RedisError) -> bool {
+            use rustls::AlertDescription as A;
+            std::iter::successors(Some(e as &Dyn), |err| wrapped(*err)).any(|err| {
+                matches!(
+                    err.downcast_ref::<rustls::Error>(),
+                    Some(rustls::Error::AlertReceived(
+                        A::CertificateRequired
+                            | A::BadCertificate
+                            | A::UnknownCA
+                            | A::CertificateUnknown
+                            | A::HandshakeFailure
+                    ))
+                )
+            })
+        }
         let e = match self {
             QueueError::Redis(e) => e,
             QueueError::Pool(deadpool_redis::PoolError::Backend(e)) => e,
@@ -44,9 +89,14 @@ impl QueueError {
             redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => Some(
                 "the Redis user in REDIS_URL lacks a permission the worker needs (see ACL LOG)",
             ),
-            _ if e.to_string().contains("invalid peer certificate") => Some(
+            _ if certificate_refused(e) => Some(
                 "Redis's TLS certificate is not trusted or does not name the host in REDIS_URL \
                  (a private CA goes in SSL_CERT_FILE)",
+            ),
+            _ if client_certificate_refused(e) => Some(
+                "Redis refused this worker's TLS client certificate or wants one: set \
+                 REDIS_CLIENT_CERT and REDIS_CLIENT_KEY to a certificate signed by the \
+                 deployment's CA (deploy/add-worker.sh --issue)",
             ),
             _ => None,
         }
@@ -74,22 +124,14 @@ pub struct TaskSpec {
     pub network: Network,
     /// `collect`: paths or globs under /workspace to keep after the run.
     pub collect: Vec<String>,
+    /// Who submitted it (`None`: the admin key): its usage is counted to them.
+    pub owner: Option<String>,
 }
 
 /// The files a task's `collect` gathered: a zip, and its listing as JSON.
 pub struct Collected {
     pub zip: Vec<u8>,
     pub listing: String,
-}
-
-/// Output tails as published while a task runs.
-pub struct Progress<'a> {
-    pub stdout_tail: &'a [u8],
-    pub stderr_tail: &'a [u8],
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    /// Milliseconds since the last output byte; `None` if there was none yet.
-    pub output_age_ms: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -101,11 +143,17 @@ pub struct Queue {
 }
 
 impl Queue {
-    pub fn new(redis_url: &str, keys: Keys, worker: String) -> Result<Queue, QueueError> {
-        let pool = support::redis_pool::build(redis_url, 64, Duration::from_secs(5))?;
+    /// `redis`: a URL, or `support::redis_pool::target`'s (with a client certificate).
+    pub fn new(
+        redis: impl redis::IntoConnectionInfo,
+        keys: Keys,
+        worker: String,
+    ) -> Result<Queue, QueueError> {
+        let redis = redis.into_connection_info()?;
+        let pool = support::redis_pool::build(redis.clone(), 64, Duration::from_secs(5))?;
         Ok(Queue {
             pool,
-            client: redis::Client::open(redis_url)?,
+            client: redis::Client::open(redis)?,
             keys,
             worker,
         })
@@ -197,33 +245,21 @@ impl Queue {
         Ok(())
     }
 
-    /// Runs a state script for `task_id` as worker `worker` (ARGV[1]).
+    /// Runs a state script (CLAIM, STARTED, PROGRESS, FINISH) for `task_id`.
     async fn state_script(
         &self,
-        script: &Script,
         task_id: &str,
-        worker: &str,
-        args: &[&[u8]],
+        call: &ScriptCall,
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
-        let mut inv = script.key(self.keys.task(task_id));
-        inv.key(self.keys.task_zip(task_id))
-            .key(self.keys.stats())
-            .key(self.keys.task_stdin(task_id))
-            .key(self.keys.task_files(task_id));
-        inv.arg(worker);
-        for a in args {
-            inv.arg(*a);
-        }
-        let s: String = inv.invoke_async(&mut conn).await?;
+        let s: String = scripts::invoke(&mut conn, call).await?;
         parse_reply(task_id, Some(&s))
     }
 
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
-        let entry = job.entry_id.as_bytes();
-        self.state_script(&scripts::CLAIM, &job.task_id, &self.worker, &[entry])
-            .await
+        let call = ScriptCall::claim(&self.keys, &job.task_id, &self.worker, &job.entry_id);
+        self.state_script(&job.task_id, &call).await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
@@ -232,13 +268,8 @@ impl Queue {
         task_id: &str,
         container: &str,
     ) -> Result<TaskStateReply, QueueError> {
-        self.state_script(
-            &scripts::STARTED,
-            task_id,
-            &self.worker,
-            &[container.as_bytes()],
-        )
-        .await
+        let call = ScriptCall::started(&self.keys, task_id, &self.worker, container);
+        self.state_script(task_id, &call).await
     }
 
     /// Publishes tails; the reply carries the current state (a kill shows here).
@@ -247,21 +278,8 @@ impl Queue {
         task_id: &str,
         p: &Progress<'_>,
     ) -> Result<TaskStateReply, QueueError> {
-        let (out_b, err_b) = (p.stdout_bytes.to_string(), p.stderr_bytes.to_string());
-        let age = p.output_age_ms.map(|a| a.to_string()).unwrap_or_default();
-        self.state_script(
-            &scripts::PROGRESS,
-            task_id,
-            &self.worker,
-            &[
-                p.stdout_tail,
-                p.stderr_tail,
-                out_b.as_bytes(),
-                err_b.as_bytes(),
-                age.as_bytes(),
-            ],
-        )
-        .await
+        let call = ScriptCall::progress(&self.keys, task_id, &self.worker, p);
+        self.state_script(task_id, &call).await
     }
 
     /// Records how the task ended (unless it already ended: a kill is final).
@@ -272,9 +290,9 @@ impl Queue {
         task_id: &str,
         outcome: &Outcome,
         retention_seconds: u64,
-        collected: Option<&Collected>,
+        ended: &Ended<'_>,
     ) -> Result<TaskStateReply, QueueError> {
-        self.finish_as(task_id, &self.worker, outcome, retention_seconds, collected)
+        self.finish_as(task_id, &self.worker, outcome, retention_seconds, ended)
             .await
     }
 
@@ -287,8 +305,14 @@ impl Queue {
         outcome: &Outcome,
         retention_seconds: u64,
     ) -> Result<TaskStateReply, QueueError> {
-        self.finish_as(task_id, worker, outcome, retention_seconds, None)
-            .await
+        self.finish_as(
+            task_id,
+            worker,
+            outcome,
+            retention_seconds,
+            &Ended::default(),
+        )
+        .await
     }
 
     async fn finish_as(
@@ -297,26 +321,17 @@ impl Queue {
         worker: &str,
         outcome: &Outcome,
         retention_seconds: u64,
-        collected: Option<&Collected>,
+        ended: &Ended<'_>,
     ) -> Result<TaskStateReply, QueueError> {
-        let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
-        let retention = retention_seconds.to_string();
-        let (zip, listing) = collected.map_or((&[][..], ""), |c| (&c.zip[..], c.listing.as_str()));
-        self.state_script(
-            &scripts::FINISH,
+        let call = ScriptCall::finish(
+            &self.keys,
             task_id,
             worker,
-            &[
-                outcome.state.as_str().as_bytes(),
-                outcome.kind.as_str().as_bytes(),
-                outcome.reason.as_bytes(),
-                code.as_bytes(),
-                retention.as_bytes(),
-                zip,
-                listing.as_bytes(),
-            ],
-        )
-        .await
+            outcome,
+            retention_seconds,
+            ended,
+        );
+        self.state_script(task_id, &call).await
     }
 
     /// The task's current state, read without changing anything.
@@ -330,44 +345,25 @@ impl Queue {
 
     pub async fn task_spec(&self, task_id: &str) -> Result<Option<TaskSpec>, QueueError> {
         let mut conn = self.pool.get().await?;
-        let f: HashMap<String, String> = conn.hgetall(self.keys.task(task_id)).await?;
-        if f.is_empty() {
+        let f: HashMap<String, Vec<u8>> = conn.hgetall(self.keys.task(task_id)).await?;
+        let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
+        let Some(r) = TaskRecord::from_hash(f).map_err(corrupt)? else {
             return Ok(None);
-        }
-        let get = |field: Field| {
-            f.get(field.as_str()).cloned().ok_or_else(|| {
-                QueueError::Corrupt(task_id.to_owned(), format!("no {}", field.as_str()))
-            })
         };
+        let need = |v, f| RecordError::required(v, f).map_err(corrupt);
         Ok(Some(TaskSpec {
-            runtime: get(Field::Runtime)?,
-            image: get(Field::Image)?,
-            command: get(Field::Command)?,
-            timeout_seconds: get(Field::TimeoutSeconds)?.parse().map_err(|_| {
-                QueueError::Corrupt(task_id.to_owned(), "bad timeout_seconds".into())
-            })?,
-            has_zip: f.get(Field::HasZip.as_str()).is_some_and(|v| v == "1"),
-            has_stdin: f.get(Field::HasStdin.as_str()).is_some_and(|v| v == "1"),
-            env: match f.get(Field::Env.as_str()) {
-                None => Vec::new(),
-                Some(json) => serde_json::from_str::<BTreeMap<String, String>>(json)
-                    .map_err(|e| QueueError::Corrupt(task_id.to_owned(), format!("bad env: {e}")))?
-                    .into_iter()
-                    .collect(),
-            },
-            collect: match f.get(Field::Collect.as_str()) {
-                None => Vec::new(),
-                Some(json) => serde_json::from_str(json).map_err(|e| {
-                    QueueError::Corrupt(task_id.to_owned(), format!("bad collect: {e}"))
-                })?,
-            },
+            runtime: need(r.runtime, Field::Runtime)?,
+            image: need(r.image, Field::Image)?,
+            command: need(r.command, Field::Command)?,
+            timeout_seconds: RecordError::required(r.timeout_seconds, Field::TimeoutSeconds)
+                .map_err(corrupt)?,
+            has_zip: r.has_zip.unwrap_or(false),
+            has_stdin: r.has_stdin.unwrap_or(false),
+            env: r.env.unwrap_or_default().into_iter().collect(),
+            collect: r.collect.unwrap_or_default(),
             // Records written before the field existed ran with the internet.
-            network: match f.get(Field::Network.as_str()) {
-                None => Network::Internet,
-                Some(n) => n
-                    .parse()
-                    .map_err(|e: String| QueueError::Corrupt(task_id.to_owned(), e))?,
-            },
+            network: r.network.unwrap_or(Network::Internet),
+            owner: r.owner,
         }))
     }
 
@@ -446,14 +442,8 @@ impl Queue {
     /// keeps it) while it is alive again or still has pending jobs.
     pub async fn forget_worker(&self, name: &str) -> Result<bool, QueueError> {
         let mut conn = self.pool.get().await?;
-        let forgotten: i64 = scripts::FORGET_WORKER
-            .key(self.keys.jobs())
-            .key(self.keys.worker(name))
-            .key(self.keys.workers())
-            .arg(WORKER_GROUP)
-            .arg(name)
-            .invoke_async(&mut conn)
-            .await?;
+        let call = ScriptCall::forget_worker(&self.keys, name);
+        let forgotten: i64 = scripts::invoke(&mut conn, &call).await?;
         Ok(forgotten == 1)
     }
 
@@ -461,13 +451,8 @@ impl Queue {
     /// its old entry (see `scripts::REQUEUE`).
     pub async fn requeue(&self, job: &Job) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
-        let _requeued: i64 = scripts::REQUEUE
-            .key(self.keys.jobs())
-            .arg(WORKER_GROUP)
-            .arg(&job.entry_id)
-            .arg(&job.task_id)
-            .invoke_async(&mut conn)
-            .await?;
+        let call = ScriptCall::requeue(&self.keys, &job.entry_id, &job.task_id);
+        let _requeued: i64 = scripts::invoke(&mut conn, &call).await?;
         Ok(())
     }
 
@@ -475,23 +460,20 @@ impl Queue {
     /// ended by someone else (`kill_task`, a reaper) while this worker ran it.
     pub async fn recorded_end(&self, task_id: &str) -> Result<Option<RecordedEnd>, QueueError> {
         let mut conn = self.pool.get().await?;
-        let (state, kind, reason): (Option<String>, Option<String>, Option<String>) =
-            redis::cmd("HMGET")
-                .arg(self.keys.task(task_id))
-                .arg(Field::State.as_str())
-                .arg(Field::ReasonKind.as_str())
-                .arg(Field::Reason.as_str())
-                .query_async(&mut conn)
-                .await?;
-        let corrupt =
-            |e: shared::task::UnknownState| QueueError::Corrupt(task_id.to_owned(), e.to_string());
-        let (Some(state), Some(kind), Some(reason)) = (state, kind, reason) else {
-            return Ok(None);
-        };
-        Ok(Some(RecordedEnd {
-            state: state.parse().map_err(corrupt)?,
-            kind: kind.parse().map_err(corrupt)?,
-            reason,
+        const FIELDS: [Field; 3] = [Field::State, Field::ReasonKind, Field::Reason];
+        let values: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            .arg(self.keys.task(task_id))
+            .arg(&FIELDS.map(Field::as_str))
+            .query_async(&mut conn)
+            .await?;
+        let record = TaskRecord::from_values(&FIELDS, values)
+            .map_err(|e| QueueError::Corrupt(task_id.to_owned(), e))?;
+        Ok(record.and_then(|r| {
+            Some(RecordedEnd {
+                state: r.state,
+                kind: r.reason_kind?,
+                reason: r.reason?,
+            })
         }))
     }
 
@@ -530,9 +512,15 @@ impl Queue {
 
 /// A script's reply or a read `state` field (`None`: no such task), as a
 /// [`TaskStateReply`]; anything else means the record is malformed.
+/// The scripts reply with the stored state, so an unknown one is the record's.
 fn parse_reply(task_id: &str, s: Option<&str>) -> Result<TaskStateReply, QueueError> {
-    TaskStateReply::from_field(s)
-        .map_err(|e| QueueError::Corrupt(task_id.to_owned(), e.to_string()))
+    TaskStateReply::from_field(s).map_err(|e| {
+        let bad = RecordError::Malformed {
+            field: Field::State,
+            value: e.name,
+        };
+        QueueError::Corrupt(task_id.to_owned(), bad)
+    })
 }
 
 /// A job from a stream entry, if it names a task by a well-formed task id.
@@ -564,5 +552,33 @@ mod tests {
             "refused",
         )));
         assert!(down.misconfiguration().is_none());
+    }
+
+    /// A TLS failure wrapped as tokio-rustls and redis wrap it.
+    fn tls_failure(error: rustls::Error) -> QueueError {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, error);
+        QueueError::Redis(redis::RedisError::from(io))
+    }
+
+    #[test]
+    fn a_refused_certificate_stops_the_start_and_other_tls_failures_do_not() {
+        for refused in [
+            rustls::CertificateError::UnknownIssuer,
+            rustls::CertificateError::NotValidForName,
+            rustls::CertificateError::Expired,
+        ] {
+            let e = tls_failure(rustls::Error::InvalidCertificate(refused));
+            assert!(
+                e.misconfiguration()
+                    .is_some_and(|why| why.contains("TLS certificate")),
+                "{e}"
+            );
+        }
+        // A plain-text Redis behind a rediss:// URL garbles the handshake: that
+        // may be a port mix-up in progress, and is retried as before.
+        let garbled = tls_failure(rustls::Error::InvalidMessage(
+            rustls::InvalidMessage::InvalidContentType,
+        ));
+        assert!(garbled.misconfiguration().is_none(), "{garbled}");
     }
 }

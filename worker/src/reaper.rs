@@ -11,7 +11,7 @@
 //! dead worker left on this host's engine are removed; then it is forgotten.
 //!
 //! Deadlines need nothing more: a live worker enforces its own tasks' timeouts,
-//! every container enforces its own shortly after (see `sandbox::container_command`),
+//! every container enforces its own shortly after (see `sandbox::prelude`),
 //! and a dead worker's running tasks end here.
 //!
 //! It also settles this worker's own orphans: entries pending under its name that
@@ -28,9 +28,10 @@ use std::time::{Duration, Instant};
 use shared::task::Outcome;
 use tokio_util::sync::CancellationToken;
 
+use crate::ctx::Ctx;
 use crate::queue::{QueueError, TaskStateReply};
-use crate::runner::Ctx;
-use crate::{Slots, settle_or_log};
+use crate::recovery::{remove_leftovers_of, settle_or_log};
+use crate::slots::Slots;
 
 pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
@@ -91,7 +92,7 @@ async fn reap(
             .checked_sub(since.elapsed())
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_secs() as i64);
-        match crate::remove_leftovers_of(ctx, &name, Some(silent_since)).await {
+        match remove_leftovers_of(ctx, &name, Some(silent_since)).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(worker = %name, containers = n, "removed a lost worker's containers")

@@ -1,46 +1,33 @@
 //! One task from claim to acknowledgement:
-//! claim -> source files -> container (a warm one from the pool, handed the
-//! task as an exec; else a new one: attach, start) -> supervise (tails, kill,
-//! timeout) -> record output and outcome -> ack. The container and source files
+//! claim -> source files -> container (a warm one from the pool, else a new
+//! one), handed the task as an exec -> supervise (tails, kill, timeout) ->
+//! probe its cgroup -> record output and outcome -> ack. The container and source files
 //! are removed in the background as soon as the process has ended: off the
 //! critical path, and without waiting for Redis.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use shared::TaskState;
 use shared::options::Network;
+use shared::scripts::Ended;
 use shared::tail::{TAIL_CAP, TailBuffer};
 use shared::task::{Caps, ContainerExit, Outcome};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use shared::usage::Usage;
 
 use crate::collect::Collector;
-use crate::config::Config;
+use crate::ctx::Ctx;
 use crate::metrics::Claim;
-use crate::pool::{Pool, Warm};
+use crate::pool::Warm;
 use crate::queue::{Collected, Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
-use crate::sandbox::{ContainerSpec, OutputStream, Sandbox, StdinWriter};
+use crate::retry;
+use crate::sandbox::{ContainerSpec, OutputStream, Reading, Sandbox, SandboxError, StdinWriter};
 use crate::workspace;
 
 /// How often a running task's tails are published and its state re-read (which
 /// is how a `kill_task` reaches the worker holding it).
 pub const TICK: Duration = Duration::from_millis(250);
-
-/// What every task runner shares.
-#[derive(Clone)]
-pub struct Ctx {
-    pub queue: Queue,
-    pub sandbox: Sandbox,
-    pub config: Arc<Config>,
-    /// Cancelled when the worker's shutdown grace period is over.
-    pub abort: CancellationToken,
-    pub pool: Pool,
-    /// Removals of ended tasks' containers and files, waited for at shutdown.
-    pub cleanups: TaskTracker,
-}
 
 /// Runs a job to its end and acknowledges it. Never panics, never returns an error:
 /// failures are recorded on the task or logged.
@@ -56,38 +43,44 @@ pub async fn run_job(ctx: Ctx, job: Job) {
             return;
         }
     }
-    if let Err(e) = retry("ack", &ctx.abort, || ctx.queue.ack(&job.entry_id)).await {
+    if let Err(e) = retry::redis("ack", &ctx.abort, || ctx.queue.ack(&job.entry_id)).await {
         tracing::error!(%task_id, error = %e, "could not acknowledge job");
     }
 }
 
 async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError> {
     let task_id = job.task_id.as_str();
-    match retry("claim", &ctx.abort, || ctx.queue.claim(job)).await? {
+    match retry::redis("claim", &ctx.abort, || ctx.queue.claim(job)).await? {
         TaskStateReply::State(TaskState::Running) => {}
         other => {
             tracing::info!(task_id, ?other, "job skipped: task is not queued");
             return Ok(None);
         }
     }
-    let Some(spec) = retry("read task", &ctx.abort, || ctx.queue.task_spec(task_id)).await? else {
+    let Some(spec) = retry::redis("read task", &ctx.abort, || ctx.queue.task_spec(task_id)).await?
+    else {
         return Ok(None);
     };
     tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
     let mut collected = None;
-    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected).await;
+    let mut usage = Usage::default();
+    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected, &mut usage).await;
     // The container is gone by now: only the record is left to write, and it is
     // worth waiting for Redis as long as this worker lives.
     if let Some(tails) = &tails {
-        retry("publish output", &ctx.abort, || {
+        retry::redis("publish output", &ctx.abort, || {
             tails.send(&ctx.queue, task_id)
         })
         .await?;
     }
     let retention = ctx.config.retention_seconds;
-    let reply = retry("finish", &ctx.abort, || {
-        ctx.queue
-            .finish(task_id, &outcome, retention, collected.as_ref())
+    let ended = Ended {
+        collected: collected.as_ref().map(|c| (&c.zip[..], c.listing.as_str())),
+        usage,
+        owner: spec.owner.as_deref(),
+    };
+    let reply = retry::redis("finish", &ctx.abort, || {
+        ctx.queue.finish(task_id, &outcome, retention, &ended)
     })
     .await?;
     Ok(match reply {
@@ -97,23 +90,34 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
 }
 
 /// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
-/// output (and puts in `collected` the files `collect` gathered). Docker
-/// resources are released whether or not Redis answers.
+/// output (and puts in `collected` the files `collect` gathered, and in `usage`
+/// what its container used). Docker resources are released whether or not
+/// Redis answers.
 async fn execute(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
     collected: &mut Option<Collected>,
+    usage: &mut Usage,
 ) -> (Outcome, Option<Tails>) {
-    // The api recorded the image at submit; a host may override it (a mirror).
-    let image = ctx
-        .config
-        .runtime_overrides
-        .image(&spec.runtime)
-        .unwrap_or(&spec.image);
+    // The image is this worker's for the runtime, never the record's: a
+    // record naming another one (written by anything but an api that agrees
+    // with this worker) is refused before anything is pulled, extracted or run.
+    let image = match ctx.config.catalog.resolve(&spec.runtime, &spec.image) {
+        Ok(image) => image,
+        Err(refusal) => {
+            tracing::warn!(
+                task_id,
+                runtime = %spec.runtime,
+                recorded_image = %spec.image,
+                "task refused: {refusal}"
+            );
+            return (Outcome::image_refused(refusal), None);
+        }
+    };
     // A task without a network must not run where a network was set up.
     let mut warm = match spec.network {
-        Network::Internet => ctx.pool.take(&spec.runtime, image),
+        Network::Internet => ctx.pool.take(&spec.runtime),
         Network::None => None,
     };
     let mut claim = if warm.is_some() {
@@ -145,6 +149,14 @@ async fn execute(
                 .as_ref()
                 .map(|c| (c.fifo(), &spec.collect[..])),
         };
+        // Checked (and repaired) right before the task's process starts, so a
+        // rule removed since the last check never meets a running task.
+        if let Some(firewall) = &ctx.firewall
+            && let Err(e) = firewall.ensure().await
+        {
+            let failed = Outcome::start_failed(format!("the task firewall: {e}"));
+            break (Err((failed, None)), inputs);
+        }
         match &warm {
             Some(w) => match launch_warm(ctx, w, &container_spec).await {
                 Ok(launched) => break (Ok(launched), inputs),
@@ -173,7 +185,10 @@ async fn execute(
     match launched {
         Ok(launched) => {
             let container = launched.container.clone();
-            let ended = supervise(ctx, task_id, spec, launched, inputs.stdin).await;
+            let (ended, reading) = supervise(ctx, task_id, spec, launched, inputs.stdin).await;
+            if let Some(r) = reading {
+                *usage = usage_of(&r);
+            }
             if let Some(c) = inputs.collector {
                 *collected = c.finish().await;
             }
@@ -200,19 +215,36 @@ struct Inputs {
     collector: Option<Collector>,
 }
 
+/// Why a task's inputs could not be made ready: the task fails with it, as
+/// `Outcome::workspace_failed`.
+#[derive(Debug, thiserror::Error)]
+enum InputError {
+    #[error("could not read the task's zip: {0}")]
+    ReadZip(#[source] QueueError),
+    #[error("the task's zip is no longer in the store")]
+    ZipGone,
+    #[error(transparent)]
+    Extract(#[from] workspace::WorkspaceError),
+    #[error("extracting the task's zip stopped: {0}")]
+    Extractor(#[from] tokio::task::JoinError),
+    #[error("could not read the task's stdin: {0}")]
+    ReadStdin(#[source] QueueError),
+    #[error("could not set up collect: {0}")]
+    Collect(#[source] std::io::Error),
+}
+
 impl Inputs {
     async fn gather(
         ctx: &Ctx,
         task_id: &str,
         spec: &TaskSpec,
         warm: Option<&Warm>,
-    ) -> Result<Inputs, String> {
+    ) -> Result<Inputs, InputError> {
         let source = if spec.has_zip {
-            let zip = match retry("read zip", &ctx.abort, || ctx.queue.zip(task_id)).await {
-                Ok(Some(zip)) => zip,
-                Ok(None) => return Err("the task's zip is no longer in the store".into()),
-                Err(e) => return Err(e.to_string()),
-            };
+            let zip = retry::redis("read zip", &ctx.abort, || ctx.queue.zip(task_id))
+                .await
+                .map_err(InputError::ReadZip)?
+                .ok_or(InputError::ZipGone)?;
             let limits = ctx.config.zip_limits;
             let prepared = match warm {
                 Some(w) => {
@@ -230,30 +262,27 @@ impl Inputs {
                     .await
                 }
             };
-            Some(
-                prepared
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r.map_err(|e| e.to_string()))?,
-            )
+            Some(prepared??)
         } else {
             None
         };
         let stdin = if spec.has_stdin {
-            match retry("read stdin", &ctx.abort, || ctx.queue.stdin(task_id)).await {
-                // Gone only if the task ended meanwhile: then it will not run anyway.
-                Ok(stdin) => Some(stdin.unwrap_or_default()),
-                Err(e) => return Err(format!("could not read the task's stdin: {e}")),
-            }
+            let stdin = retry::redis("read stdin", &ctx.abort, || ctx.queue.stdin(task_id))
+                .await
+                .map_err(InputError::ReadStdin)?;
+            // Gone only if the task ended meanwhile: then it will not run anyway.
+            Some(stdin.unwrap_or_default())
         } else {
             None
         };
         let collector = match (spec.collect.is_empty(), warm) {
             (true, _) => None,
             (false, Some(w)) => Some(Collector::open(w.fifo())),
-            (false, None) => match Collector::start(&ctx.config.tasks_dir, task_id).await {
-                Ok(c) => Some(c),
-                Err(e) => return Err(format!("could not set up collect: {e}")),
-            },
+            (false, None) => Some(
+                Collector::start(&ctx.config.tasks_dir, task_id, &ctx.config.limits.user)
+                    .await
+                    .map_err(InputError::Collect)?,
+            ),
         };
         Ok(Inputs {
             source,
@@ -263,17 +292,19 @@ impl Inputs {
     }
 }
 
-/// A task's process, started: in its own container, or as an exec in a warm one.
+/// A task's process, started: an exec in its own container, or in a warm one.
 struct Launched {
     container: String,
-    /// The exec running the task in a warm container.
-    exec: Option<String>,
+    /// The exec running the task.
+    exec: String,
     stream: OutputStream,
     input: Option<StdinWriter>,
 }
 
-/// A cold start: creates the container, attaches (before the start, so no byte
-/// is missed), starts it. On failure, the outcome and the container to remove.
+/// A cold start: creates and starts the task's own container, then runs the
+/// task in it as an exec, as in a warm one (so its cgroup outlives the task's
+/// process: see `Sandbox::probe`). On failure, the outcome and the container
+/// to remove.
 async fn launch_cold(
     ctx: &Ctx,
     spec: &ContainerSpec<'_>,
@@ -284,19 +315,19 @@ async fn launch_cold(
         .await
         .map_err(|e| (Outcome::start_failed(e), None))?;
     let failed = |e, c: &str| (Outcome::start_failed(e), Some(c.to_owned()));
-    let (stream, input) = sandbox
-        .attach(&container, spec.stdin)
+    let exec = sandbox
+        .exec_task(&container, spec, false)
         .await
         .map_err(|e| failed(e, &container))?;
     sandbox
-        .start(&container)
+        .exec_started(&exec.id)
         .await
         .map_err(|e| failed(e, &container))?;
     Ok(Launched {
         container,
-        exec: None,
-        stream,
-        input,
+        exec: exec.id,
+        stream: exec.output,
+        input: exec.input,
     })
 }
 
@@ -306,12 +337,12 @@ async fn launch_warm(
     ctx: &Ctx,
     warm: &Warm,
     spec: &ContainerSpec<'_>,
-) -> Result<Launched, crate::sandbox::SandboxError> {
-    let exec = ctx.sandbox.exec_task(&warm.id, spec).await?;
+) -> Result<Launched, SandboxError> {
+    let exec = ctx.sandbox.exec_task(&warm.id, spec, true).await?;
     ctx.sandbox.exec_started(&exec.id).await?;
     Ok(Launched {
         container: warm.id.clone(),
-        exec: Some(exec.id),
+        exec: exec.id,
         stream: exec.output,
         input: exec.input,
     })
@@ -407,7 +438,7 @@ async fn supervise(
     spec: &TaskSpec,
     launched: Launched,
     stdin: Option<Vec<u8>>,
-) -> (Outcome, Option<Tails>) {
+) -> ((Outcome, Option<Tails>), Option<Reading>) {
     let sandbox = &ctx.sandbox;
     let Launched {
         container,
@@ -424,15 +455,12 @@ async fn supervise(
     let started = Instant::now();
     let mut output = Output { stream, open: true };
     let mut tails = Tails::new();
-    let process = match &exec {
-        Some(exec) => Process::Exec {
-            container: &container,
-            exec,
-        },
-        None => Process::Container(&container),
+    let process = Process {
+        container: &container,
+        exec: &exec,
     };
-    let end = match record_start(ctx, task_id, &container).await {
-        Some(end) => end,
+    let (end, reading) = match record_start(ctx, task_id, &container).await {
+        Some(end) => (end, None),
         None => {
             watch(
                 ctx,
@@ -446,9 +474,8 @@ async fn supervise(
             .await
         }
     };
-    if exec.is_some() && output.open {
-        // A process the script left behind still holds its output: in a cold
-        // container it would die with the container's main process.
+    if output.open {
+        // A process the script left behind still holds its output.
         sandbox.kill(&container).await;
     }
     output.drain(&mut tails).await;
@@ -466,29 +493,35 @@ async fn supervise(
         }
         End::Decided(outcome) => outcome,
         End::Superseded => {
-            let recorded = retry("read how the task ended", &ctx.abort, || {
+            let recorded = retry::redis("read how the task ended", &ctx.abort, || {
                 ctx.queue.recorded_end(task_id)
             })
             .await;
             Outcome::superseded(recorded.ok().flatten())
         }
     };
-    (outcome, Some(tails))
+    ((outcome, Some(tails)), reading)
 }
 
-/// What runs a task: a container's main process (cold), or an exec in a warm
-/// container.
+/// The figures a task's record keeps from a reading of its container.
+fn usage_of(r: &Reading) -> Usage {
+    Usage {
+        cpu_ms: r.cpu_ns.map(|ns| ns / 1_000_000),
+        peak_memory_bytes: r.peak_memory_bytes,
+        workspace_bytes: r.workspace_bytes,
+    }
+}
+
+/// What runs a task: an exec in its container (cold or warm).
 #[derive(Clone, Copy)]
-enum Process<'a> {
-    Container(&'a str),
-    Exec { container: &'a str, exec: &'a str },
+struct Process<'a> {
+    container: &'a str,
+    exec: &'a str,
 }
 
 impl Process<'_> {
     fn container(&self) -> &str {
-        match self {
-            Process::Container(c) | Process::Exec { container: c, .. } => c,
-        }
+        self.container
     }
 
     /// Waits for the task's process to exit; its exit code. `closed` is
@@ -499,34 +532,34 @@ impl Process<'_> {
         &self,
         sandbox: &Sandbox,
         closed: &tokio::sync::Notify,
-    ) -> Result<i64, crate::sandbox::SandboxError> {
-        match *self {
-            Process::Container(c) => sandbox.wait(c).await,
-            Process::Exec { exec, .. } => {
-                // The engine closes an exec's output when it exits (seen on
-                // 20.10), so this poll is a safety net, kept cheap.
-                let mut every = tokio::time::interval(Duration::from_secs(1));
-                loop {
-                    tokio::select! {
-                        _ = closed.notified() => return sandbox.exec_exit(exec).await,
-                        _ = every.tick() => if let Some(code) = sandbox.exec_code(exec).await? {
-                            return Ok(code);
-                        },
-                    }
-                }
+    ) -> Result<i64, SandboxError> {
+        // The engine closes an exec's output when it exits (seen on 20.10),
+        // so this poll is a safety net, kept cheap.
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = closed.notified() => return sandbox.exec_exit(self.exec).await,
+                _ = every.tick() => if let Some(code) = sandbox.exec_code(self.exec).await? {
+                    return Ok(code);
+                },
             }
         }
     }
 
-    /// Whether the kernel OOM-killed the task (exit code 137 at the memory cap).
-    /// The engine records it on the container when the container stops, so a
-    /// warm container (whose main process lives on) is stopped first.
-    async fn oom_killed(&self, sandbox: &Sandbox) -> bool {
-        if let Process::Exec { container, .. } = self {
-            sandbox.kill(container).await;
-            let _ = tokio::time::timeout(Duration::from_secs(5), sandbox.wait(container)).await;
+    /// Whether the kernel OOM-killed the task, for a process that exited with
+    /// 137 (SIGKILL): from the container's cgroup, which counts the OOM
+    /// killer's kills (`reading`, read while the container still runs), or
+    /// else from Docker's `OOMKilled` flag. The flag alone is not enough: the
+    /// engine sets it from containerd's OOM event, asynchronously, and under
+    /// load it can come after the exit was seen; and it is only set when the
+    /// container stops, so the container is stopped first.
+    async fn oom_killed(&self, sandbox: &Sandbox, reading: Option<&Reading>) -> bool {
+        if reading.is_some_and(Reading::oom_killed) {
+            return true;
         }
-        sandbox.oom_killed(self.container()).await
+        sandbox.kill(self.container).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), sandbox.wait(self.container)).await;
+        sandbox.oom_killed(self.container).await
     }
 }
 
@@ -559,7 +592,7 @@ async fn watch(
     output: &mut Output,
     tails: &mut Tails,
     started: Instant,
-) -> End {
+) -> (End, Option<Reading>) {
     let sandbox = &ctx.sandbox;
     let container = process.container();
     let mut ticker = tokio::time::interval(TICK);
@@ -574,12 +607,16 @@ async fn watch(
             exit = &mut wait => return match exit {
                 Ok(code) => {
                     let ran = started.elapsed();
+                    // The container still runs (its first process sleeps):
+                    // what its cgroup says is read before anything stops it.
+                    let reading = sandbox.probe(container).await;
                     // 137 is SIGKILL; at the memory cap it is the OOM killer.
-                    let oom_killed = code == 137 && process.oom_killed(sandbox).await;
-                    End::Exited(ContainerExit { code, oom_killed, ran })
+                    let oom_killed =
+                        code == 137 && process.oom_killed(sandbox, reading.as_ref()).await;
+                    (End::Exited(ContainerExit { code, oom_killed, ran }), reading)
                 }
                 // It had started: whatever happened to it, it is no start failure.
-                Err(e) => End::Decided(Outcome::container_lost(e)),
+                Err(e) => (End::Decided(Outcome::container_lost(e)), None),
             },
             frame = output.stream.next(), if output.open => match frame {
                 Some(Ok(frame)) => tails.push(frame),
@@ -595,21 +632,25 @@ async fn watch(
             },
             _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
                 Ok(TaskStateReply::State(TaskState::Running)) => {}
-                // Killed by kill_task, or settled by a reaper: stop it.
+                // Killed by kill_task, or settled by a reaper: stop it (what
+                // it used so far is read first: the kill ends its cgroup).
                 Ok(_) => {
+                    let reading = sandbox.probe(container).await;
                     sandbox.kill(container).await;
-                    return End::Superseded;
+                    return (End::Superseded, reading);
                 }
                 // Redis is down: keep running the task; publish when it is back.
                 Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
             },
             _ = &mut deadline => {
+                let reading = sandbox.probe(container).await;
                 sandbox.kill(container).await;
-                return End::Decided(Outcome::timed_out(spec.timeout_seconds));
+                return (End::Decided(Outcome::timed_out(spec.timeout_seconds)), reading);
             }
             _ = ctx.abort.cancelled() => {
+                let reading = sandbox.probe(container).await;
                 sandbox.kill(container).await;
-                return End::Decided(Outcome::worker_shutdown());
+                return (End::Decided(Outcome::worker_shutdown()), reading);
             }
         }
     }
@@ -661,35 +702,4 @@ enum End {
     /// Someone else ended the task (kill_task, a reaper) or took it over; the
     /// container was stopped, and the outcome is what they recorded.
     Superseded,
-}
-
-/// Retries a Redis operation until it succeeds, backing off up to 5 s, for as
-/// long as the worker runs: an outage delays a task's record but never loses
-/// it. Gives up (with the last error) only when `abort` fires at shutdown; the
-/// job then stays pending and is settled at the next start.
-pub async fn retry<T, F, Fut>(
-    what: &str,
-    abort: &CancellationToken,
-    mut op: F,
-) -> Result<T, QueueError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, QueueError>>,
-{
-    let mut delay = Duration::from_millis(100);
-    loop {
-        match op().await {
-            Ok(v) => return Ok(v),
-            Err(e @ QueueError::Corrupt(..)) => return Err(e),
-            Err(e) if abort.is_cancelled() => return Err(e),
-            Err(e) => {
-                tracing::warn!(what, error = %e, "Redis operation failed; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = abort.cancelled() => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
 }

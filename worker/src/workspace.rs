@@ -24,8 +24,13 @@ pub enum WorkspaceError {
         "the zip expands to more bytes than its entries declare, or than the {0} bytes allowed"
     )]
     ExpandedTooLarge(u64),
-    #[error("cannot read zip entry {0}: {1}")]
-    Entry(String, String),
+    #[error("cannot read zip entry {name}: {source}")]
+    OpenEntry {
+        name: String,
+        source: zip::result::ZipError,
+    },
+    #[error("cannot read zip entry {name}: {source}")]
+    ReadEntry { name: String, source: io::Error },
     #[error("file system error: {0}")]
     Io(#[from] io::Error),
 }
@@ -73,9 +78,13 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
             fs::create_dir_all(parent)?;
         }
         let name = entry.path.display().to_string();
-        let mut file = archive
-            .by_index(entry.index)
-            .map_err(|e| WorkspaceError::Entry(name.clone(), e.to_string()))?;
+        let mut file =
+            archive
+                .by_index(entry.index)
+                .map_err(|source| WorkspaceError::OpenEntry {
+                    name: name.clone(),
+                    source,
+                })?;
         let mut out = fs::File::create(&target)?;
         // Read one byte past the budget: if it arrives, the archive lied.
         let copied = io::copy(&mut (&mut file).take(budget + 1), &mut out);
@@ -92,7 +101,7 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
             {
                 return Err(too_large);
             }
-            Err(e) => return Err(WorkspaceError::Entry(name.clone(), e.to_string())),
+            Err(source) => return Err(WorkspaceError::ReadEntry { name, source }),
         };
         if written > budget {
             return Err(too_large);
@@ -136,6 +145,56 @@ pub fn remove(dir: &Path) {
     {
         tracing::warn!(dir = %dir.display(), error = %e, "could not remove workspace");
     }
+}
+
+/// What `make_private` found `TASKS_DIR` to be.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Privacy {
+    /// Open to nobody but its owner already.
+    Private,
+    /// Was open to others with this mode, and is 0700 now.
+    Tightened(u32),
+}
+
+/// Makes `TASKS_DIR` the worker's alone (0700): what clients sent, the pool's
+/// directories and the collection pipes live in it, and no other local user has
+/// any business there. The containers need no path through it: each reaches its
+/// own directory and pipe through its mounts. A directory open to others is
+/// tightened when it is the worker's own (owned by its effective user, no sticky
+/// bit); a shared one (`/tmp`, another user's) is refused rather than changed
+/// under its other users.
+pub fn make_private(dir: &Path) -> io::Result<Privacy> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other("not a directory"));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(Privacy::Private);
+    }
+    let me = effective_uid()?;
+    if mode & 0o1000 != 0 || meta.uid() != me {
+        return Err(io::Error::other(format!(
+            "mode {mode:04o}, owned by uid {}, lets other users in; the worker \
+             tightens only a directory of its own (owned by uid {me}, no sticky bit) \
+             and will not change a shared one: make it 0700 or point TASKS_DIR at \
+             a directory of the worker's own",
+            meta.uid()
+        )));
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    Ok(Privacy::Tightened(mode))
+}
+
+/// This process's effective uid (`/proc/self/status`, no libc call).
+pub fn effective_uid() -> io::Result<u32> {
+    let status = fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| io::Error::other("no effective uid in /proc/self/status"))
 }
 
 /// `"uid:gid"` (or `"uid"`) as numbers; `None` for a user name.
@@ -206,6 +265,31 @@ mod tests {
         assert_eq!(mode("sgid-sticky"), 0o755);
         assert_eq!(mode("plain"), 0o644);
         assert_eq!(mode("group-exec"), 0o644);
+        remove(&root);
+    }
+
+    #[test]
+    fn tasks_dir_is_made_private_or_refused_when_shared() {
+        let mode = |p: &Path| {
+            fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o7777)
+                .expect("metadata")
+        };
+        let root = tempdir();
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(make_private(&root).ok(), Some(Privacy::Tightened(0o755)));
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(make_private(&root).ok(), Some(Privacy::Private));
+        // A shared directory (sticky, like /tmp) is refused, not changed.
+        let shared = root.join("shared");
+        fs::create_dir(&shared).expect("shared");
+        fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).expect("chmod");
+        let err = make_private(&shared).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("mode 1777")),
+            "{err:?}"
+        );
+        assert_eq!(mode(&shared), 0o1777);
         remove(&root);
     }
 

@@ -54,6 +54,7 @@ fn limits() -> SandboxLimits {
         bridge: "none".into(),
         firewall: false,
         blocked_cidrs: Vec::new(),
+        oci_runtime: None,
     }
 }
 

@@ -1,6 +1,6 @@
 -- CLAIM: a worker takes a task it read from the jobs stream (queued -> running).
 --
--- KEYS[1] task hash
+-- KEYS[1] task hash   KEYS[2] task events stream (a 'claimed' entry is appended)
 -- ARGV[1] worker name
 -- ARGV[2] the stream entry id it read
 --
@@ -20,4 +20,5 @@ if st == 'running' then
 end
 if st ~= 'queued' then return st end
 redis.call('HSET', KEYS[1], 'state', 'running', 'worker', ARGV[1], 'entry', ARGV[2], 'claimed_at', now)
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'e', 'claimed')
 return 'running'

@@ -2,6 +2,10 @@
 --
 -- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
 -- KEYS[5] task files (the collected zip)
+-- KEYS[6] the owner's CPU ledger   KEYS[7] the owner's usage totals
+-- KEYS[8] owners by total CPU      KEYS[9] usage totals over every owner
+-- KEYS[10] task events stream: a 'finished' entry when this call ends the task; it
+--          expires with the record
 -- ARGV[1] worker name
 -- ARGV[2] terminal state
 -- ARGV[3] reason kind
@@ -9,7 +13,20 @@
 -- ARGV[5] exit code ('' for none)
 -- ARGV[6] retention seconds for the record
 -- ARGV[7] the collected files' zip ('' or absent for none), kept as long as the record
--- ARGV[8] their listing, JSON ('' or absent for none)
+-- ARGV[8] their listing, JSON ('' for none)
+-- ARGV[9] task id
+-- ARGV[10] owner the worker read at claim ('' for none)
+-- ARGV[11] CPU ms ('' unknown)
+-- ARGV[12] peak memory bytes ('' unknown)
+-- ARGV[13] /workspace bytes ('' unknown)
+-- ARGV[14] how long the CPU ledger keeps an entry, ms
+--
+-- Usage (ARGV[11..13]) is written whenever this worker held the task, even if
+-- a kill was recorded first (the container ran), and counted once: a retried
+-- FINISH finds it recorded and counts nothing. With an owner on the record
+-- (equal to ARGV[10]) and a CPU figure, `<task_id>:<cpu_ms>` goes into the
+-- owner's ledger by finish time (older entries are dropped), and the owner's
+-- totals, the owners' ranking and the totals over every owner are counted.
 --
 -- Also counts the end in the per-minute hash `KEYS[3]:<unix minute>` (field
 -- '<state>:<reason kind>', expiring after 2 h) that ops read for "the last hour".
@@ -30,10 +47,44 @@ if st == 'queued' or st == 'running' then
   redis.call('HINCRBY', minute, ARGV[2] .. ':' .. ARGV[3], 1)
   redis.call('EXPIRE', minute, 7200)
   st = ARGV[2]
+  redis.call('XADD', KEYS[10], 'MAXLEN', '~', 16, '*', 'e', 'finished')
 end
-if ARGV[7] and ARGV[7] ~= '' then redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[6]) end
-if ARGV[8] and ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'files', ARGV[8]) end
+if ARGV[7] ~= '' then redis.call('SET', KEYS[5], ARGV[7], 'EX', ARGV[6]) end
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'files', ARGV[8]) end
+local fields = {'usage_cpu_ms', 'usage_peak_memory_bytes', 'usage_workspace_bytes'}
+local figures = {ARGV[11], ARGV[12], ARGV[13]}
+local known, recorded = false, false
+for i = 1, 3 do
+  if figures[i] ~= '' then known = true end
+  if redis.call('HEXISTS', KEYS[1], fields[i]) == 1 then recorded = true end
+end
+if known and not recorded then
+  for i = 1, 3 do
+    if figures[i] ~= '' then redis.call('HSET', KEYS[1], fields[i], figures[i]) end
+  end
+  local owner = redis.call('HGET', KEYS[1], 'owner')
+  if owner and owner ~= '' and owner == ARGV[10] then
+    local cpu = tonumber(ARGV[11]) or 0
+    local peak = tonumber(ARGV[12]) or 0
+    local ws = tonumber(ARGV[13]) or 0
+    if ARGV[11] ~= '' then
+      redis.call('ZADD', KEYS[6], now, ARGV[9] .. ':' .. ARGV[11])
+      local horizon = string.format('%d', tonumber(now) - tonumber(ARGV[14]))
+      redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. horizon)
+    end
+    for _, h in ipairs({KEYS[7], KEYS[9]}) do
+      redis.call('HINCRBY', h, 'tasks', 1)
+      redis.call('HINCRBY', h, 'cpu_ms', cpu)
+      redis.call('HINCRBY', h, 'workspace_bytes', ws)
+      if peak > (tonumber(redis.call('HGET', h, 'peak_memory_bytes')) or 0) then
+        redis.call('HSET', h, 'peak_memory_bytes', ARGV[12])
+      end
+    end
+    redis.call('ZINCRBY', KEYS[8], cpu, owner)
+  end
+end
 redis.call('HDEL', KEYS[1], 'container')
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('EXPIRE', KEYS[10], ARGV[6])
 return st

@@ -3,7 +3,10 @@
 -- stops the container; a queued one is skipped when a worker reads it.
 --
 -- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
+-- KEYS[5] task events stream: a 'killed' entry, expiring with the record
 -- ARGV[1] reason      ARGV[2] reason kind   ARGV[3] retention seconds
+-- ARGV[4] owner of the caller ('' for the admin key): a task of another owner
+--         is answered as missing, untouched
 --
 -- Also counts the kill in the per-minute hash `KEYS[3]:<unix minute>` (field
 -- 'killed:<reason kind>', expiring after 2 h) that ops read for "the last hour".
@@ -12,8 +15,10 @@
 -- it; {'missing', 0} when there is no such task.
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local st = redis.call('HGET', KEYS[1], 'state')
+local rec = redis.call('HMGET', KEYS[1], 'state', 'owner')
+local st = rec[1]
 if not st then return {'missing', 0} end
+if ARGV[4] ~= '' and rec[2] ~= ARGV[4] then return {'missing', 0} end
 if st ~= 'queued' and st ~= 'running' then return {st, 0} end
 redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind', ARGV[2],
   'finished_at', now)
@@ -21,6 +26,8 @@ redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind',
 -- the task needs them no more, and a worker lost before FINISH must not leak them.
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', 16, '*', 'e', 'killed')
+redis.call('EXPIRE', KEYS[5], ARGV[3])
 redis.call('HINCRBY', KEYS[3], 'finished:killed:' .. ARGV[2], 1)
 local minute = KEYS[3] .. ':' .. string.format('%d', math.floor(tonumber(t[1]) / 60))
 redis.call('HINCRBY', minute, 'killed:' .. ARGV[2], 1)

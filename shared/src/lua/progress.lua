@@ -1,6 +1,7 @@
 -- PROGRESS: publishes the output tails of a running task.
 --
--- KEYS[1] task hash
+-- KEYS[1] task hash   KEYS[2] task events stream (an 'output' entry is appended
+--                     when the byte counts grew, so waiters wake on new output only)
 -- ARGV[1] worker name
 -- ARGV[2] stdout tail        ARGV[3] stderr tail
 -- ARGV[4] stdout bytes       ARGV[5] stderr bytes
@@ -13,6 +14,10 @@ local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
 if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'not-owner' end
+local before = redis.call('HMGET', KEYS[1], 'stdout_bytes', 'stderr_bytes')
+if (tonumber(before[1]) or 0) ~= tonumber(ARGV[4]) or (tonumber(before[2]) or 0) ~= tonumber(ARGV[5]) then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'e', 'output')
+end
 redis.call('HSET', KEYS[1], 'stdout_tail', ARGV[2], 'stderr_tail', ARGV[3],
   'stdout_bytes', ARGV[4], 'stderr_bytes', ARGV[5])
 if ARGV[6] ~= '' then

@@ -1,6 +1,6 @@
 -- STARTED: the task's container has started.
 --
--- KEYS[1] task hash
+-- KEYS[1] task hash   KEYS[2] task events stream (a 'started' entry is appended)
 -- ARGV[1] worker name
 -- ARGV[2] container id
 --
@@ -14,4 +14,5 @@ if not st then return 'missing' end
 if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'not-owner' end
 if st ~= 'running' then return st end
 redis.call('HSET', KEYS[1], 'started_at', now, 'container', ARGV[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'e', 'started')
 return 'running'

@@ -1,0 +1,495 @@
+//! The tools' arguments: their types (whose doc comments become the input
+//! schemas, `{placeholders}` filled in by `describe`), the lenient
+//! deserializers models need, and the decoders that turn a raw argument into
+//! what a tool uses (base64, command, task id, cursor).
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use base64::engine::{DecodePaddingMode, general_purpose};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use shared::TaskState;
+use shared::options::Network;
+
+use super::error::ToolError;
+use crate::config::MAX_WAIT_SECONDS;
+use crate::store::ListCursor;
+
+/// Standard alphabet; padding optional, since models often drop it.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// Tasks per `list_tasks` page by default, and at most.
+pub const DEFAULT_LIST_LIMIT: usize = 20;
+pub const MAX_LIST_LIMIT: usize = 100;
+
+/// Input of `run_script`. Unknown arguments are refused, naming the known ones,
+/// so a model that guessed a name (`timeout`, `language`) learns the right one.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunScriptInput {
+    /// The runtime (container image) to run in, e.g. "python3.13", "python3.8" or
+    /// "node24". The server's instructions list the configured runtimes.
+    pub runtime: String,
+    /// The shell one-liner to run, base64-encoded (standard alphabet). It runs as
+    /// `sh -c <command>` with /workspace as the working directory.
+    pub command_base64: String,
+    /// Optional source files: a zip archive, base64-encoded. It is extracted into
+    /// /workspace (folders kept) before the command runs. No symlinks, absolute
+    /// paths or "..". At most {max_zip}.
+    #[serde(default)]
+    pub zip_base64: Option<String>,
+    /// Optional wall-clock limit in seconds (default {default_timeout_seconds}).
+    /// Larger values are lowered to the server's cap of {max_timeout_seconds};
+    /// the effective value is returned.
+    #[serde(default, deserialize_with = "timeout_seconds")]
+    pub timeout_seconds: Option<i64>,
+    /// Optional standard input for the script, base64-encoded (at most
+    /// {max_stdin}). It is delivered in full, then closed, so a script reading to
+    /// the end sees EOF. Without it, stdin is empty.
+    #[serde(default)]
+    pub stdin_base64: Option<String>,
+    /// Optional environment variables for the script, e.g. {"DEBUG": "1"}. Names
+    /// are letters, digits and '_' (not starting with a digit); HOME, PATH, PWD
+    /// and names starting with SR_ or SCRIPT_RUNNER_ are reserved. At most
+    /// {max_env_vars} variables, {max_env_size} in all.
+    #[serde(default, deserialize_with = "env_map")]
+    pub env: Option<BTreeMap<String, String>>,
+    /// "internet" (the default: the internet is reachable, this service and
+    /// private networks are not) or "none" (no network at all).
+    #[serde(default)]
+    pub network: Option<Network>,
+    /// Optional files to keep after the run: paths or shell globs relative to
+    /// /workspace (e.g. ["out/*.txt", "report.html"]; a directory is taken
+    /// whole). Regular files only, no links followed, at most
+    /// {max_collect_files} files and {max_collect_size}; fetch them with
+    /// get_task_files once the task is final.
+    #[serde(default)]
+    pub collect: Option<Vec<String>>,
+    /// Optional: wait up to this many seconds (0 to {max_wait_seconds}, default
+    /// 0) for the task to end. If it ends in time, the result is what
+    /// get_task_status returns (a final state, exit_code, output tails);
+    /// otherwise the task_id and its current state, as without it. A short
+    /// script then costs one call.
+    #[serde(default, deserialize_with = "wait_seconds")]
+    pub wait_seconds: Option<i64>,
+}
+
+/// Input of `kill_task`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskIdInput {
+    /// The task_id returned by run_script.
+    pub task_id: String,
+}
+
+/// Input of `get_task_status`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatusInput {
+    /// The task_id returned by run_script.
+    pub task_id: String,
+    /// How many bytes of the end of stdout and of stderr to return (default
+    /// {default_tail_bytes}, capped at {tail_cap}). 0 returns no output, only
+    /// the state.
+    #[serde(default, deserialize_with = "tail_bytes")]
+    pub tail_bytes: Option<i64>,
+    /// Optional: wait up to this many seconds (0 to {max_wait_seconds}, default
+    /// 0) for a change: the answer comes as soon as the state changes or new
+    /// output arrives, else at the end of the wait with the current status.
+    #[serde(default, deserialize_with = "wait_seconds")]
+    pub wait_seconds: Option<i64>,
+}
+
+/// `wait_seconds` as a duration, refused outside 0..=`MAX_WAIT_SECONDS`.
+pub fn wait_duration(given: Option<i64>) -> Result<std::time::Duration, ToolError> {
+    match given {
+        None => Ok(std::time::Duration::ZERO),
+        Some(n) if (0..=MAX_WAIT_SECONDS).contains(&n) => {
+            Ok(std::time::Duration::from_secs(n as u64))
+        }
+        Some(n) => Err(ToolError::BadWaitSeconds(n)),
+    }
+}
+
+// Models often send numbers as strings ("300") or as 300.0. Accept those, and
+// otherwise say which argument is wrong: serde's own message ("invalid type:
+// string, expected i64") does not name it.
+fn timeout_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("timeout_seconds", d)
+}
+
+fn tail_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("tail_bytes", d)
+}
+
+fn wait_seconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("wait_seconds", d)
+}
+
+fn limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("limit", d)
+}
+
+/// serde's own message for a wrong type ("invalid type: integer `1`, expected a
+/// string") names neither the argument nor the variable.
+fn env_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    use serde_json::Value;
+    let value = Option::<Value>::deserialize(d)?;
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Value::Object(map) = value else {
+        return Err(serde::de::Error::custom(format!(
+            "env must be an object of names to string values, e.g. {{\"DEBUG\": \"1\"}}; got {value}"
+        )));
+    };
+    map.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            other => Err(serde::de::Error::custom(format!(
+                "env value of {k} must be a string (got {other}); quote numbers, e.g. \"1\""
+            ))),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+fn whole_number<'de, D: serde::Deserializer<'de>>(
+    name: &str,
+    d: D,
+) -> Result<Option<i64>, D::Error> {
+    use serde_json::Value;
+    let value = Option::<Value>::deserialize(d)?;
+    let parsed = match &value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_i64().or_else(|| n.as_f64().and_then(integral)),
+        Some(Value::String(s)) => s
+            .trim()
+            .parse()
+            .ok()
+            .or_else(|| s.trim().parse().ok().and_then(integral)),
+        Some(_) => None,
+    };
+    parsed.map(Some).ok_or_else(|| {
+        let shown = value.map(|v| v.to_string()).unwrap_or_default();
+        serde::de::Error::custom(format!("{name} must be a whole number, got {shown}"))
+    })
+}
+
+/// A float with no fractional part as an i64, saturating: a huge timeout is
+/// then lowered to the cap like any other, rather than refused.
+fn integral(f: f64) -> Option<i64> {
+    (f.is_finite() && f.fract() == 0.0).then_some(f as i64)
+}
+
+/// A tool's arguments, whose errors name the argument at fault: serde's own
+/// message ("invalid type: integer `5`, expected a string") names none, and a
+/// model cannot tell which of seven arguments to fix. The schema is `T`'s.
+#[derive(Debug)]
+pub struct Named<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Named<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde_path_to_error::deserialize(d).map(Named).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let message = inner.to_string();
+            // "." is the arguments object itself (an unknown or missing
+            // argument, whose message names it); our own messages start with
+            // the argument's name already.
+            let first = path.split(['.', '[']).next().unwrap_or_default();
+            let named = message.starts_with(first) || message.contains(&format!("`{first}`"));
+            if path == "." || first.is_empty() || named {
+                inner
+            } else {
+                serde::de::Error::custom(format!("{path}: {message}"))
+            }
+        })
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Named<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+}
+
+/// Input of `list_tasks`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasksInput {
+    /// Only tasks in this state (queued, running, succeeded, failed, killed,
+    /// timed-out); all states if omitted.
+    #[serde(default)]
+    pub state: Option<TaskState>,
+    /// The next_cursor of the previous page; omit for the newest tasks.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Tasks per page, 1 to {max_list_limit} (default {default_list_limit}).
+    #[serde(default, deserialize_with = "limit")]
+    pub limit: Option<i64>,
+}
+
+pub(super) fn decode_base64(field: &'static str, value: &str) -> Result<Vec<u8>, ToolError> {
+    // Models wrap long base64 at 76 columns; whitespace is never data.
+    let compact: String = value.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    BASE64
+        .decode(compact.as_bytes())
+        .or_else(|_| general_purpose::URL_SAFE_NO_PAD.decode(compact.trim_end_matches('=')))
+        .map_err(|e| ToolError::BadBase64 {
+            field,
+            detail: e.to_string(),
+        })
+}
+
+pub(super) fn decode_command(b64: &str, max: usize) -> Result<String, ToolError> {
+    let bytes = decode_base64("command_base64", b64)?;
+    if bytes.len() > max {
+        return Err(ToolError::CommandTooLong {
+            size: bytes.len(),
+            max,
+        });
+    }
+    let command = String::from_utf8(bytes).map_err(|_| ToolError::CommandNotUtf8)?;
+    if command.trim().is_empty() {
+        return Err(ToolError::EmptyCommand);
+    }
+    if command.contains('\0') {
+        return Err(ToolError::CommandHasNul);
+    }
+    Ok(command)
+}
+
+pub(super) fn parse_task_id(raw: &str) -> Result<String, ToolError> {
+    uuid::Uuid::parse_str(raw.trim())
+        .map(|u| u.to_string())
+        .map_err(|_| ToolError::MalformedTaskId(raw.chars().take(80).collect()))
+}
+
+pub(super) fn parse_cursor(raw: &str) -> Result<ListCursor, ToolError> {
+    let bad = || ToolError::BadCursor(raw.chars().take(80).collect());
+    let (ms, id) = raw.trim().split_once('.').ok_or_else(bad)?;
+    Ok(ListCursor {
+        created_ms: ms.parse().map_err(|_| bad())?,
+        task_id: uuid::Uuid::parse_str(id).map_err(|_| bad())?.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_decode_with_or_without_padding_and_wrapping() {
+        assert_eq!(
+            decode_command("ZWNobyBoaQ==", 100).ok().as_deref(),
+            Some("echo hi")
+        );
+        assert_eq!(
+            decode_command("ZWNobyBoaQ", 100).ok().as_deref(),
+            Some("echo hi")
+        );
+        assert_eq!(
+            decode_command("ZWNo\nbyBoaQ==", 100).ok().as_deref(),
+            Some("echo hi")
+        );
+    }
+
+    #[test]
+    fn bad_commands_say_what_is_wrong() {
+        let msg = |r: Result<String, ToolError>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg(decode_command("!!!", 100)).contains("command_base64 is not valid base64"));
+        assert!(msg(decode_command("ICAg", 100)).contains("empty command"));
+        assert!(msg(decode_command("ZWNobyBoaQ==", 3)).contains("at most 3"));
+        assert!(msg(decode_command("/w==", 100)).contains("not UTF-8"));
+    }
+
+    #[test]
+    fn task_ids_must_be_uuids() {
+        assert!(parse_task_id("nope").is_err());
+        let id = uuid::Uuid::new_v4().to_string();
+        assert_eq!(parse_task_id(&format!(" {id} ")).ok(), Some(id));
+    }
+}
+
+/// Property tests of the argument parsers: arbitrary input never panics and is
+/// either accepted or refused with a message naming the argument; valid input
+/// comes back as it was sent.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    /// Any JSON value, nested a little.
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            ".{0,12}".prop_map(Value::from),
+            "[0-9 .e+-]{0,8}".prop_map(Value::from),
+            Just(json!("internet")),
+            Just(json!("none")),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[A-Za-z_]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn parse<T: for<'de> Deserialize<'de>>(args: Value) -> Result<T, String> {
+        serde_json::from_value::<Named<T>>(args)
+            .map(|Named(t)| t)
+            .map_err(|e| e.to_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn run_script_arguments_parse_or_name_the_argument(
+            field in prop::sample::select(vec![
+                "runtime", "command_base64", "zip_base64", "timeout_seconds",
+                "stdin_base64", "env", "network", "collect",
+            ]),
+            value in json_value(),
+        ) {
+            let mut args = json!({ "runtime": "python3.13", "command_base64": "dHJ1ZQ==" });
+            args[field] = value.clone();
+            if let Err(message) = parse::<RunScriptInput>(args) {
+                prop_assert!(message.contains(field), "{field}={value}: {message}");
+            }
+        }
+
+        #[test]
+        fn status_and_list_arguments_parse_or_name_the_argument(
+            field in prop::sample::select(vec!["task_id", "tail_bytes", "state", "cursor", "limit"]),
+            value in json_value(),
+        ) {
+            let (mut args, listing) = match field {
+                "task_id" | "tail_bytes" => (json!({ "task_id": "x" }), false),
+                _ => (json!({}), true),
+            };
+            args[field] = value.clone();
+            let result = if listing {
+                parse::<ListTasksInput>(args).map(|_| ())
+            } else {
+                parse::<StatusInput>(args).map(|_| ())
+            };
+            if let Err(message) = result {
+                prop_assert!(message.contains(field), "{field}={value}: {message}");
+            }
+        }
+
+        #[test]
+        fn whole_numbers_come_back_as_sent(n in any::<i64>(), pad in "[ \t]{0,2}") {
+            for sent in [json!(n), json!(format!("{pad}{n}{pad}"))] {
+                let args = json!({ "runtime": "r", "command_base64": "x", "timeout_seconds": sent });
+                let parsed = parse::<RunScriptInput>(args).map(|i| i.timeout_seconds);
+                prop_assert_eq!(parsed, Ok(Some(n)));
+            }
+            // As a float too, where a float holds it exactly.
+            if n.unsigned_abs() < 1 << 53 {
+                let args = json!({ "runtime": "r", "command_base64": "x", "timeout_seconds": n as f64 });
+                let parsed = parse::<RunScriptInput>(args).map(|i| i.timeout_seconds);
+                prop_assert_eq!(parsed, Ok(Some(n)));
+            }
+        }
+
+        #[test]
+        fn env_values_come_back_as_sent(env in prop::collection::btree_map("[A-Z_]{1,6}", ".{0,10}", 0..5)) {
+            let args = json!({ "runtime": "r", "command_base64": "x", "env": env });
+            let parsed = parse::<RunScriptInput>(args).map(|i| i.env);
+            prop_assert_eq!(parsed, Ok(Some(env)));
+        }
+
+        #[test]
+        fn base64_comes_back_as_sent_however_it_is_written(
+            bytes in prop::collection::vec(any::<u8>(), 0..300),
+            width in 4usize..100,
+            crlf in any::<bool>(),
+            padded in any::<bool>(),
+            url_safe in any::<bool>(),
+        ) {
+            let text = match (url_safe, padded) {
+                (false, true) => general_purpose::STANDARD.encode(&bytes),
+                (false, false) => general_purpose::STANDARD_NO_PAD.encode(&bytes),
+                (true, _) => general_purpose::URL_SAFE_NO_PAD.encode(&bytes),
+            };
+            let sep = if crlf { "\r\n" } else { "\n" };
+            let wrapped = text
+                .as_bytes()
+                .chunks(width)
+                .map(|c| String::from_utf8_lossy(c).into_owned())
+                .collect::<Vec<_>>()
+                .join(sep);
+            prop_assert_eq!(decode_base64("zip_base64", &wrapped).ok(), Some(bytes));
+        }
+
+        #[test]
+        fn any_text_as_base64_decodes_or_names_the_argument(text in ".{0,40}") {
+            if let Err(e) = decode_base64("stdin_base64", &text) {
+                prop_assert!(e.to_string().starts_with("stdin_base64 "), "{e}");
+            }
+        }
+
+        #[test]
+        fn commands_come_back_as_sent_or_say_what_is_wrong(command in "(.|\n){0,60}") {
+            let max = 40;
+            let result = decode_command(&general_purpose::STANDARD.encode(&command), max);
+            let expected_ok = command.len() <= max && !command.trim().is_empty() && !command.contains('\0');
+            match result {
+                Ok(c) => prop_assert!(expected_ok && c == command),
+                Err(e) => {
+                    prop_assert!(!expected_ok);
+                    let m = e.to_string();
+                    prop_assert!(m.contains("command"), "{m}");
+                }
+            }
+        }
+
+        #[test]
+        fn task_ids_are_uuids_in_any_usual_form(id in any::<u128>(), form in 0..4u8, pad in "[ \t\n]{0,2}") {
+            let uuid = uuid::Uuid::from_u128(id);
+            let written = match form {
+                0 => uuid.hyphenated().to_string(),
+                1 => uuid.simple().to_string().to_uppercase(),
+                2 => uuid.braced().to_string(),
+                _ => uuid.urn().to_string(),
+            };
+            let parsed = parse_task_id(&format!("{pad}{written}{pad}")).ok();
+            prop_assert_eq!(parsed, Some(uuid.hyphenated().to_string()));
+        }
+
+        #[test]
+        fn other_text_is_not_a_task_id_and_the_refusal_says_so(text in ".{0,50}") {
+            match parse_task_id(&text) {
+                Ok(id) => prop_assert!(uuid::Uuid::parse_str(text.trim()).is_ok() && id.len() == 36),
+                Err(e) => prop_assert!(e.to_string().starts_with("task_id "), "{e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! The five tools: `run_script`, `get_task_status`, `kill_task`,
+//! `get_task_files` and `list_tasks`. Their arguments are in `args`, their
+//! answers in `output`, their errors in `error`; the descriptions here hold
+//! `{placeholders}` that `describe` fills in from the config.
+
+use base64::Engine as _;
+use base64::engine::general_purpose;
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{CallToolResponse, CallToolResult, CreateTaskResult};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, tool, tool_router};
+use shared::TaskState;
+use shared::options::CollectedFiles;
+use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
+
+use super::args::{
+    DEFAULT_LIST_LIMIT, ListTasksInput, MAX_LIST_LIMIT, Named, RunScriptInput, StatusInput,
+    TaskIdInput, decode_base64, decode_command, parse_cursor, parse_task_id, wait_duration,
+};
+use super::error::ToolError;
+use super::output::{KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutput, TaskStatus};
+use super::runner::{ScriptRunner, allowed};
+use super::status::Until;
+use crate::auth::{Principal, Scope};
+use crate::store::{NewTask, Submitted};
+use shared::scripts::Quota;
+
+/// Index entries one `list_tasks` call examines at most (a rare state filter
+/// returns a short page and a cursor rather than scanning everything).
+const MAX_LIST_EXAMINED: usize = 1000;
+
+#[tool_router(vis = "pub(super)")]
+impl ScriptRunner {
+    #[tool(
+        name = "run_script",
+        description = "Start a shell one-liner in a fresh, isolated container and return its task_id at once \
+(state \"queued\"). With wait_seconds (at most {max_wait_seconds}) it waits that long for the script: if it \
+ends in time, the answer is what get_task_status returns (final state, exit_code, output), so a short script \
+costs one call. The command (base64) runs as `sh -c <command>` in /workspace, \
+where the optional base64 zip of source files is extracted first. Otherwise call get_task_status with the task_id \
+(with wait_seconds, it answers as soon as something changes) until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it, list_tasks to find \
+recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
+all; the default reaches the internet but never this service), collect (files to fetch afterwards with \
+get_task_files). The container has no access to this service, \
+memory/CPU/process caps and a wall-clock timeout (default {default_timeout_seconds} s, at most \
+{max_timeout_seconds} s). A client that declares \
+the MCP tasks extension gets a task to poll with tasks/get instead.",
+        output_schema = rmcp::handler::server::common::schema_for_output::<RunScriptOutput>(),
+        annotations(
+            title = "Run a script",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
+    )]
+    async fn run_script(
+        &self,
+        Parameters(Named(input)): Parameters<Named<RunScriptInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ToolError> {
+        let who = allowed(&ctx, Scope::Run, "run_script")?;
+        let cfg = &self.config;
+        let image =
+            cfg.runtimes
+                .image(&input.runtime)
+                .ok_or_else(|| ToolError::UnknownRuntime {
+                    given: input.runtime.clone(),
+                    allowed: cfg.runtimes.names_list(),
+                })?;
+        let command = decode_command(&input.command_base64, cfg.max_command_bytes)?;
+        let wait = wait_duration(input.wait_seconds)?;
+        let timeout_seconds = match input.timeout_seconds {
+            None => cfg.default_timeout_seconds,
+            Some(t) if t < 1 => {
+                return Err(ToolError::TimeoutTooSmall(t, cfg.default_timeout_seconds));
+            }
+            Some(t) => (t as u64).min(cfg.max_timeout_seconds),
+        };
+        let zip = match input.zip_base64.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("zip_base64", b64)?;
+                if bytes.len() > cfg.max_zip_bytes {
+                    return Err(ToolError::ZipTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_zip_bytes,
+                    });
+                }
+                shared::zipcheck::check_zip(&bytes, &cfg.zip_limits)?;
+                Some(bytes)
+            }
+        };
+        let stdin = match input.stdin_base64.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("stdin_base64", b64)?;
+                if bytes.len() > cfg.max_stdin_bytes {
+                    return Err(ToolError::StdinTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_stdin_bytes,
+                    });
+                }
+                Some(bytes)
+            }
+        };
+        let env_json = match input.env.as_ref().filter(|e| !e.is_empty()) {
+            None => None,
+            Some(env) => {
+                shared::options::check_env(env)?;
+                Some(serde_json::to_string(env).map_err(ToolError::Encode)?)
+            }
+        };
+        let collect_json = match input.collect.as_ref().filter(|c| !c.is_empty()) {
+            None => None,
+            Some(patterns) => {
+                shared::options::check_collect(patterns)?;
+                Some(serde_json::to_string(patterns).map_err(ToolError::Encode)?)
+            }
+        };
+        let task_id = uuid::Uuid::new_v4().to_string();
+        let submitted = self
+            .store
+            .submit(&NewTask {
+                id: &task_id,
+                runtime: &input.runtime,
+                image,
+                command: &command,
+                timeout_seconds,
+                zip: zip.as_deref(),
+                stdin: stdin.as_deref(),
+                env_json,
+                network: input.network.unwrap_or_default(),
+                collect_json,
+                index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
+                max_queued: cfg.max_queued_tasks,
+                owner: match &who {
+                    Principal::Admin => None,
+                    Principal::Owner(g) => Some((g.owner.as_str(), g.limits)),
+                },
+            })
+            .await?;
+        match submitted {
+            Submitted::Queued => {}
+            Submitted::Full(backlog) => return Err(ToolError::QueueFull(backlog)),
+            Submitted::Tasks {
+                quota: Quota::MaxQueued,
+                limit,
+                count,
+            } => return Err(ToolError::QuotaQueued { limit, count }),
+            Submitted::Tasks { limit, count, .. } => {
+                return Err(ToolError::QuotaRunning { limit, count });
+            }
+            Submitted::Cpu {
+                limit_ms,
+                used_ms,
+                frees_at_ms,
+            } => {
+                return Err(ToolError::QuotaCpu {
+                    limit_seconds: limit_ms / 1000,
+                    used_seconds: used_ms / 1000,
+                    frees_at: shared::time::rfc3339_ms(frees_at_ms),
+                });
+            }
+        }
+        let owner = who.owner().unwrap_or("-");
+        tracing::info!(%task_id, %owner, runtime = %input.runtime, timeout_seconds, "task queued");
+        // A client that declared the tasks extension gets a task handle (only now
+        // that the record exists, so tasks/get on any replica finds it).
+        if ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks())
+        {
+            return Ok(CallToolResponse::Task(CreateTaskResult::new(
+                self.new_mcp_task(&who, &task_id).await?,
+            )));
+        }
+        let mut state = TaskState::Queued;
+        if !wait.is_zero() {
+            match self
+                .status_waiting(
+                    &who,
+                    task_id.clone(),
+                    DEFAULT_TAIL_BYTES,
+                    wait,
+                    Until::Final,
+                )
+                .await
+            {
+                // Ended in time: the call answers what get_task_status would.
+                Ok(status) if status.state.is_terminal() => {
+                    let value = serde_json::to_value(status).map_err(ToolError::Encode)?;
+                    return Ok(CallToolResult::structured(value).into());
+                }
+                Ok(status) => state = status.state,
+                // The task exists: an error now must not read as "not
+                // created" (a client would submit it again).
+                Err(e) => tracing::warn!(%task_id, error = %e, "waiting for a new task failed"),
+            }
+        }
+        let output = RunScriptOutput {
+            task_id,
+            state,
+            timeout_seconds,
+        };
+        let value = serde_json::to_value(output).map_err(ToolError::Encode)?;
+        Ok(CallToolResult::structured(value).into())
+    }
+
+    #[tool(
+        name = "get_task_status",
+        description = "Get a task's state, exit code, reason and the last bytes of its stdout and stderr \
+(tail_bytes each, default {default_tail_bytes}, at most {tail_cap}; *_truncated is true when there is more than the tail shows, \
+*_bytes are the totals). States: queued, running, then one final state: succeeded, failed, killed or timed-out. \
+While running, seconds_since_last_output tells a stuck script (growing) from a busy one (staying low). \
+Call again until the state is final; with wait_seconds (at most {max_wait_seconds}) the call waits for \
+the next change of state or new output, instead of polling.",
+        annotations(
+            title = "Get task status",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn get_task_status(
+        &self,
+        Parameters(Named(input)): Parameters<Named<StatusInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TaskStatus>, ToolError> {
+        let who = allowed(&ctx, Scope::Read, "get_task_status")?;
+        let task_id = parse_task_id(&input.task_id)?;
+        let tail_bytes = match input.tail_bytes {
+            None => DEFAULT_TAIL_BYTES,
+            Some(n) if n < 0 => return Err(ToolError::BadTailBytes(n)),
+            Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
+        };
+        let wait = wait_duration(input.wait_seconds)?;
+        self.status_waiting(&who, task_id, tail_bytes, wait, Until::Change)
+            .await
+            .map(Json)
+    }
+
+    #[tool(
+        name = "kill_task",
+        description = "Stop a task: a queued one never starts, a running one has its container killed. \
+Its state becomes \"killed\" at once. Killing a task that already finished is not an error: killed is false \
+and state is its final state.",
+        annotations(
+            title = "Kill a task",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn kill_task(
+        &self,
+        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<KillOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Kill, "kill_task")?;
+        let task_id = parse_task_id(&input.task_id)?;
+        let (state, killed) = self
+            .store
+            .kill(&task_id, self.config.retention_seconds, who.owner())
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        if killed {
+            tracing::info!(%task_id, "task killed by kill_task");
+        }
+        Ok(Json(KillOutput {
+            task_id,
+            state,
+            killed,
+        }))
+    }
+
+    #[tool(
+        name = "get_task_files",
+        description = "Get the files a finished task collected (run_script's collect argument): a listing \
+(name, size) and the files as a base64 zip. Call it once get_task_status says the state is final. At most \
+{max_collect_files} files and {max_collect_size} are kept (truncated says when more matched); they expire with the task.",
+        annotations(
+            title = "Get a task's files",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn get_task_files(
+        &self,
+        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<TaskFilesOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Read, "get_task_files")?;
+        let task_id = parse_task_id(&input.task_id)?;
+        let (state, listing, zip) = self
+            .store
+            .files(&task_id, |owner| who.sees(owner))
+            .await?
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        if !state.is_terminal() {
+            return Err(ToolError::NotFinished(task_id, state));
+        }
+        let listing: CollectedFiles = match listing {
+            None => CollectedFiles::default(),
+            Some(json) => serde_json::from_str(&json).map_err(|e| ToolError::CorruptRecord {
+                task_id: task_id.clone(),
+                what: format!("its files listing: {e}"),
+            })?,
+        };
+        Ok(Json(TaskFilesOutput {
+            task_id,
+            state,
+            files: listing.files,
+            truncated: listing.truncated,
+            zip_base64: zip.map(|z| general_purpose::STANDARD.encode(z)),
+        }))
+    }
+
+    #[tool(
+        name = "list_tasks",
+        description = "List recent tasks, newest first: task_id, state, runtime, created and finished times, \
+exit code, reason and the first line of the command. Filter with state (e.g. \"running\" or \"failed\"); \
+page with limit (1-{max_list_limit}, default {default_list_limit}) and the returned next_cursor until it is null. Use get_task_status for \
+a task's output. Tasks are kept for the server's retention period.",
+        annotations(
+            title = "List tasks",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_tasks(
+        &self,
+        Parameters(Named(input)): Parameters<Named<ListTasksInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ListTasksOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Read, "list_tasks")?;
+        let limit = match input.limit {
+            None => DEFAULT_LIST_LIMIT,
+            Some(n) if n < 1 || n > MAX_LIST_LIMIT as i64 => {
+                return Err(ToolError::BadLimit {
+                    got: n,
+                    max: MAX_LIST_LIMIT,
+                });
+            }
+            Some(n) => n as usize,
+        };
+        let cursor = input.cursor.as_deref().map(parse_cursor).transpose()?;
+        let wanted = input.state;
+        let (tasks, next) = self
+            .store
+            .list(
+                who.owner(),
+                cursor.as_ref(),
+                limit,
+                MAX_LIST_EXAMINED,
+                |t| wanted.is_none_or(|w| t.state == w),
+            )
+            .await?;
+        Ok(Json(ListTasksOutput {
+            tasks: tasks.into_iter().map(Into::into).collect(),
+            next_cursor: next.map(|c| format!("{}.{}", c.created_ms, c.task_id)),
+        }))
+    }
+}

@@ -1,0 +1,337 @@
+//! A tool call that ran but could not do what was asked: `ToolError`, the stable
+//! code each error carries beside its message, and how both reach a client.
+//!
+//! A tool error is a tool result with `isError: true`: the message as its text
+//! content (what a model reads) and `{"code", "message"}` as its
+//! `structuredContent` (what a program branches on). A `tasks/*` request that
+//! fails is a JSON-RPC error instead, with `{"code"}` as its `data`.
+
+use rmcp::ErrorData as McpError;
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorCode as RpcCode};
+use serde::Serialize;
+use shared::TaskState;
+use shared::apikey::{Scope, Scopes};
+use shared::options::{CollectError, EnvError};
+use shared::tail::TAIL_CAP;
+use shared::zipcheck::ZipError;
+
+use crate::config::MAX_WAIT_SECONDS;
+use crate::store::StoreError;
+
+/// What kind of error a tool call met, for a client to branch on without
+/// parsing the message (which may change). Serialised in snake_case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// An argument is malformed, missing, unknown or out of range: fix it.
+    InvalidArgument,
+    /// An input (command, zip, stdin, env, collect) exceeds the server's limit:
+    /// make it smaller.
+    TooLarge,
+    /// The runtime is not one this server offers (its instructions list them).
+    UnknownRuntime,
+    /// No task with this id: never created here, or its record expired.
+    UnknownTask,
+    /// The task has not reached a final state yet: poll, then call again.
+    NotFinished,
+    /// The service is at capacity: try again once some tasks have finished.
+    QueueFull,
+    /// The API key lacks the scope this call needs: use a key that has it.
+    MissingScope,
+    /// One of the API key's quotas is used up: the message says which, its
+    /// value and when it frees up.
+    QuotaExceeded,
+    /// The task store (Redis) is unreachable or failed: try again shortly.
+    Unavailable,
+    /// The server met data it cannot read, or could not encode its answer:
+    /// trying again will not help.
+    Internal,
+    /// No tool of that name (a protocol error of `tools/call`).
+    UnknownTool,
+    /// No method of that name (a protocol error).
+    UnknownMethod,
+}
+
+impl ErrorCode {
+    /// The JSON-RPC `error.data` of a protocol error with this code.
+    pub fn data(self) -> serde_json::Value {
+        serde_json::json!({ "code": self })
+    }
+}
+
+/// A tool call that ran but could not do what was asked. The message is shown to
+/// the model as is, so it says what was wrong and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("unknown runtime {given:?}: use one of {allowed}")]
+    UnknownRuntime { given: String, allowed: String },
+    #[error(
+        "{field} is not valid base64 ({detail}); encode with the standard alphabet, e.g. `printf '%s' 'echo hi' | base64 -w0`"
+    )]
+    BadBase64 { field: &'static str, detail: String },
+    #[error(
+        "command_base64 decodes to bytes that are not UTF-8 text; encode a UTF-8 shell one-liner"
+    )]
+    CommandNotUtf8,
+    #[error(
+        "command_base64 decodes to an empty command; give a shell one-liner such as `python3 main.py`"
+    )]
+    EmptyCommand,
+    #[error("command_base64 decodes to a command containing a NUL byte, which a shell cannot run")]
+    CommandHasNul,
+    #[error("the command is {size} bytes; at most {max} are allowed (put long code in zip_base64)")]
+    CommandTooLong { size: usize, max: usize },
+    #[error("the zip is {size} bytes; at most {max} are allowed")]
+    ZipTooLarge { size: usize, max: usize },
+    #[error(
+        "stdin_base64 decodes to {size} bytes; at most {max} are allowed (put larger input in zip_base64 and redirect it)"
+    )]
+    StdinTooLarge { size: usize, max: usize },
+    #[error("{0}")]
+    Env(#[from] EnvError),
+    #[error("{0}")]
+    Collect(#[from] CollectError),
+    #[error(
+        "task {0} is still {1}: its files are collected when it ends; poll get_task_status until the state is final"
+    )]
+    NotFinished(String, TaskState),
+    #[error("{0}")]
+    Zip(#[from] ZipError),
+    #[error("timeout_seconds must be at least 1 (got {0}); omit it for the default of {1} s")]
+    TimeoutTooSmall(i64, u64),
+    #[error("tail_bytes must be between 0 and {TAIL_CAP} (got {0})")]
+    BadTailBytes(i64),
+    #[error("wait_seconds must be between 0 and {MAX_WAIT_SECONDS} (got {0})")]
+    BadWaitSeconds(i64),
+    #[error(
+        "task_id {0:?} is not a task id: pass the task_id exactly as run_script returned it (a UUID)"
+    )]
+    MalformedTaskId(String),
+    #[error(
+        "no task with id {0}: it was never created here, or its record expired after the retention period"
+    )]
+    UnknownTask(String),
+    #[error(
+        "the service is at capacity ({0} tasks queued or running); wait for some to finish and try again"
+    )]
+    QueueFull(u64),
+    #[error(
+        "this API key lacks the {needed} scope, which {call} needs (the key has: {have}); ask the operator for a key with {needed}"
+    )]
+    MissingScope {
+        needed: Scope,
+        call: &'static str,
+        have: Scopes,
+    },
+    #[error(
+        "quota max_queued reached: this API key may have at most {limit} tasks waiting in the queue and has {count}; it frees up as soon as one of them starts or ends (or kill_task one)"
+    )]
+    QuotaQueued { limit: u64, count: u64 },
+    #[error(
+        "quota max_running reached: this API key may have at most {limit} tasks queued or running at once and has {count}; more are refused, not queued: it frees up as soon as one of them ends (or kill_task one)"
+    )]
+    QuotaRunning { limit: u64, count: u64 },
+    #[error(
+        "quota cpu_seconds_per_day reached: this API key's tasks used {used_seconds} CPU seconds in the last 24 hours, of {limit_seconds} allowed; it frees up at {frees_at}, when enough of that use is 24 hours old"
+    )]
+    QuotaCpu {
+        limit_seconds: u64,
+        used_seconds: u64,
+        frees_at: String,
+    },
+    /// The request reached a tool without passing authentication (a wiring
+    /// fault): refused rather than run with no owner.
+    #[error("the request carries no authenticated caller; this is a server fault")]
+    NoPrincipal,
+    #[error(
+        "cursor {0:?} is not one list_tasks returned; pass next_cursor exactly as given, or omit it for the newest tasks"
+    )]
+    BadCursor(String),
+    #[error("limit must be between 1 and {max} (got {got})")]
+    BadLimit { got: i64, max: usize },
+    /// A task record that does not read as one (a field missing or garbled):
+    /// not the store failing, so no "try again".
+    #[error("task {task_id}'s record cannot be read ({what}); this is a server fault")]
+    CorruptRecord { task_id: String, what: String },
+    /// Our own answer failed to serialise: a bug, not bad input nor Redis.
+    #[error("the answer could not be encoded ({0}); this is a server fault")]
+    Encode(#[source] serde_json::Error),
+    #[error("{}{}", .0, retry_hint(.0))]
+    Store(#[from] StoreError),
+}
+
+/// Only a store that failed (rather than one that returned nonsense) is worth
+/// another try.
+fn retry_hint(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Redis(_) | StoreError::Pool(_) | StoreError::BuildPool(_) => {
+            "; try again shortly"
+        }
+        StoreError::Record { .. }
+        | StoreError::Reply { .. }
+        | StoreError::Json(_)
+        | StoreError::ApiKey(_) => "",
+    }
+}
+
+impl ToolError {
+    /// The stable code beside the message.
+    pub fn code(&self) -> ErrorCode {
+        use ErrorCode as C;
+        match self {
+            ToolError::UnknownRuntime { .. } => C::UnknownRuntime,
+            ToolError::BadBase64 { .. }
+            | ToolError::CommandNotUtf8
+            | ToolError::EmptyCommand
+            | ToolError::CommandHasNul
+            | ToolError::TimeoutTooSmall(..)
+            | ToolError::BadTailBytes(_)
+            | ToolError::BadWaitSeconds(_)
+            | ToolError::MalformedTaskId(_)
+            | ToolError::BadCursor(_)
+            | ToolError::BadLimit { .. } => C::InvalidArgument,
+            ToolError::CommandTooLong { .. }
+            | ToolError::ZipTooLarge { .. }
+            | ToolError::StdinTooLarge { .. } => C::TooLarge,
+            ToolError::Env(e) => match e {
+                EnvError::TooMany(_) | EnvError::TooLarge(_) => C::TooLarge,
+                EnvError::BadName(_) | EnvError::Reserved(_) | EnvError::NulInValue(_) => {
+                    C::InvalidArgument
+                }
+            },
+            ToolError::Collect(e) => match e {
+                CollectError::TooMany(_) => C::TooLarge,
+                CollectError::BadPattern(_) => C::InvalidArgument,
+            },
+            ToolError::Zip(e) => match e {
+                ZipError::TooManyEntries { .. }
+                | ZipError::TooLarge { .. }
+                | ZipError::RatioTooHigh { .. } => C::TooLarge,
+                ZipError::NotAZip(_)
+                | ZipError::UnsafePath(_)
+                | ZipError::Symlink(_)
+                | ZipError::SpecialFile(_)
+                | ZipError::Encrypted(_) => C::InvalidArgument,
+            },
+            ToolError::NotFinished(..) => C::NotFinished,
+            ToolError::UnknownTask(_) => C::UnknownTask,
+            ToolError::QueueFull(_) => C::QueueFull,
+            ToolError::MissingScope { .. } => C::MissingScope,
+            ToolError::QuotaQueued { .. }
+            | ToolError::QuotaRunning { .. }
+            | ToolError::QuotaCpu { .. } => C::QuotaExceeded,
+            ToolError::CorruptRecord { .. } | ToolError::Encode(_) | ToolError::NoPrincipal => {
+                C::Internal
+            }
+            ToolError::Store(
+                StoreError::Redis(_) | StoreError::Pool(_) | StoreError::BuildPool(_),
+            ) => C::Unavailable,
+            ToolError::Store(
+                StoreError::Record { .. }
+                | StoreError::Reply { .. }
+                | StoreError::Json(_)
+                | StoreError::ApiKey(_),
+            ) => C::Internal,
+        }
+    }
+
+    /// The same error met while answering a `tasks/*` request, which is not a
+    /// tool call: a JSON-RPC error with the code as its `data`. Bad or unknown
+    /// ids are the client's (invalid params); anything else is the server's.
+    pub fn into_protocol(self) -> McpError {
+        let code = self.code();
+        let rpc = match code {
+            ErrorCode::InvalidArgument
+            | ErrorCode::UnknownTask
+            | ErrorCode::UnknownRuntime
+            | ErrorCode::TooLarge
+            | ErrorCode::NotFinished
+            | ErrorCode::UnknownTool => RpcCode::INVALID_PARAMS,
+            ErrorCode::UnknownMethod => RpcCode::METHOD_NOT_FOUND,
+            ErrorCode::MissingScope => RpcCode::INVALID_REQUEST,
+            ErrorCode::QueueFull
+            | ErrorCode::QuotaExceeded
+            | ErrorCode::Unavailable
+            | ErrorCode::Internal => RpcCode::INTERNAL_ERROR,
+        };
+        McpError::new(rpc, self.to_string(), Some(code.data()))
+    }
+}
+
+/// The `structuredContent` of a tool error.
+#[derive(Debug, Serialize)]
+struct ErrorBody<'a> {
+    code: ErrorCode,
+    message: &'a str,
+}
+
+/// A tool error result: the message as text, and code and message as
+/// structured content. rmcp marks it `isError: true` (it is the `Err` of a
+/// tool's `Result`).
+pub fn error_result(code: ErrorCode, message: String) -> CallToolResult {
+    let body = ErrorBody {
+        code,
+        message: &message,
+    };
+    // Two plain fields: serialising cannot fail, but a request path does not panic.
+    let value = serde_json::to_value(&body).unwrap_or_else(|_| serde_json::json!({}));
+    let mut result = CallToolResult::structured_error(value);
+    result.content = vec![ContentBlock::text(message)];
+    result
+}
+
+impl IntoCallToolResult for ToolError {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, McpError> {
+        Ok(error_result(self.code(), self.to_string()).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_serialise_in_snake_case() {
+        assert_eq!(
+            serde_json::to_value(ErrorCode::InvalidArgument).ok(),
+            Some(serde_json::json!("invalid_argument"))
+        );
+        assert_eq!(
+            ErrorCode::QueueFull.data(),
+            serde_json::json!({ "code": "queue_full" })
+        );
+    }
+
+    #[test]
+    fn an_error_result_has_the_message_as_text_and_both_as_structured_content() {
+        let result = match ToolError::QueueFull(7).into_call_tool_result() {
+            Ok(CallToolResponse::Complete(r)) => r,
+            _ => panic!("a complete result"),
+        };
+        let text = result.content.first().and_then(|c| c.as_text());
+        assert!(text.is_some_and(|t| t.text.starts_with("the service is at capacity (7")));
+        let body = result.structured_content.unwrap_or_default();
+        assert_eq!(body["code"], "queue_full");
+        assert_eq!(
+            body["message"].as_str().map(|m| m.contains("7 tasks")),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn only_a_failing_store_says_try_again() {
+        let corrupt = ToolError::Store(StoreError::Reply {
+            script: "submit",
+            reply: "??".into(),
+        });
+        assert_eq!(corrupt.code(), ErrorCode::Internal);
+        assert!(!corrupt.to_string().contains("try again"));
+        let protocol = ToolError::UnknownTask("t".into()).into_protocol();
+        assert_eq!(protocol.code, RpcCode::INVALID_PARAMS);
+        assert_eq!(
+            protocol.data,
+            Some(serde_json::json!({ "code": "unknown_task" }))
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! The MCP tools and the tasks extension. Inputs are validated here, at the
+//! edge: a bad input becomes a tool result with `isError: true`, a message that
+//! says what to fix and a stable code, and no task is created.
+//!
+//! One job per module; each imports only those above it in this list:
+//! - `error`: `ToolError`, its `ErrorCode`s, and how both reach a client;
+//! - `args`: the tools' arguments, their lenient deserializers and decoders
+//!   (add a tool argument here, then use it in `calls`);
+//! - `output`: what the tools answer;
+//! - `describe`: fills the limits into the descriptions and schemas from the config;
+//! - `runner`: `ScriptRunner`, the state every handler works with;
+//! - `status`: a task record as `get_task_status` shows it;
+//! - `tasks`: `tasks/get` and `tasks/cancel` (the MCP tasks extension);
+//! - `calls`: the five tools;
+//! - `fallback`: the answer to a request rmcp could not parse;
+//! - `server_info`: who we are, stamped in every result's `_meta`;
+//! - `server`: rmcp's `ServerHandler`, dispatching to the above.
+
+mod args;
+mod calls;
+mod describe;
+mod error;
+mod fallback;
+mod output;
+mod runner;
+mod server;
+mod server_info;
+mod status;
+mod tasks;
+
+pub use error::{ErrorCode, ToolError};
+pub use output::{
+    KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutput, TaskStatus, TaskSummary,
+};
+pub use runner::ScriptRunner;
+pub use server::TOOL_LIST_TTL_MS;
+pub use server_info::SERVER_INFO_META_KEY;
+pub use tasks::{REASON_KIND_META_KEY, STATE_META_KEY};

@@ -1,0 +1,66 @@
+//! `ScriptRunner`: what every tool and `tasks/*` handler works with.
+
+use std::sync::Arc;
+
+use rmcp::RoleServer;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::service::RequestContext;
+use tokio_util::sync::CancellationToken;
+
+use super::describe;
+use super::error::ToolError;
+use crate::auth::{Principal, Scope};
+use crate::config::Config;
+use crate::store::Store;
+
+/// One MCP server per request (the transport is stateless); cheap to clone
+/// since it only holds handles. Build one with `new` at start and clone it per
+/// request: `new` builds the tool definitions (schemas generated, limits filled
+/// in from the config), which per request cost about a tenth of the api's CPU
+/// time under load (BENCHMARKS.md).
+#[derive(Clone)]
+pub struct ScriptRunner {
+    pub(super) store: Store,
+    pub(super) config: Arc<Config>,
+    pub(super) tools: Arc<ToolRouter<ScriptRunner>>,
+    /// Cancelled when the replica shuts down: waiting calls answer at once.
+    pub(super) shutdown: CancellationToken,
+}
+
+impl ScriptRunner {
+    pub fn new(store: Store, config: Arc<Config>, shutdown: CancellationToken) -> ScriptRunner {
+        let tools = Arc::new(describe::with_limits(ScriptRunner::tool_router(), &config));
+        ScriptRunner {
+            store,
+            config,
+            tools,
+            shutdown,
+        }
+    }
+}
+
+/// The caller of a request (put there by `auth::require_bearer`), if it holds
+/// `scope` for `call`; a missing scope is a tool error naming it and the
+/// key's scopes.
+pub(super) fn allowed(
+    ctx: &RequestContext<RoleServer>,
+    scope: Scope,
+    call: &'static str,
+) -> Result<Principal, ToolError> {
+    let principal = ctx
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Principal>())
+        .cloned()
+        .ok_or(ToolError::NoPrincipal)?;
+    let have = principal.scopes();
+    if have.contains(scope) {
+        Ok(principal)
+    } else {
+        Err(ToolError::MissingScope {
+            needed: scope,
+            call,
+            have,
+        })
+    }
+}

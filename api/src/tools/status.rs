@@ -1,0 +1,115 @@
+//! A task's status as `get_task_status` (and `tasks/get`) shows it, read from
+//! its record.
+
+use super::error::ToolError;
+use super::output::TaskStatus;
+use super::runner::ScriptRunner;
+use crate::auth::Principal;
+use crate::store::{StatusRead, Woke};
+
+/// What a waiting call (`wait_seconds`) waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Until {
+    /// A final state (`run_script`).
+    Final,
+    /// Any change of state or new output after the call came (`get_task_status`).
+    Change,
+}
+
+impl ScriptRunner {
+    /// A task's status with the last `tail_bytes` of its output. Another
+    /// owner's task is answered exactly like an unknown one.
+    pub(super) async fn status(
+        &self,
+        who: &Principal,
+        task_id: String,
+        tail_bytes: usize,
+    ) -> Result<TaskStatus, ToolError> {
+        let record = self
+            .store
+            .get(&task_id)
+            .await?
+            .filter(|r| who.sees(r.record.owner.as_deref()))
+            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+        status_from_record(task_id, &record, tail_bytes)
+    }
+
+    /// `status`, once the task is final or (`Until::Change`) anything changed,
+    /// waiting at most `wait`; at the deadline, or at once when the replica
+    /// shuts down, the status as it is then.
+    ///
+    /// Backed by the task's events stream (`Keys::task_events`), not by
+    /// reading the record again and again: the record and the stream's last id
+    /// are read together, then the call blocks in Redis (`XREAD BLOCK`) for an
+    /// entry after that id. The scripts that change the record append in the
+    /// same step, so no change falls between the read and the block, and every
+    /// waiter on the task wakes on the same append. (Pub/sub would lose a
+    /// message published between the read and the subscribe, and keyspace
+    /// notifications are off by default and server-wide.)
+    pub(super) async fn status_waiting(
+        &self,
+        who: &Principal,
+        task_id: String,
+        tail_bytes: usize,
+        wait: std::time::Duration,
+        until: Until,
+    ) -> Result<TaskStatus, ToolError> {
+        if wait.is_zero() {
+            return self.status(who, task_id, tail_bytes).await;
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut last_read = false;
+        loop {
+            let (record, mark) = self
+                .store
+                .get_marked(&task_id)
+                .await?
+                .filter(|(r, _)| who.sees(r.record.owner.as_deref()))
+                .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
+            if last_read || record.record.state.is_terminal() || self.shutdown.is_cancelled() {
+                return status_from_record(task_id, &record, tail_bytes);
+            }
+            let woke = tokio::select! {
+                woke = self.store.wait_for_event(&task_id, &mark, deadline) => woke?,
+                () = self.shutdown.cancelled() => Woke::Deadline,
+            };
+            // One more read: the change itself, or the status at the end.
+            last_read = !(woke == Woke::Event && until == Until::Final);
+        }
+    }
+}
+
+pub(super) fn status_from_record(
+    task_id: String,
+    r: &StatusRead,
+    tail_bytes: usize,
+) -> Result<TaskStatus, ToolError> {
+    // A record that reads at all has a known state (`TaskRecord::from_values`
+    // refuses one without), so every view of it can be built.
+    let v = r.view(tail_bytes);
+    let (reason, reason_kind) = match v.end_reason() {
+        Some((reason, kind)) => (Some(reason.to_owned()), kind),
+        None => (None, None),
+    };
+    Ok(TaskStatus {
+        task_id,
+        state: v.state,
+        exit_code: v.exit_code,
+        reason,
+        reason_kind,
+        runtime: v.runtime.unwrap_or_default(),
+        runtime_seconds: v.runtime_seconds,
+        seconds_since_last_output: v.seconds_since_last_output,
+        stdout_tail: v.stdout.text,
+        stderr_tail: v.stderr.text,
+        stdout_truncated: v.stdout.truncated,
+        stderr_truncated: v.stderr.truncated,
+        stdout_bytes: v.stdout_bytes,
+        stderr_bytes: v.stderr_bytes,
+        timeout_seconds: v.timeout_seconds.unwrap_or(0),
+        created_at: v.created_at,
+        started_at: v.started_at,
+        finished_at: v.finished_at,
+        usage: v.usage.map(|u| u.view()),
+    })
+}

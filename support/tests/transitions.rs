@@ -1,0 +1,819 @@
+//! The state machine's Lua scripts, run against a real Redis: terminal states are
+//! final, a worker never writes (or runs) another's task, and the stream helpers
+//! move jobs atomically.
+
+mod common;
+
+use common::Redis;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, FromRedisValue};
+use shared::scripts::{self, Ended, Progress, ScriptCall, Submit};
+use shared::task::Outcome;
+use shared::usage::{CPU_LEDGER_WINDOW_MS, OwnerTotals, Usage};
+use shared::{Keys, ReasonKind, TaskRecord, TaskState};
+
+/// The task every test here works on: `t:task:1` and its zip and stdin.
+const ID: &str = "1";
+const TASK: &str = "t:task:1";
+const ZIP: &str = "t:task:1:zip";
+const STATS: &str = "t:stats";
+const STDIN: &str = "t:task:1:stdin";
+
+fn keys() -> Keys {
+    Keys::new("t")
+}
+
+async fn conn(r: &Redis) -> MultiplexedConnection {
+    r.client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis")
+}
+
+/// Runs a typed call as the binaries do, reading its reply as `T`.
+async fn run<T: FromRedisValue>(c: &mut MultiplexedConnection, call: ScriptCall) -> T {
+    script_runner_support::scripts::invoke(c, &call)
+        .await
+        .expect("script")
+}
+
+fn claim(worker: &str, entry: &str) -> ScriptCall {
+    ScriptCall::claim(&keys(), ID, worker, entry)
+}
+
+fn started(worker: &str, container: &str) -> ScriptCall {
+    ScriptCall::started(&keys(), ID, worker, container)
+}
+
+fn progress(worker: &str, out: &[u8], err: &[u8]) -> ScriptCall {
+    let p = Progress {
+        stdout_tail: out,
+        stderr_tail: err,
+        stdout_bytes: out.len() as u64,
+        stderr_bytes: err.len() as u64,
+        output_age_ms: Some(0),
+    };
+    ScriptCall::progress(&keys(), ID, worker, &p)
+}
+
+/// FINISH as `worker` with an exit `code` (0: succeeded), kept 600 s.
+fn finish(worker: &str, code: i64) -> ScriptCall {
+    let outcome = Outcome {
+        state: if code == 0 {
+            TaskState::Succeeded
+        } else {
+            TaskState::Failed
+        },
+        kind: ReasonKind::Exited,
+        reason: format!("exited with code {code}"),
+        exit_code: Some(code),
+    };
+    ScriptCall::finish(&keys(), ID, worker, &outcome, 600, &Ended::default())
+}
+
+/// FINISH as `worker` (exit 0) with `usage`, for the task of `owner`.
+fn finish_with(worker: &str, owner: Option<&str>, usage: Usage) -> ScriptCall {
+    let outcome = Outcome {
+        state: TaskState::Succeeded,
+        kind: ReasonKind::Exited,
+        reason: "exited with code 0".to_owned(),
+        exit_code: Some(0),
+    };
+    let ended = Ended {
+        usage,
+        owner,
+        ..Ended::default()
+    };
+    ScriptCall::finish(&keys(), ID, worker, &outcome, 600, &ended)
+}
+
+fn kill(reason: &str) -> ScriptCall {
+    ScriptCall::kill(&keys(), ID, reason, ReasonKind::KilledByUser, 600, None)
+}
+
+async fn field(c: &mut MultiplexedConnection, f: &str) -> Option<String> {
+    c.hget(TASK, f).await.expect("hget")
+}
+
+async fn queued_task(c: &mut MultiplexedConnection) {
+    queued_task_of(c, None).await;
+}
+
+async fn queued_task_of(c: &mut MultiplexedConnection, owner: Option<&str>) {
+    let _: () = c.del(&[TASK, ZIP, STDIN]).await.expect("del");
+    let record = TaskRecord {
+        runtime: Some("python3.13".into()),
+        owner: owner.map(str::to_owned),
+        ..TaskRecord::new(TaskState::Queued)
+    };
+    let fields: Vec<(&str, Vec<u8>)> = record
+        .to_fields()
+        .into_iter()
+        .map(|(f, v)| (f.as_str(), v))
+        .collect();
+    let _: () = c.hset_multiple(TASK, &fields).await.expect("hset");
+    let _: () = c.set(ZIP, "zip-bytes").await.expect("set");
+    let _: () = c.set(STDIN, "stdin-bytes").await.expect("set");
+}
+
+#[tokio::test]
+async fn only_one_worker_can_claim_and_only_it_can_write() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    queued_task(&mut c).await;
+
+    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    // A second claim does not hand the task out again: not to another worker,
+    // nor to the same one from another entry (a duplicate job)...
+    assert_eq!(
+        run::<String>(&mut c, claim("b", "1-0")).await,
+        scripts::NOT_OWNER
+    );
+    assert_eq!(
+        run::<String>(&mut c, claim("a", "2-0")).await,
+        scripts::NOT_OWNER
+    );
+    // ...but the same worker retrying the same claim (its first reply lost) is
+    // told it holds the task, so it runs it rather than leaving it running unrun.
+    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(field(&mut c, "worker").await.as_deref(), Some("a"));
+
+    // A non-owner is told so and writes nothing.
+    assert_eq!(
+        run::<String>(&mut c, started("b", "cid-b")).await,
+        scripts::NOT_OWNER
+    );
+    assert_eq!(
+        run::<String>(&mut c, progress("b", b"out", b"err")).await,
+        scripts::NOT_OWNER
+    );
+    assert_eq!(field(&mut c, "container").await, None);
+    assert_eq!(field(&mut c, "stdout_tail").await, None);
+    assert_eq!(run::<String>(&mut c, finish("b", 0)).await, "running");
+    assert_eq!(field(&mut c, "state").await.as_deref(), Some("running"));
+
+    // The owner's writes land.
+    assert_eq!(
+        run::<String>(&mut c, started("a", "cid-a")).await,
+        "running"
+    );
+    assert_eq!(
+        run::<String>(&mut c, progress("a", b"out", b"err")).await,
+        "running"
+    );
+    assert_eq!(field(&mut c, "stdout_tail").await.as_deref(), Some("out"));
+    assert!(
+        field(&mut c, "started_at").await.is_some()
+            && field(&mut c, "last_output_at").await.is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_terminal_state_is_never_overwritten() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    queued_task(&mut c).await;
+    run::<String>(&mut c, claim("a", "1-0")).await;
+
+    // kill_task wins the race with the worker's own finish.
+    let (state, killed): (String, i64) = run(&mut c, kill("killed by kill_task")).await;
+    assert_eq!((state.as_str(), killed), ("killed", 1));
+    let zip: Option<String> = c.get(ZIP).await.expect("get");
+    assert_eq!(zip, None, "a killed task's zip is dropped");
+    let stdin: Option<String> = c.get(STDIN).await.expect("get");
+    assert_eq!(stdin, None, "a killed task's stdin is dropped");
+
+    assert_eq!(run::<String>(&mut c, finish("a", 0)).await, "killed");
+    assert_eq!(field(&mut c, "state").await.as_deref(), Some("killed"));
+    assert_eq!(
+        field(&mut c, "reason").await.as_deref(),
+        Some("killed by kill_task")
+    );
+    assert_eq!(field(&mut c, "exit_code").await, None);
+    // The output that arrived until the end is still recorded.
+    assert_eq!(
+        run::<String>(&mut c, progress("a", b"last words", b"")).await,
+        "killed"
+    );
+    assert_eq!(
+        field(&mut c, "stdout_tail").await.as_deref(),
+        Some("last words")
+    );
+    // A second kill changes nothing and says so.
+    let (state, killed): (String, i64) = run(&mut c, kill("again")).await;
+    assert_eq!((state.as_str(), killed), ("killed", 0));
+    assert_eq!(
+        field(&mut c, "reason").await.as_deref(),
+        Some("killed by kill_task")
+    );
+    // Counted once, as what it really ended as.
+    let stats: std::collections::HashMap<String, i64> = c.hgetall(STATS).await.expect("stats");
+    assert_eq!(
+        stats,
+        std::collections::HashMap::from([("finished:killed:killed-by-user".to_owned(), 1)])
+    );
+    let ttl: i64 = c.ttl(TASK).await.expect("ttl");
+    assert!(ttl > 0 && ttl <= 600, "a final record expires: ttl {ttl}");
+}
+
+#[tokio::test]
+async fn a_queued_task_cannot_be_started_or_finished_without_a_claim() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    queued_task(&mut c).await;
+    assert_eq!(
+        run::<String>(&mut c, started("a", "cid")).await,
+        scripts::NOT_OWNER
+    );
+    assert_eq!(run::<String>(&mut c, finish("a", 1)).await, "queued");
+    assert_eq!(field(&mut c, "state").await.as_deref(), Some("queued"));
+    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(
+        run::<String>(&mut c, claim("b", "1-0")).await,
+        scripts::NOT_OWNER
+    );
+    let _: () = c.del(TASK).await.expect("del");
+    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "missing");
+}
+
+#[tokio::test]
+async fn requeue_moves_a_job_and_forget_spares_live_or_busy_workers() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let (jobs, group) = (&keys().jobs(), shared::keys::WORKER_GROUP);
+    let _: () = c
+        .xgroup_create_mkstream(jobs, group, "0")
+        .await
+        .expect("group");
+    let _: String = c
+        .xadd(jobs, "*", &[("task_id", "one")])
+        .await
+        .expect("xadd");
+    let reply: redis::streams::StreamReadReply = c
+        .xread_options(
+            &[jobs],
+            &[">"],
+            &redis::streams::StreamReadOptions::default()
+                .group(group, "dead")
+                .count(1),
+        )
+        .await
+        .expect("read");
+    let entry = reply.keys[0].ids[0].id.clone();
+
+    // The dead worker holds a job: it is not forgotten.
+    let forget_dead = || ScriptCall::forget_worker(&keys(), "dead");
+    let kept = run::<i64>(&mut c, forget_dead()).await;
+    assert_eq!(kept, 0);
+
+    // Requeue: the old entry leaves the stream and the dead worker's pending list,
+    // a new one with the same task waits for anyone.
+    let requeue = || ScriptCall::requeue(&keys(), &entry, "one");
+    let first: i64 = run(&mut c, requeue()).await;
+    assert_eq!(first, 1);
+    // Settling the same entry twice does not queue the task twice.
+    let again: i64 = run(&mut c, requeue()).await;
+    assert_eq!(again, 0);
+    let all: redis::streams::StreamRangeReply = c.xrange_all(jobs).await.expect("range");
+    assert_eq!(all.ids.len(), 1);
+    assert_ne!(all.ids[0].id, entry);
+    assert_eq!(all.ids[0].get::<String>("task_id").as_deref(), Some("one"));
+
+    // Alive again (heartbeat present): not forgotten either.
+    let _: () = c.sadd("t:workers", "dead").await.expect("sadd");
+    let _: () = c
+        .set_ex("t:worker:dead", "running=0", 30)
+        .await
+        .expect("heartbeat");
+    let alive = run::<i64>(&mut c, forget_dead()).await;
+    assert_eq!(alive, 0);
+
+    // Dead and idle: forgotten, from the group and the registry.
+    let _: () = c.del("t:worker:dead").await.expect("del");
+    let gone = run::<i64>(&mut c, forget_dead()).await;
+    assert_eq!(gone, 1);
+    let members: Vec<String> = c.smembers("t:workers").await.expect("smembers");
+    assert!(members.is_empty());
+    let consumers: redis::streams::StreamInfoConsumersReply =
+        c.xinfo_consumers(jobs, group).await.expect("consumers");
+    assert!(consumers.consumers.is_empty());
+}
+
+#[tokio::test]
+async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let keys = keys();
+    let index = keys.task_index();
+    // An entry from long ago (1970), whose record has surely expired.
+    let _: () = c.zadd(&index, "old", 1000).await.expect("zadd");
+    let submit = Submit {
+        task_id: "new",
+        zip: None,
+        stdin: Some(b"some stdin"),
+        index_horizon_ms: 86_400_000,
+        max_queued: 10,
+        owner: None,
+    };
+    let record = TaskRecord::new(TaskState::Queued);
+    let entry: String = run(&mut c, ScriptCall::submit(&keys, &submit, &record)).await;
+    assert!(entry.contains('-'), "a stream entry id: {entry}");
+    let members: Vec<String> = c.zrange(&index, 0, -1).await.expect("zrange");
+    assert_eq!(
+        members,
+        ["new"],
+        "the old entry is trimmed, the new one indexed"
+    );
+    let created: i64 = c
+        .hget(keys.task("new"), "created_at")
+        .await
+        .expect("created_at");
+    let score: f64 = c.zscore(&index, "new").await.expect("zscore");
+    assert_eq!(score as i64, created, "indexed by its created_at");
+    let stdin: Option<String> = c.get(keys.task_stdin("new")).await.expect("get");
+    assert_eq!(stdin.as_deref(), Some("some stdin"));
+    let zip: Option<String> = c.get(keys.task_zip("new")).await.expect("get");
+    assert_eq!(zip, None, "no zip given, none stored");
+}
+
+/// What SUBMIT stores reads back as the record the api wrote (plus the
+/// creation time from Redis's clock), and a full stream refuses, storing nothing.
+#[tokio::test]
+async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let keys = keys();
+    let record = TaskRecord {
+        runtime: Some("python3.13".into()),
+        command: Some("echo 'hi'".into()),
+        timeout_seconds: Some(30),
+        has_zip: Some(false),
+        has_stdin: Some(false),
+        env: Some([("A".to_owned(), "b c".to_owned())].into()),
+        network: Some(shared::options::Network::None),
+        collect: Some(vec!["out/*".into()]),
+        stdout_bytes: Some(0),
+        ..TaskRecord::new(TaskState::Queued)
+    };
+    let submit = |id| Submit {
+        task_id: id,
+        zip: None,
+        stdin: None,
+        index_horizon_ms: 86_400_000,
+        max_queued: 1,
+        owner: None,
+    };
+    let _: String = run(&mut c, ScriptCall::submit(&keys, &submit("a"), &record)).await;
+    let hash: std::collections::HashMap<String, Vec<u8>> =
+        c.hgetall(keys.task("a")).await.expect("hgetall");
+    let back = TaskRecord::from_hash(hash)
+        .expect("well-formed")
+        .expect("a record");
+    assert!(back.created_at.is_some_and(|t| t > 0));
+    assert_eq!(
+        TaskRecord {
+            created_at: None,
+            ..back
+        },
+        record
+    );
+    // One job in the stream and a cap of one: refused with the backlog.
+    let refused: i64 = run(&mut c, ScriptCall::submit(&keys, &submit("b"), &record)).await;
+    assert_eq!(refused, 1);
+    let exists: bool = c.exists(keys.task("b")).await.expect("exists");
+    assert!(!exists, "a refused task stores nothing");
+}
+
+// ---------------------------------------------------------------------------
+// Owners: quotas in SUBMIT, ownership in KILL, and the API key scripts.
+
+use script_runner_support::apikeys;
+use script_runner_support::scripts::read_submit;
+use shared::apikey::{ApiKeyRecord, Limits, Scopes};
+use shared::scripts::{Quota, SubmitReply};
+
+/// SUBMIT of task `id` as `owner` (`None`: the admin key) with `limits`.
+async fn submit_as(
+    c: &mut MultiplexedConnection,
+    id: &str,
+    owner: Option<&str>,
+    limits: Limits,
+) -> SubmitReply {
+    let submit = Submit {
+        task_id: id,
+        zip: None,
+        stdin: None,
+        index_horizon_ms: 86_400_000,
+        max_queued: 100,
+        owner: owner.map(|o| (o, limits)),
+    };
+    let record = TaskRecord {
+        owner: owner.map(str::to_owned),
+        ..TaskRecord::new(TaskState::Queued)
+    };
+    let reply: redis::Value = run(c, ScriptCall::submit(&keys(), &submit, &record)).await;
+    read_submit(reply).expect("a SUBMIT reply")
+}
+
+async fn set_state(c: &mut MultiplexedConnection, id: &str, state: TaskState) {
+    let _: () = c
+        .hset(keys().task(id), "state", state.as_str())
+        .await
+        .expect("hset");
+}
+
+#[tokio::test]
+async fn task_quotas_count_the_owners_queued_and_active_tasks_and_drop_ended_ones() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let queued_2 = Limits {
+        max_queued: Some(2),
+        ..Limits::default()
+    };
+    assert_eq!(
+        submit_as(&mut c, "a1", Some("alice"), queued_2).await,
+        SubmitReply::Queued
+    );
+    assert_eq!(
+        submit_as(&mut c, "a2", Some("alice"), queued_2).await,
+        SubmitReply::Queued
+    );
+    let refused = SubmitReply::Tasks {
+        quota: Quota::MaxQueued,
+        limit: 2,
+        count: 2,
+    };
+    assert_eq!(
+        submit_as(&mut c, "a3", Some("alice"), queued_2).await,
+        refused
+    );
+    assert!(
+        !c.exists::<_, bool>(keys().task("a3"))
+            .await
+            .expect("exists")
+    );
+    // Another owner, and the admin, are not held by alice's quota.
+    assert_eq!(
+        submit_as(&mut c, "b1", Some("bob"), queued_2).await,
+        SubmitReply::Queued
+    );
+    assert_eq!(
+        submit_as(&mut c, "x1", None, queued_2).await,
+        SubmitReply::Queued
+    );
+    // A running task no longer counts as queued; an ended one leaves the set.
+    set_state(&mut c, "a1", TaskState::Running).await;
+    assert_eq!(
+        submit_as(&mut c, "a3", Some("alice"), queued_2).await,
+        SubmitReply::Queued
+    );
+    set_state(&mut c, "a2", TaskState::Succeeded).await;
+    assert_eq!(
+        submit_as(&mut c, "a4", Some("alice"), queued_2).await,
+        SubmitReply::Queued
+    );
+    let active: Vec<String> = c
+        .zrange(keys().owner_active("alice"), 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(active, ["a1", "a3", "a4"], "a2 ended and was dropped");
+
+    // max_running counts queued and running together, and refuses.
+    let running_2 = Limits {
+        max_running: Some(2),
+        ..Limits::default()
+    };
+    assert_eq!(
+        submit_as(&mut c, "c1", Some("carol"), running_2).await,
+        SubmitReply::Queued
+    );
+    assert_eq!(
+        submit_as(&mut c, "c2", Some("carol"), running_2).await,
+        SubmitReply::Queued
+    );
+    set_state(&mut c, "c1", TaskState::Running).await;
+    let refused = SubmitReply::Tasks {
+        quota: Quota::MaxRunning,
+        limit: 2,
+        count: 2,
+    };
+    assert_eq!(
+        submit_as(&mut c, "c3", Some("carol"), running_2).await,
+        refused
+    );
+    // An expired record counts as ended.
+    let _: () = c.del(keys().task("c1")).await.expect("del");
+    assert_eq!(
+        submit_as(&mut c, "c3", Some("carol"), running_2).await,
+        SubmitReply::Queued
+    );
+
+    // The owner's own index has every task it submitted; the admin writes no
+    // owner key.
+    let listed: Vec<String> = c
+        .zrange(keys().owner_tasks("alice"), 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(listed, ["a1", "a2", "a3", "a4"]);
+    assert!(
+        c.pttl::<_, i64>(keys().owner_tasks("alice"))
+            .await
+            .expect("pttl")
+            > 0
+    );
+    for k in [keys().owner_tasks(""), keys().owner_active("")] {
+        assert!(!c.exists::<_, bool>(&k).await.expect("exists"), "{k}");
+    }
+    // A task submitted without a task-count quota still counts once one is
+    // set (a key's limits changed, or another replica's OAUTH_* limits), and
+    // the active set is bounded like the owner's index.
+    assert_eq!(
+        submit_as(&mut c, "d1", Some("dave"), Limits::default()).await,
+        SubmitReply::Queued
+    );
+    assert!(
+        c.pttl::<_, i64>(keys().owner_active("dave"))
+            .await
+            .expect("pttl")
+            > 0
+    );
+    let running_1 = Limits {
+        max_running: Some(1),
+        ..Limits::default()
+    };
+    assert_eq!(
+        submit_as(&mut c, "d2", Some("dave"), running_1).await,
+        SubmitReply::Tasks {
+            quota: Quota::MaxRunning,
+            limit: 1,
+            count: 1,
+        }
+    );
+
+    // A quota of 0 refuses the first task too (the ctl refuses to set one).
+    for (limits, quota) in [
+        (
+            Limits {
+                max_running: Some(0),
+                ..Limits::default()
+            },
+            Quota::MaxRunning,
+        ),
+        (
+            Limits {
+                max_queued: Some(0),
+                ..Limits::default()
+            },
+            Quota::MaxQueued,
+        ),
+    ] {
+        assert_eq!(
+            submit_as(&mut c, "e1", Some("erin"), limits).await,
+            SubmitReply::Tasks {
+                quota,
+                limit: 0,
+                count: 0,
+            }
+        );
+        assert!(
+            !c.exists::<_, bool>(keys().task("e1"))
+                .await
+                .expect("exists")
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_cpu_quota_sums_the_last_day_and_says_when_it_frees_up() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut c).await.expect("time");
+    let now = shared::time::redis_time_ms((secs, micros));
+    let (hour, day) = (3_600_000, 86_400_000);
+    let ledger = keys().owner_cpu("alice");
+    // As FINISH writes them: `<task_id>:<cpu_ms>` by finished_at.
+    let _: () = redis::pipe()
+        .zadd(&ledger, "old:90000", now - day - hour)
+        .zadd(&ledger, "x:3000", now - 2 * hour)
+        .zadd(&ledger, "y:2000", now - hour)
+        .query_async(&mut c)
+        .await
+        .expect("zadd");
+    let cpu = |s| Limits {
+        cpu_seconds_per_day: Some(s),
+        ..Limits::default()
+    };
+    // 5 s used in the last day, 4 allowed: refused until x is a day old.
+    let refused = SubmitReply::Cpu {
+        limit_ms: 4000,
+        used_ms: 5000,
+        frees_at_ms: now - 2 * hour + day,
+    };
+    assert_eq!(
+        submit_as(&mut c, "a1", Some("alice"), cpu(4)).await,
+        refused
+    );
+    // The entry older than a day was dropped on the way.
+    let left: Vec<String> = c.zrange(&ledger, 0, -1).await.expect("zrange");
+    assert_eq!(left, ["x:3000", "y:2000"]);
+    // At 1 s only dropping both would do: y's age-out time.
+    let SubmitReply::Cpu { frees_at_ms, .. } = submit_as(&mut c, "a1", Some("alice"), cpu(1)).await
+    else {
+        panic!("refused by the CPU quota");
+    };
+    assert_eq!(frees_at_ms, now - hour + day);
+    assert_eq!(
+        submit_as(&mut c, "a1", Some("alice"), cpu(6)).await,
+        SubmitReply::Queued
+    );
+    assert_eq!(
+        submit_as(&mut c, "b1", Some("bob"), cpu(1)).await,
+        SubmitReply::Queued
+    );
+}
+
+#[tokio::test]
+async fn kill_answers_another_owners_task_as_missing_and_leaves_it() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    assert_eq!(
+        submit_as(&mut c, ID, Some("alice"), Limits::default()).await,
+        SubmitReply::Queued
+    );
+    let kill_as = |owner| ScriptCall::kill(&keys(), ID, "r", ReasonKind::KilledByUser, 600, owner);
+    let reply: (String, i64) = run(&mut c, kill_as(Some("bob"))).await;
+    assert_eq!(reply, (scripts::MISSING.to_owned(), 0));
+    let state: String = c.hget(TASK, "state").await.expect("hget");
+    assert_eq!(state, "queued");
+    let reply: (String, i64) = run(&mut c, kill_as(Some("alice"))).await;
+    assert_eq!(reply, ("killed".to_owned(), 1));
+}
+
+#[tokio::test]
+async fn keys_are_stored_hashed_and_rotate_and_revoke_at_once() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let k = keys();
+    let record = ApiKeyRecord {
+        name: "ci".into(),
+        scopes: Scopes::parse("run,read").expect("scopes"),
+        limits: Limits {
+            max_queued: Some(5),
+            ..Limits::default()
+        },
+        created_at: None,
+        last_used_at: None,
+    };
+    let key = apikeys::create(&mut c, &k, &record).await.expect("create");
+    let again = apikeys::create(&mut c, &k, &record).await;
+    assert!(
+        matches!(again, Err(apikeys::ApiKeyError::NameTaken(_))),
+        "{again:?}"
+    );
+    let found = apikeys::lookup(&mut c, &k, key.expose().as_bytes())
+        .await
+        .expect("lookup")
+        .expect("the key is known");
+    assert_eq!((found.name.as_str(), found.limits), ("ci", record.limits));
+    // The first use wrote last_used_at; the next within a minute does not.
+    let stored = k.api_key(&key.hash());
+    let first: i64 = c.hget(&stored, "last_used_at").await.expect("hget");
+    let _ = apikeys::lookup(&mut c, &k, key.expose().as_bytes())
+        .await
+        .expect("lookup");
+    let second: i64 = c.hget(&stored, "last_used_at").await.expect("hget");
+    assert_eq!(first, second);
+
+    let new = apikeys::rotate(&mut c, &k, "ci").await.expect("rotate");
+    let old_found = apikeys::lookup(&mut c, &k, key.expose().as_bytes())
+        .await
+        .expect("lookup");
+    assert!(old_found.is_none(), "the old key is refused at once");
+    let new_found = apikeys::lookup(&mut c, &k, new.expose().as_bytes())
+        .await
+        .expect("lookup");
+    assert_eq!(
+        new_found.map(|r| (r.name, r.scopes)),
+        Some(("ci".into(), record.scopes))
+    );
+
+    apikeys::revoke(&mut c, &k, "ci").await.expect("revoke");
+    let gone = apikeys::lookup(&mut c, &k, new.expose().as_bytes())
+        .await
+        .expect("lookup");
+    assert!(gone.is_none());
+    assert!(apikeys::list(&mut c, &k).await.expect("list").is_empty());
+    // The revoked key's tasks keep "ci" as their owner: no new key gets the name.
+    let reused = apikeys::create(&mut c, &k, &record).await;
+    match &reused {
+        Err(e @ apikeys::ApiKeyError::NameRevoked(_)) => {
+            assert!(e.to_string().contains("choose another name"), "{e}")
+        }
+        other => panic!("a revoked name was given to a new key: {other:?}"),
+    }
+    assert!(apikeys::list(&mut c, &k).await.expect("list").is_empty());
+    let missing = apikeys::revoke(&mut c, &k, "ci").await;
+    assert!(matches!(missing, Err(apikeys::ApiKeyError::NoSuchKey(_))));
+    let bad = apikeys::rotate(&mut c, &k, "Not A Name").await;
+    assert!(matches!(bad, Err(apikeys::ApiKeyError::Key(_))));
+}
+
+async fn totals(c: &mut MultiplexedConnection, key: &str) -> OwnerTotals {
+    let h: std::collections::HashMap<String, String> = c.hgetall(key).await.expect("hgetall");
+    OwnerTotals::from_hash(&h)
+}
+
+#[tokio::test]
+async fn finish_records_usage_once_and_counts_it_to_the_owner() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    let k = keys();
+    let usage = Usage {
+        cpu_ms: Some(2_000),
+        peak_memory_bytes: Some(200 << 20),
+        workspace_bytes: Some(5 << 20),
+    };
+    // An entry older than the ledger's day, left by an earlier task.
+    let old_ms = redis::cmd("TIME")
+        .query_async::<(u64, u64)>(&mut c)
+        .await
+        .expect("time")
+        .0
+        * 1000
+        - CPU_LEDGER_WINDOW_MS
+        - 1_000;
+    let _: () = c
+        .zadd(k.owner_cpu("alice"), "0:9", old_ms)
+        .await
+        .expect("zadd");
+
+    queued_task_of(&mut c, Some("alice")).await;
+    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    // A kill recorded first does not stop the worker recording what ran.
+    let _: redis::Value = run(&mut c, kill("stop")).await;
+    assert_eq!(
+        run::<String>(&mut c, finish_with("a", Some("alice"), usage)).await,
+        "killed"
+    );
+    // Retried (its first reply lost): counted once.
+    run::<String>(&mut c, finish_with("a", Some("alice"), usage)).await;
+    assert_eq!(field(&mut c, "usage_cpu_ms").await.as_deref(), Some("2000"));
+    assert_eq!(
+        field(&mut c, "usage_peak_memory_bytes").await.as_deref(),
+        Some("209715200")
+    );
+    assert_eq!(
+        field(&mut c, "usage_workspace_bytes").await.as_deref(),
+        Some("5242880")
+    );
+    let ledger: Vec<String> = c.zrange(k.owner_cpu("alice"), 0, -1).await.expect("zrange");
+    assert_eq!(
+        ledger,
+        vec!["1:2000".to_owned()],
+        "the old entry is trimmed"
+    );
+    let alice = OwnerTotals {
+        tasks: 1,
+        cpu_ms: 2_000,
+        peak_memory_bytes: 200 << 20,
+        workspace_bytes: 5 << 20,
+    };
+    assert_eq!(totals(&mut c, &k.owner_usage("alice")).await, alice);
+    assert_eq!(totals(&mut c, &k.usage_totals()).await, alice);
+    let ranked: Vec<(String, f64)> = c
+        .zrange_withscores(k.usage_owners(), 0, -1)
+        .await
+        .expect("zrange");
+    assert_eq!(ranked, vec![("alice".to_owned(), 2000.0)]);
+
+    // A second task of hers with a lower peak: sums grow, the peak stays the highest.
+    queued_task_of(&mut c, Some("alice")).await;
+    run::<String>(&mut c, claim("a", "2-0")).await;
+    let small = Usage {
+        cpu_ms: Some(500),
+        peak_memory_bytes: Some(1 << 20),
+        workspace_bytes: None,
+    };
+    run::<String>(&mut c, finish_with("a", Some("alice"), small)).await;
+    let t = totals(&mut c, &k.owner_usage("alice")).await;
+    assert_eq!(
+        (t.tasks, t.cpu_ms, t.peak_memory_bytes, t.workspace_bytes),
+        (2, 2_500, 200 << 20, 5 << 20)
+    );
+
+    // The admin key's task (no owner): its record gets usage, nobody's totals do.
+    queued_task_of(&mut c, None).await;
+    run::<String>(&mut c, claim("a", "3-0")).await;
+    run::<String>(&mut c, finish_with("a", None, usage)).await;
+    assert_eq!(field(&mut c, "usage_cpu_ms").await.as_deref(), Some("2000"));
+    assert_eq!(totals(&mut c, &k.usage_totals()).await.tasks, 2);
+    let owners: u64 = c.zcard(k.usage_owners()).await.expect("zcard");
+    assert_eq!(owners, 1);
+
+    // No figure at all (the container was gone): nothing written, nothing counted.
+    queued_task_of(&mut c, Some("alice")).await;
+    run::<String>(&mut c, claim("a", "4-0")).await;
+    run::<String>(&mut c, finish_with("a", Some("alice"), Usage::default())).await;
+    assert_eq!(field(&mut c, "usage_cpu_ms").await, None);
+    assert_eq!(totals(&mut c, &k.owner_usage("alice")).await.tasks, 2);
+}

@@ -1,0 +1,419 @@
+"""redis-server, workers, api replicas and Caddy as real processes.
+
+One Stack is one run: one temporary directory (logs, Redis's data, TASKS_DIR),
+one run id, one bearer token, and a default key prefix; a worker or an api may
+take another prefix (the benchmark runs configurations side by side on one
+Redis). Nothing is mocked: the binaries are this repository's (`cargo build
+--bins`), Redis and Caddy are the Debian packages, tasks run in the real Docker
+engine behind the real host firewall.
+
+The methods block; an asyncio caller runs them with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+from . import REPO_ROOT
+from .keys import Keys
+from .mcp_http import http_status
+from .procs import HarnessError, Proc, base_env, free_port, wait_until
+
+IMAGE = os.environ.get("TEST_RUNTIME_IMAGE") or "script-runner-test/python:3.13-trixie"
+NODE_IMAGE = os.environ.get("TEST_NODE_IMAGE") or "script-runner-test/node:24-trixie"
+RUNTIMES = ("node24", "python3.13", "python3.8")
+RUNTIME_IMAGES = f"node24={NODE_IMAGE},python3.13={IMAGE},python3.8={IMAGE}"
+API_BIN = "script-runner-api"
+WORKER_BIN = "script-runner-worker"
+CTL_BIN = "script-runner-ctl"
+
+# The Docker label every task (and pool) container carries (worker/src/sandbox.rs).
+LABEL_WORKER = "script-runner.worker"
+# A warm pool container's name until a task claims it (then `sr-<task_id>`).
+IDLE_POOL_PREFIX = "sr-pool-"
+
+STARTUP_DEADLINE = 60.0  # seconds for a process to become ready
+
+
+def bin_dir(profile: str = "debug") -> Path:
+    """Where cargo put this profile's binaries: $CARGO_TARGET_DIR (as cargo reads
+    it, relative to the working directory) or the repository's target/."""
+    target = os.environ.get("CARGO_TARGET_DIR")
+    return (Path(target).resolve() if target else REPO_ROOT / "target") / profile
+
+
+def preflight(binaries: Path | None, tools: Iterable[str] = ("redis-server", "docker"), images: Iterable[str] = ()) -> None:
+    """Raises HarnessError saying what to do when something a run needs is missing."""
+    if binaries is not None:
+        for name in (API_BIN, WORKER_BIN):
+            path = binaries / name
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise HarnessError(f"{path} is missing: run `cargo build --bins` (or --release) in {REPO_ROOT}")
+    for tool in tools:
+        if shutil.which(tool) is None:
+            raise HarnessError(f"`{tool}` is not on PATH (scripts/test.sh installs it with apt)")
+    for image in images:
+        probe = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True)
+        if probe.returncode != 0:
+            raise HarnessError(
+                f"the runtime image {image!r} is not in the local Docker engine "
+                f"({probe.stderr.strip() or probe.stdout.strip()}): build it with scripts/build-test-image.sh "
+                "or point TEST_RUNTIME_IMAGE / TEST_NODE_IMAGE at another image"
+            )
+
+
+def containers_of(worker: str, with_names: bool = False) -> list[str]:
+    """Ids (or `id name` lines) of every container, any state, a worker labelled."""
+    fmt = ["--format", "{{.ID}} {{.Names}}"] if with_names else ["-q"]
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label={LABEL_WORKER}={worker}", *fmt],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.splitlines() if with_names else out.stdout.split()
+
+
+def remove_containers(ids: list[str]) -> list[str]:
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+    return ids
+
+
+@dataclass
+class Worker:
+    short: str
+    name: str  # WORKER_NAME, the label on its containers
+    prefix: str
+    tasks_dir: Path
+    proc: Proc
+    metrics_url: str | None = None
+
+
+@dataclass
+class Api:
+    short: str
+    prefix: str
+    port: int
+    proc: Proc
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+
+@dataclass
+class Stack:
+    """Everything one run starts. `prefix` defaults to `<label>-<run id>`;
+    `common_env` goes to every worker and api."""
+
+    bin_dir: Path = field(default_factory=bin_dir)
+    label: str = "sr"
+    rust_log: str | None = None
+    runtime_images: str = RUNTIME_IMAGES
+    common_env: dict[str, str] = field(default_factory=dict)
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    token: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+    prefix: str = ""
+    tmp_dir: Path = field(init=False)
+    redis_port: int = 0
+    redis_proc: Proc | None = None
+    workers: dict[str, Worker] = field(default_factory=dict)
+    apis: dict[str, Api] = field(default_factory=dict)
+    proxy: Proc | None = None
+    proxy_port: int = 0
+    _redis: Redis | None = field(default=None, repr=False)
+    _aredis: AsyncRedis | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.bin_dir = self.bin_dir.resolve()  # the children run in the temporary directory
+        self.prefix = self.prefix or f"{self.label}-{self.run_id}"
+        self.keys = Keys(self.prefix)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"script-runner-{self.label}-{self.run_id}-"))
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        return base_env(self.rust_log) | extra
+
+    def binary(self, name: str) -> str:
+        path = self.bin_dir / name
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise HarnessError(f"{path} is missing: run `cargo build --bins` (or --release) in {REPO_ROOT}")
+        return str(path)
+
+    # -- Redis
+
+    @property
+    def redis(self) -> Redis:
+        """A client of the run's Redis (pooled, thread-safe, replies as str)."""
+        self._redis = self._redis or Redis(**self._client_options())
+        return self._redis
+
+    @property
+    def aredis(self) -> AsyncRedis:
+        """The same for asyncio code; made on first use, inside the event loop."""
+        self._aredis = self._aredis or AsyncRedis(**self._client_options())
+        return self._aredis
+
+    def _client_options(self) -> dict[str, Any]:
+        if not self.redis_port:
+            raise HarnessError("Redis is not started yet (Stack.start_redis)")
+        # Replies as str, as every caller reads them; an odd byte must not raise.
+        return {"port": self.redis_port, "decode_responses": True, "encoding_errors": "replace",
+                "socket_timeout": 10, "socket_connect_timeout": 2}  # fmt: skip
+
+    def start_redis(self, appendfsync: str = "everysec") -> Proc:
+        """redis-server persisting as production runs it (deploy/redis: an
+        append-only file, fsync `appendfsync`, no RDB snapshots, noeviction): the
+        api and the worker refuse a Redis that would lose tasks on a restart.
+        Started again after a stop or kill, it keeps its port and its data."""
+        if self.redis_proc is not None:
+            self.redis_proc.start()
+            self._wait_redis(self.redis_port, self.redis_proc)
+            return self.redis_proc
+        last: Exception | None = None
+        for attempt in range(5):  # a port free_port() picked can be taken before redis binds it
+            port = free_port()
+            data = self.tmp_dir / f"redis-{attempt}"
+            data.mkdir()
+            argv = [
+                "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
+                "--save", "", "--appendonly", "yes", "--appendfsync", appendfsync,
+                "--maxmemory-policy", "noeviction",
+            ]  # fmt: skip
+            proc = Proc(f"redis-{attempt}", argv, self.env({}), self.tmp_dir / f"redis-{attempt}.log").start()
+            try:
+                self._wait_redis(port, proc)
+            except (HarnessError, TimeoutError) as e:
+                proc.stop()
+                last = e
+                continue
+            self.redis_port, self.redis_proc = port, proc
+            return proc
+        raise HarnessError(f"could not start redis-server: {last}")
+
+    @staticmethod
+    def _wait_redis(port: int, proc: Proc) -> None:
+        probe = Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            wait_until(f"redis-server on port {port} to answer PING", probe.ping, proc, 30)
+        finally:
+            probe.close()
+
+    # -- workers
+
+    def add_worker(
+        self,
+        short: str,
+        env: dict[str, str] | None = None,
+        *,
+        prefix: str | None = None,
+        name: str | None = None,
+        tasks_dir: Path | None = None,
+        metrics: bool = False,
+    ) -> Worker:
+        """A worker, not started yet. Its name defaults to `<prefix>-<short>`, its
+        TASKS_DIR to the run's shared `tasks/`; `metrics` gives it /metrics on a
+        free port."""
+        prefix = prefix or self.prefix
+        name = name or f"{prefix}-{short}"
+        tasks_dir = tasks_dir or self.tmp_dir / "tasks"
+        tasks_dir.mkdir(exist_ok=True)
+        settings = {
+            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}",
+            "REDIS_KEY_PREFIX": prefix,
+            "WORKER_NAME": name,
+            "TASKS_DIR": str(tasks_dir),
+            "RUNTIME_IMAGES": self.runtime_images,
+        }
+        metrics_url = None
+        if metrics:
+            port = free_port()
+            settings["WORKER_METRICS_ADDR"] = f"127.0.0.1:{port}"
+            metrics_url = f"http://127.0.0.1:{port}/metrics"
+        proc_env = self.env(settings | self.common_env | (env or {}))
+        proc = Proc(f"worker-{short}", [self.binary(WORKER_BIN)], proc_env, self.tmp_dir / f"worker-{short}.log")
+        worker = Worker(short, name, prefix, tasks_dir, proc, metrics_url)
+        self.workers[short] = worker
+        return worker
+
+    def start_worker(self, short: str, wait: bool = True) -> Worker:
+        """Starts (or starts again, under the same name) a worker and waits for a
+        heartbeat written by this process: when starting again, the old key is
+        deleted first, so one still expiring does not count."""
+        worker = self.workers[short]
+        beat = Keys(worker.prefix).worker(worker.name)
+        if worker.proc.starts:
+            self.redis.delete(beat)
+        worker.proc.start()
+        if wait:
+            wait_until(f"worker {worker.name}'s heartbeat {beat}", lambda: self.redis.exists(beat), worker.proc)
+        return worker
+
+    def worker_names(self) -> list[str]:
+        return [w.name for w in self.workers.values()]
+
+    # -- api replicas and the proxy
+
+    def add_api(
+        self, short: str, env: dict[str, str] | None = None, *, prefix: str | None = None, port: int | None = None
+    ) -> Api:
+        """An api replica (not started). `port`: one the caller picked already,
+        e.g. to give the api its own public URL (OAUTH_RESOURCE)."""
+        port = port or free_port()
+        prefix = prefix or self.prefix
+        settings = {
+            "SCRIPT_RUNNER_TOKEN": self.token,
+            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}",
+            "REDIS_KEY_PREFIX": prefix,
+            "LISTEN_ADDR": f"127.0.0.1:{port}",
+            "RUNTIME_IMAGES": self.runtime_images,
+        }
+        proc_env = self.env(settings | self.common_env | (env or {}))
+        api = Api(short, prefix, port, Proc(short, [self.binary(API_BIN)], proc_env, self.tmp_dir / f"{short}.log"))
+        self.apis[short] = api
+        return api
+
+    def start_api(self, short: str) -> Api:
+        api = self.apis[short]
+        api.proc.start()
+        wait_healthy(api.proc, f"{api.base_url}/healthz")
+        return api
+
+    def start_proxy(self) -> Proc:
+        """Caddy as a round-robin reverse proxy in front of every api replica,
+        taking a replica out for 30 s once a request to it fails (passive health
+        check). Clients retry a failed request themselves.
+
+        No `lb_try_duration`: Caddy 2.6 (Debian's) retries a POST after a refused
+        connection with an already consumed body, so the retry fails with "http:
+        invalid Read on closed Body" (caddyserver/caddy#5454) and counts as a
+        failure of the healthy replica, which is then taken out too: with every
+        replica out, Caddy answers 503 "no upstreams available" for the whole
+        fail_duration, again each time the dead replica comes back into rotation.
+        No active health check either: /healthz answers 503 while Redis is down,
+        and taking every replica out then would hide the api's own error answer."""
+        self.proxy_port = free_port()
+        upstreams = " ".join(f"127.0.0.1:{a.port}" for a in self.apis.values())
+        caddyfile = self.tmp_dir / "Caddyfile"
+        caddyfile.write_text(
+            "{\n\tadmin off\n\tauto_https off\n}\n"
+            f"http://127.0.0.1:{self.proxy_port} {{\n"
+            f"\treverse_proxy {upstreams} {{\n"
+            "\t\tlb_policy round_robin\n"
+            "\t\tfail_duration 30s\n"
+            "\t\tmax_fails 1\n"
+            # As the deployment's Caddyfile: idle upstream connections closed
+            # before the api's header timeout (10 s) closes them under a request.
+            "\t\ttransport http {\n\t\t\tkeepalive 5s\n\t\t}\n"
+            "\t}\n}\n"
+        )
+        env = self.env({"XDG_DATA_HOME": str(self.tmp_dir / "caddy-data"), "XDG_CONFIG_HOME": str(self.tmp_dir / "caddy-config")})
+        argv = ["caddy", "run", "--adapter", "caddyfile", "--config", str(caddyfile)]
+        self.proxy = Proc("caddy", argv, env, self.tmp_dir / "caddy.log").start()
+        wait_healthy(self.proxy, f"http://127.0.0.1:{self.proxy_port}/healthz")
+        return self.proxy
+
+    @property
+    def base_url(self) -> str:
+        """Where clients go: the proxy if there is one, else the first api."""
+        if self.proxy is not None:
+            return f"http://127.0.0.1:{self.proxy_port}"
+        return next(iter(self.apis.values())).base_url
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.base_url}/mcp"
+
+    # -- Docker
+
+    def containers(self, idle_pool: bool = True) -> list[str]:
+        """Ids of the containers of this run's workers, any state. Without
+        `idle_pool`, leaves out warm pool containers waiting for a task."""
+        ids = []
+        for name in self.worker_names():
+            for line in containers_of(name, with_names=True):
+                cid, cname = line.split(maxsplit=1)
+                if idle_pool or not cname.startswith(IDLE_POOL_PREFIX):
+                    ids.append(cid)
+        return ids
+
+    def idle_pool_names(self) -> set[str]:
+        """Names of this run's warm pool containers that wait for a task."""
+        names = (line.split(maxsplit=1)[1] for w in self.worker_names() for line in containers_of(w, with_names=True))
+        return {n for n in names if n.startswith(IDLE_POOL_PREFIX)}
+
+    def tasks_dir_leftovers(self) -> list[str]:
+        """What is in the shared TASKS_DIR besides the directories of idle warm
+        pool containers (`pool-<worker>/<container name>`)."""
+        idle = self.idle_pool_names()
+        pool_dirs = {f"pool-{n}" for n in self.worker_names()}
+        left = []
+        for entry in sorted((self.tmp_dir / "tasks").iterdir()):
+            if entry.name in pool_dirs and entry.is_dir():
+                left += [f"{entry.name}/{sub.name}" for sub in sorted(entry.iterdir()) if sub.name not in idle]
+            else:
+                left.append(entry.name)
+        return left
+
+    # -- teardown
+
+    def all_procs(self) -> list[Proc]:
+        procs = [w.proc for w in self.workers.values()] + [a.proc for a in self.apis.values()]
+        return procs + [p for p in (self.redis_proc, self.proxy) if p is not None]
+
+    def stop_worker(self, short: str) -> list[str]:
+        """Stops a worker; removes (and returns) the containers it left."""
+        worker = self.workers[short]
+        worker.proc.stop(30)
+        return remove_containers(containers_of(worker.name))
+
+    def stop_all(self) -> list[str]:
+        """Stops the proxy, the apis, the workers, then Redis; removes (and
+        returns) the containers the workers left behind."""
+        if self.proxy:
+            self.proxy.stop(5)
+        for a in self.apis.values():
+            a.proc.stop(10)
+        for w in self.workers.values():
+            w.proc.stop(30)
+        if self.redis_proc:
+            self.redis_proc.stop(10)
+        if self._redis is not None:
+            self._redis.close()
+        return remove_containers(self.containers())
+
+    async def aclose(self) -> None:
+        """Closes the asyncio client (`aredis`), if one was made."""
+        if self._aredis is not None:
+            await self._aredis.aclose()
+            self._aredis = None
+
+    def logs(self) -> list[tuple[str, str]]:
+        return [(f"{p.name} log ({p.log_path})", p.log_tail(200)) for p in self.all_procs()]
+
+    def cleanup(self, keep: bool) -> None:
+        """Removes the temporary directory unless `keep` (then says where it is)."""
+        if keep:
+            print(f"script-runner logs and data kept in {self.tmp_dir}", flush=True)
+        else:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def wait_healthy(proc: Proc, url: str, deadline: float = STARTUP_DEADLINE) -> None:
+    """Until GET `url` answers 200; fails with the process's log if it exits."""
+    wait_until(f"GET {url} to answer 200", lambda: http_status(url) == 200, proc, deadline)

@@ -1,0 +1,30 @@
+//! `Ctx`: what the run loop, every task runner, the recovery and the reaper
+//! share: the worker's Redis access, its Docker handle, its configuration and
+//! warm pool, and the two things shutdown waits on.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::firewall::Firewall;
+use crate::pool::Pool;
+use crate::queue::Queue;
+use crate::sandbox::Sandbox;
+
+/// What every part of a running worker shares. Clones share it.
+#[derive(Clone)]
+pub struct Ctx {
+    pub queue: Queue,
+    pub sandbox: Sandbox,
+    pub config: Arc<Config>,
+    /// Cancelled when the worker's shutdown grace period is over.
+    pub abort: CancellationToken,
+    pub pool: Pool,
+    /// The task firewall, checked before each task starts (None with
+    /// `TASK_FIREWALL=off`).
+    pub firewall: Option<Firewall>,
+    /// Removals of ended tasks' containers and files, waited for at shutdown.
+    pub cleanups: TaskTracker,
+}

@@ -1,0 +1,210 @@
+//! Host firewall rules that keep tasks away from everything but the internet.
+//!
+//! Docker's bridge gives a container a route to the host and, through it, to the
+//! host's networks: Redis, the api, the cloud metadata service, other hosts on the
+//! LAN. The worker closes that at start (idempotently, atomically) with two chains
+//! of the tasks' bridge interface's own, and keeps them (`Firewall::ensure`, before
+//! every task and on every heartbeat):
+//!
+//! - `SR-IN-<bridge>`, jumped to from `INPUT`: a task may not talk to the host at
+//!   all (any port, any of the host's addresses).
+//! - `SR-FWD-<bridge>`, jumped to from `DOCKER-USER` (which Docker evaluates first in
+//!   `FORWARD`): a task may not reach IANA's special-purpose ranges that are not
+//!   globally reachable (private, link-local with the metadata service, shared,
+//!   loopback, documentation, benchmarking, reserved), multicast, or the cloud
+//!   metadata and wireserver addresses outside them (`BLOCKED`), nor any subnet the
+//!   host is attached to, nor the address of the Redis this worker uses (which
+//!   may be public: a central Redis serving workers on other hosts), nor
+//!   `TASK_BLOCKED_CIDRS`. The host's own DNS servers
+//!   stay reachable on port 53 so names still resolve. Everything else (the
+//!   internet) is forwarded and masqueraded as usual.
+//!
+//! Rejections answer at once (TCP reset / ICMP), so a probe fails fast instead of
+//! hanging. Traffic between tasks is already dropped by Docker (ICC off).
+//!
+//! `rules` decides what the chains hold and what is wrong with a listing (no
+//! I/O); `host` runs `iptables` and reads the host's addresses.
+
+mod host;
+mod rules;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tokio::sync::Mutex;
+
+use crate::metrics::Metrics;
+use host::{ensure_jump, iptables, restore, save};
+pub use rules::{BLOCKED, FWD_PREFIX, IN_PREFIX};
+use rules::{LEGACY_CHAINS, Wanted};
+
+/// How long a check (and its repair) may take before the rules count as not
+/// in place: a task never waits on a stuck `iptables` longer than this.
+const CHECK_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    #[error(
+        "cannot run {0}: {1} (the worker needs root and iptables to isolate tasks; \
+         set TASK_FIREWALL=off only on a machine you do not mind tasks reaching)"
+    )]
+    Spawn(&'static str, std::io::Error),
+    #[error("{cmd} failed: {stderr}")]
+    Failed { cmd: String, stderr: String },
+    #[error("cannot resolve the Redis host {host:?} to block it for tasks: {error}")]
+    Resolve { host: String, error: std::io::Error },
+    #[error("the rules are not in place and could not be reinstalled: {0}")]
+    Unrepaired(String),
+    #[error("checking the rules took more than {0} s (is iptables stuck on its lock?)")]
+    TooSlow(u64),
+    #[error(
+        "the tasks' bridge {bridge} has IPv6 address {addresses}, which the rules (IPv4) \
+         do not cover: tasks could reach the host and its networks over IPv6; remove the \
+         address, or the IPv6 setting of the task network that made it"
+    )]
+    BridgeHasIpv6 { bridge: String, addresses: String },
+}
+
+/// Installs the rules for tasks on bridge interface `bridge` and returns the
+/// guard that keeps them. `redis_url` names the Redis this worker uses: its
+/// addresses are refused too.
+pub async fn install(
+    bridge: &str,
+    extra_blocked: &[String],
+    redis_url: &str,
+    metrics: Metrics,
+) -> Result<Firewall, FirewallError> {
+    let dns = host::nameservers().await;
+    let subnets = host::host_subnets().await?;
+    let mut extra = host::redis_addresses(redis_url).await?;
+    extra.extend(extra_blocked.iter().cloned());
+    let wanted = Wanted::new(bridge, &dns, &subnets, &extra);
+    // A worker of an older version jumped from this bridge into chains every
+    // worker shared; ours replace those jumps (the shared chains stay for
+    // workers of other bridges that still use them).
+    for (parent, legacy) in LEGACY_CHAINS {
+        while iptables(&["-D", parent, "-i", bridge, "-j", legacy])
+            .await
+            .is_ok()
+        {}
+    }
+    // What another worker on this bridge added stays (see `rules::merged`).
+    let listing = save().await?;
+    reinstall(&wanted, &listing).await?;
+    let firewall = Firewall(Arc::new(Guard {
+        wanted,
+        metrics,
+        verified: Mutex::new(None),
+        intact: AtomicBool::new(false),
+    }));
+    // Read back at once (with the repair's retries, in case another worker
+    // rewrote the chains meanwhile): rules that do not read back as written
+    // would otherwise be "repaired" on every check.
+    firewall.check_and_repair().await?;
+    firewall.0.intact.store(true, Ordering::SeqCst);
+    firewall.0.metrics.set_firewall_intact(true);
+    tracing::info!(
+        bridge,
+        chains = %format!("{} {}", firewall.0.wanted.chain_in, firewall.0.wanted.chain_fwd),
+        blocked = subnets.len() + BLOCKED.len() + extra.len(),
+        "task firewall installed"
+    );
+    Ok(firewall)
+}
+
+/// The installed firewall, checked and repaired on demand. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Firewall(Arc<Guard>);
+
+#[derive(Debug)]
+struct Guard {
+    wanted: Wanted,
+    metrics: Metrics,
+    /// When the last check that found the rules in place began.
+    verified: Mutex<Option<Instant>>,
+    /// What the last check found (or its repair made).
+    intact: AtomicBool,
+}
+
+impl Firewall {
+    /// Makes sure every rule and jump is in place now: reads the filter table
+    /// (one `iptables-save`, a few ms) and, if anything is missing or altered,
+    /// reinstalls the rules (a warning naming what was wrong, and
+    /// `script_runner_worker_firewall_repairs_total`). Callers at the same
+    /// moment share one check, but never one that began before they asked.
+    /// An error means the rules are not in place: no task may start.
+    pub async fn ensure(&self) -> Result<(), FirewallError> {
+        let asked = Instant::now();
+        let mut verified = self.0.verified.lock().await;
+        if verified.is_some_and(|at| at >= asked) {
+            return Ok(());
+        }
+        let began = Instant::now();
+        let r = tokio::time::timeout(CHECK_LIMIT, self.check_and_repair())
+            .await
+            .unwrap_or(Err(FirewallError::TooSlow(CHECK_LIMIT.as_secs())));
+        *verified = r.is_ok().then_some(began);
+        self.0.intact.store(r.is_ok(), Ordering::SeqCst);
+        self.0.metrics.set_firewall_intact(r.is_ok());
+        if let Err(e) = &r {
+            tracing::error!(error = %e, "task firewall is not in place; no task starts until it is");
+        }
+        r
+    }
+
+    /// What the last check found: false once a check failed to repair the rules.
+    pub fn intact(&self) -> bool {
+        self.0.intact.load(Ordering::SeqCst)
+    }
+
+    async fn check_and_repair(&self) -> Result<(), FirewallError> {
+        let wanted = &self.0.wanted;
+        // The rules are IPv4 only, so a bridge that routes IPv6 has none: nothing
+        // to repair (the address is the operator's or the engine's), no task
+        // starts until it is gone.
+        let v6 = host::ipv6_addresses(&wanted.bridge).await?;
+        if !v6.is_empty() {
+            return Err(FirewallError::BridgeHasIpv6 {
+                bridge: wanted.bridge.clone(),
+                addresses: v6.join(", "),
+            });
+        }
+        let mut listing = save().await?;
+        let found = wanted.problems(&listing);
+        if found.is_empty() {
+            return Ok(());
+        }
+        // Another worker rewriting the chains at the same moment can undo a
+        // repair: a few attempts.
+        for _ in 0..3 {
+            reinstall(wanted, &listing).await?;
+            listing = save().await?;
+            if wanted.problems(&listing).is_empty() {
+                self.0.metrics.firewall_repaired();
+                tracing::warn!(
+                    problems = %found.join("; "),
+                    "task firewall was missing or altered; reinstalled it"
+                );
+                return Ok(());
+            }
+        }
+        Err(FirewallError::Unrepaired(
+            wanted.problems(&listing).join("; "),
+        ))
+    }
+}
+
+/// Rewrites both chains (atomically) with this worker's rules plus what
+/// `listing` shows that is tolerated there, then puts each jump first.
+async fn reinstall(wanted: &Wanted, listing: &str) -> Result<(), FirewallError> {
+    restore(&wanted.restore_input(listing)).await?;
+    for (parent, target) in wanted.jumps() {
+        if wanted.jump_is_late(listing, parent, target) {
+            // There, but after something else: moved to the front.
+            let _ = iptables(&["-D", parent, "-i", &wanted.bridge, "-j", target]).await;
+        }
+        ensure_jump(parent, &wanted.bridge, target).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,119 @@
+//! A task container's life after creation: attach, start, wait, kill, remove;
+//! and the removal of every container a worker left behind (by its label).
+
+use std::collections::HashMap;
+
+use bollard::errors::Error as DockerError;
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+
+use super::{LABEL_WORKER, OutputStream, Sandbox, SandboxError, StdinWriter};
+use crate::metrics::Op;
+
+impl Sandbox {
+    /// Attaches to stdout and stderr, and to stdin if `stdin` (the container must
+    /// have been created with it). Call before `start` so no byte is missed.
+    pub async fn attach(
+        &self,
+        id: &str,
+        stdin: bool,
+    ) -> Result<(OutputStream, Option<StdinWriter>), SandboxError> {
+        let opts = AttachContainerOptionsBuilder::default()
+            .stdout(true)
+            .stderr(true)
+            .stdin(stdin)
+            .stream(true)
+            .logs(false)
+            .build();
+        let attach = self.docker.attach_container(id, Some(opts));
+        let attached = self.metrics.docker(Op::Attach, attach).await?;
+        Ok((attached.output, stdin.then_some(attached.input)))
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), SandboxError> {
+        Ok(self
+            .metrics
+            .docker(Op::Start, self.docker.start_container(id, None))
+            .await?)
+    }
+
+    /// Waits for the container to exit; returns its exit code.
+    pub async fn wait(&self, id: &str) -> Result<i64, SandboxError> {
+        let mut s = self.docker.wait_container(id, None);
+        match s.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            // bollard reports a non-zero exit as an error: it is a normal exit.
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(e.into()),
+            None => Err(SandboxError::WaitEnded),
+        }
+    }
+
+    /// Whether the kernel OOM-killed the container (unreliable on cgroup v2).
+    pub async fn oom_killed(&self, id: &str) -> bool {
+        self.docker
+            .inspect_container(id, None)
+            .await
+            .ok()
+            .and_then(|c| c.state)
+            .and_then(|s| s.oom_killed)
+            .unwrap_or(false)
+    }
+
+    pub async fn kill(&self, id: &str) {
+        let opts = KillContainerOptionsBuilder::default()
+            .signal("SIGKILL")
+            .build();
+        if let Err(e) = self.docker.kill_container(id, Some(opts)).await {
+            tracing::debug!(container = id, error = %e, "kill (container may have exited already)");
+        }
+    }
+
+    /// Removes a container whatever its state. Errors are logged, not returned:
+    /// the orphan sweep at the next start catches what is left.
+    pub async fn remove(&self, id: &str) {
+        let opts = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        let remove = self.docker.remove_container(id, Some(opts));
+        if let Err(e) = self.metrics.docker(Op::Remove, remove).await {
+            tracing::warn!(container = id, error = %e, "could not remove task container");
+        }
+    }
+
+    /// Removes every container on this host that worker `owner` made (task and
+    /// warm pool containers alike): this worker's own at start-up (left by a
+    /// previous run that died), or a dead worker's that shared this Docker engine.
+    /// With `created_before` (Unix seconds), only containers created before then:
+    /// a dead worker's, not those of a new process that took its name meanwhile.
+    /// Returns the names of the containers removed.
+    pub async fn remove_containers_of(
+        &self,
+        owner: &str,
+        created_before: Option<i64>,
+    ) -> Result<Vec<String>, SandboxError> {
+        let filters =
+            HashMap::from([("label".to_owned(), vec![format!("{LABEL_WORKER}={owner}")])]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let containers = self.docker.list_containers(Some(opts)).await?;
+        let mut removed = Vec::new();
+        for c in containers {
+            if created_before.is_some_and(|t| c.created.is_none_or(|made| made >= t)) {
+                continue;
+            }
+            if let Some(id) = c.id {
+                self.remove(&id).await;
+                let name = c.names.and_then(|n| n.into_iter().next()).unwrap_or(id);
+                removed.push(name.trim_start_matches('/').to_owned());
+            }
+        }
+        Ok(removed)
+    }
+}

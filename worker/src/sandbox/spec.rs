@@ -1,0 +1,323 @@
+//! What a task's container is made of (the image, the prelude, caps, mounts,
+//! network, user), and its creation, cold (`create`) or warm (`create_warm`):
+//! both get the same hardening.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, CreateImageOptionsBuilder};
+use futures_util::StreamExt;
+use shared::options::Network;
+use shared::task::self_deadline_seconds;
+
+use super::prelude::{COLLECT_MOUNT, SOURCE_MOUNT, container_command, task_env};
+use super::{LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
+use crate::metrics::Op;
+
+/// The longest timeout the api accepts (`MAX_TIMEOUT_SECONDS` at most).
+const MAX_TASK_SECONDS: u64 = 86_400;
+
+/// How long a cold container's first process outlives the task's own
+/// deadline: long enough for the worker to read its usage after any end.
+const COLD_IDLE_GRACE_SECONDS: u64 = 5;
+
+/// Mount flags of /workspace and /tmp (`HOME`), before their size and mode.
+const TMPFS_FLAGS: &str = "rw,exec,nosuid,nodev";
+
+/// The program the kernel pipes crashes to, from `kernel.core_pattern`
+/// (`|/usr/lib/systemd/systemd-coredump %P ...`); `None` for a file pattern.
+/// The kernel starts such a helper, as root, for every crash whatever the
+/// crashing process's core limit (it only passes the limit on), so the tasks'
+/// core limit of 0 cannot stop it: the worker says so at start.
+pub fn core_dump_helper(core_pattern: &str) -> Option<&str> {
+    core_pattern
+        .trim()
+        .strip_prefix('|')?
+        .split_whitespace()
+        .next()
+}
+
+/// What a task's container is made of.
+pub struct ContainerSpec<'a> {
+    pub task_id: &'a str,
+    pub image: &'a str,
+    /// The user's shell one-liner.
+    pub command: &'a str,
+    /// The extracted zip on the host, if any.
+    pub source: Option<&'a Path>,
+    pub timeout_seconds: u64,
+    /// Extra environment variables, as the api checked them.
+    pub env: &'a [(String, String)],
+    pub network: Network,
+    /// Whether the script gets a stdin (the exec's own, written, then closed).
+    pub stdin: bool,
+    /// `collect`: the collection pipe on the host and the patterns.
+    pub collect: Option<(&'a Path, &'a [String])>,
+}
+
+impl ContainerSpec<'_> {
+    /// The prelude running the task, as the container's command (cold) or as an
+    /// exec (warm).
+    pub(super) fn prelude(&self) -> Vec<String> {
+        container_command(
+            self.command,
+            self.source.is_some(),
+            self_deadline_seconds(self.timeout_seconds),
+            self.collect.map_or(&[][..], |(_, patterns)| patterns),
+        )
+    }
+
+    /// The name of the task's container, cold or warm (a warm one is renamed):
+    /// `sr-<task_id>`.
+    pub(super) fn container_name(&self) -> String {
+        format!("sr-{}", self.task_id)
+    }
+}
+
+/// A warm pool container to be.
+pub struct WarmSpec<'a> {
+    /// The container's name (`pool_container_name`).
+    pub name: &'a str,
+    pub runtime: &'a str,
+    pub image: &'a str,
+    /// Mounted where a cold task's extracted zip is: filled at claim.
+    pub source: &'a Path,
+    /// The collection pipe, mounted ahead of time.
+    pub fifo: &'a Path,
+    pub max_age: Duration,
+}
+
+/// Host paths mounted into a task container.
+struct Mounts<'a> {
+    source: Option<&'a Path>,
+    collect: Option<&'a Path>,
+}
+
+impl Sandbox {
+    /// Creates and starts a task's own container (a cold start); pulls the
+    /// image once if it is missing. Returns the container id.
+    ///
+    /// Its first process only sleeps: the task runs in it as an exec
+    /// (`exec_task`), as in a warm container, so that when the task's process
+    /// exits the container and its cgroup are still there to be read
+    /// (`probe`: usage, OOM kills). The sleep ends `COLD_IDLE_GRACE` after the
+    /// task's own deadline, so a container whose worker died ends by itself,
+    /// soon after its task.
+    ///
+    /// The extracted zip (`source`, on the host) is mounted read-only and copied
+    /// into /workspace by the prelude before the command runs.
+    pub async fn create(&self, spec: &ContainerSpec<'_>) -> Result<String, SandboxError> {
+        let mounts = Mounts {
+            source: spec.source,
+            collect: spec.collect.map(|(fifo, _)| fifo),
+        };
+        let idle_seconds = self_deadline_seconds(spec.timeout_seconds) + COLD_IDLE_GRACE_SECONDS;
+        let body = ContainerCreateBody {
+            image: Some(spec.image.to_owned()),
+            cmd: Some(vec!["sleep".to_owned(), idle_seconds.to_string()]),
+            env: Some(task_env(&[])),
+            labels: Some(HashMap::from([
+                (LABEL_TASK.to_owned(), spec.task_id.to_owned()),
+                (LABEL_WORKER.to_owned(), self.worker.clone()),
+            ])),
+            host_config: Some(self.host_config(&mounts, spec.network)),
+            ..self.base_body()
+        };
+        let id = self
+            .create_named(&spec.container_name(), spec.image, body)
+            .await?;
+        if let Err(e) = self.start(&id).await {
+            self.remove(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// Creates and starts a warm pool container: the very container a cold task
+    /// of this image gets (caps, mounts, network, user), with its source
+    /// directory and collection pipe mounted ahead of time (a running container
+    /// cannot get a new mount), idle until `exec_task` hands it one task.
+    ///
+    /// Its only process sleeps: no CPU, no traffic. The sleep outlives any task
+    /// (`max_age` idle, then at most the longest timeout), so a pool container
+    /// whose worker died and never came back ends by itself.
+    pub async fn create_warm(&self, warm: &WarmSpec<'_>) -> Result<String, SandboxError> {
+        let idle_seconds = warm.max_age.as_secs() + MAX_TASK_SECONDS + 120;
+        let body = ContainerCreateBody {
+            image: Some(warm.image.to_owned()),
+            cmd: Some(vec!["sleep".to_owned(), idle_seconds.to_string()]),
+            env: Some(task_env(&[])),
+            labels: Some(HashMap::from([
+                (LABEL_WORKER.to_owned(), self.worker.clone()),
+                (LABEL_POOL.to_owned(), warm.runtime.to_owned()),
+            ])),
+            host_config: Some(self.host_config(
+                &Mounts {
+                    source: Some(warm.source),
+                    collect: Some(warm.fifo),
+                },
+                Network::Internet,
+            )),
+            ..self.base_body()
+        };
+        let id = self.create_named(warm.name, warm.image, body).await?;
+        if let Err(e) = self.start(&id).await {
+            self.remove(&id).await;
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// What every task container has, cold or warm.
+    fn base_body(&self) -> ContainerCreateBody {
+        ContainerCreateBody {
+            working_dir: Some("/workspace".into()),
+            user: Some(self.limits.user.clone()),
+            tty: Some(false),
+            ..Default::default()
+        }
+    }
+
+    async fn create_named(
+        &self,
+        name: &str,
+        image: &str,
+        body: ContainerCreateBody,
+    ) -> Result<String, SandboxError> {
+        let opts = CreateContainerOptionsBuilder::default().name(name).build();
+        let create = self
+            .docker
+            .create_container(Some(opts.clone()), body.clone());
+        match self.metrics.docker(Op::Create, create).await {
+            Ok(r) => Ok(r.id),
+            Err(DockerError::DockerResponseServerError {
+                status_code: 404, ..
+            }) => {
+                self.pull(image).await?;
+                let create = self.docker.create_container(Some(opts), body);
+                Ok(self.metrics.docker(Op::Create, create).await?.id)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The hardening and caps every task container gets.
+    fn host_config(&self, mounts: &Mounts<'_>, network: Network) -> HostConfig {
+        let l = &self.limits;
+        let memory = (l.memory_mib * 1024 * 1024) as i64;
+        let mut binds: Vec<String> = Vec::new();
+        if let Some(src) = mounts.source {
+            binds.push(format!("{}:{SOURCE_MOUNT}:ro", src.display()));
+        }
+        // A pipe, not a file: what the prelude writes goes to the worker's
+        // memory (bounded by what it reads), never to the host's disk.
+        if let Some(fifo) = mounts.collect {
+            binds.push(format!("{}:{COLLECT_MOUNT}", fifo.display()));
+        }
+        HostConfig {
+            binds: (!binds.is_empty()).then_some(binds),
+            memory: Some(memory),
+            // Equal to memory: no swap on top of the cap.
+            memory_swap: Some(memory),
+            nano_cpus: Some((l.cpus * 1e9) as i64),
+            pids_limit: Some(l.pids),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(self.tmpfs_mounts()),
+            ulimits: Some(vec![
+                ResourcesUlimits {
+                    name: Some("nofile".into()),
+                    soft: Some(l.nofile),
+                    hard: Some(l.nofile),
+                },
+                // No core dumps: a crash writes no core file, and a host whose
+                // core_pattern pipes to a helper (systemd-coredump) has it store
+                // nothing (docs/security.md says what that does not stop).
+                ResourcesUlimits {
+                    name: Some("core".into()),
+                    soft: Some(0),
+                    hard: Some(0),
+                },
+            ]),
+            network_mode: Some(match network {
+                Network::Internet => l.network.clone(),
+                // Docker's "none": a loopback interface and nothing else.
+                Network::None => "none".to_owned(),
+            }),
+            // docker-init as PID 1, so neither `timeout` nor the script is: the
+            // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it
+            // would defeat busybox's `timeout`, which execs the command in place),
+            // and init reaps orphaned zombies whatever the script leaves behind.
+            init: Some(true),
+            // Output is streamed through attach; Docker keeps no log of its own,
+            // so a flood cannot fill the host's disk.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            // TASK_OCI_RUNTIME (e.g. runsc); none: the engine's default (runc).
+            runtime: l.oci_runtime.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// /workspace and /tmp are size-capped tmpfs mounts (/workspace owned by the
+    /// task's user), so a task can never fill the host's disk.
+    ///
+    /// `exec` explicitly: Docker mounts a tmpfs noexec unless told otherwise, and
+    /// a task must run what it brings or installs (`./run.sh`,
+    /// `node_modules/.bin/*`, compiled Python packages). `nosuid` and `nodev` are
+    /// what keep a task's files from raising privileges.
+    fn tmpfs_mounts(&self) -> HashMap<String, String> {
+        let l = &self.limits;
+        let owner = match crate::workspace::parse_owner(&l.user) {
+            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
+            None => "mode=1777".to_owned(),
+        };
+        HashMap::from([
+            (
+                "/tmp".to_owned(),
+                format!("{TMPFS_FLAGS},size={}m,mode=1777", l.tmpfs_mib),
+            ),
+            (
+                "/workspace".to_owned(),
+                format!("{TMPFS_FLAGS},size={}m,{owner}", l.disk_mib),
+            ),
+        ])
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), SandboxError> {
+        tracing::info!(image, "pulling missing runtime image");
+        let opts = CreateImageOptionsBuilder::default()
+            .from_image(image)
+            .build();
+        let mut progress = self.docker.create_image(Some(opts), None, None);
+        while let Some(step) = progress.next().await {
+            step.map_err(|source| SandboxError::ImageMissing {
+                image: image.to_owned(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::core_dump_helper;
+
+    #[test]
+    fn a_piping_core_pattern_names_its_helper_and_a_file_pattern_none() {
+        let systemd = "|/usr/lib/systemd/systemd-coredump %P %u %g %s %t %c %h\n";
+        assert_eq!(
+            core_dump_helper(systemd),
+            Some("/usr/lib/systemd/systemd-coredump")
+        );
+        assert_eq!(core_dump_helper("core\n"), None);
+        assert_eq!(core_dump_helper("/var/crash/core.%e.%p"), None);
+    }
+}
