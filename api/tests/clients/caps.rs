@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use testkit::process::ApiProcess;
 use testkit::*;
-use tokio::net::TcpStream;
 
 use crate::wire::*;
 
@@ -20,11 +19,8 @@ async fn past_the_connection_cap_clients_get_503_and_freed_slots_serve_again() {
         ],
     )
     .await;
-    // Connections are accepted in order, so the 17th finds the 16 slots taken.
-    let mut held = Vec::new();
-    for _ in 0..16 {
-        held.push(TcpStream::connect(api.addr).await.expect("connect"));
-    }
+    // Sixteen connections that each hold a slot, so the 17th finds none free.
+    let held = hold_served_connections(api.addr, 16).await;
     let answer = exchange(api.addr, head(false, "Content-Length: 0\r\n").as_bytes()).await;
     assert_eq!(
         status_of(&answer),

@@ -317,6 +317,38 @@ pub async fn finish_held(mut s: TcpStream) -> Vec<u8> {
     read_response(&mut s, Duration::from_secs(30)).await
 }
 
+/// `n` open connections to `addr`, each proven to hold one of the api's
+/// connection slots: each has been served a `GET /healthz` and stays open
+/// (keep-alive). Connecting alone proves nothing: a connection the api has not
+/// yet seen close (`ApiProcess::start`'s own health check, dropped an instant
+/// ago) may still hold a slot, so one of ours is refused and, when that one
+/// frees, a slot is open past the cap. Then all are closed and it starts over.
+pub async fn hold_served_connections(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut held = Vec::new();
+        let mut all_served = true;
+        for _ in 0..n {
+            let mut s = TcpStream::connect(addr).await.expect("connect");
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                .await
+                .expect("write");
+            let answer = read_response(&mut s, Duration::from_secs(30)).await;
+            all_served &= status_of(&answer) == Some(200);
+            held.push(s);
+        }
+        if all_served {
+            return held;
+        }
+        drop(held);
+        assert!(
+            Instant::now() < deadline,
+            "{n} connections to {addr} were never all served at once"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Holds `holds` requests from `local` in flight (`hold_request`, with the
 /// header lines `extra`), then sends `request` from `local`, until that is
 /// refused with 429 while the held ones stay in flight. Returns the held
