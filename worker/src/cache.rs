@@ -453,7 +453,7 @@ struct File {
     bytes: u64,
     /// The later of its last access and change, as far as the mount keeps
     /// them: how recently a task used it.
-    used: i64,
+    used: SystemTime,
 }
 
 /// What `trim` left and removed.
@@ -509,7 +509,10 @@ fn files(dir: &Path) -> Vec<File> {
                 found.push(File {
                     path,
                     bytes: meta.blocks() * 512,
-                    used: meta.atime().max(meta.mtime()),
+                    used: meta
+                        .accessed()
+                        .unwrap_or(SystemTime::UNIX_EPOCH)
+                        .max(meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)),
                 });
             } else {
                 // A link (or pipe, socket): unlink removes the entry itself.
