@@ -7,6 +7,7 @@ first left. Run through scripts/bench.sh --cache (or directly, with --bin-dir).
 Task containers reach no registry here (the firewall, and CI has no internet),
 so every install is offline, from what the task's zip brings:
 
+  npm ci, no dependencies  what any npm ci costs here (npm's own start): the floor
   npm ci, test project   the e2e test project (tests/projects.rs): one dependency
                          as an `npm pack` tarball, `file:` in the lockfile
   npm ci, registry       --packages generated packages (a few files each) served
@@ -228,8 +229,14 @@ def main() -> int:
         api = stack.add_api("api")
         stack.start_api("api")
         url = api.mcp_url
-        npm = "npm ci --no-audit --no-fund --prefer-online"
+        npm = "npm ci --no-audit --no-fund"
+        empty = zip_of({
+            "package.json": json.dumps({"name": "empty", "version": "1.0.0", "private": True}).encode(),
+            "package-lock.json": json.dumps({"name": "empty", "version": "1.0.0", "lockfileVersion": 3, "requires": True,
+                                             "packages": {"": {"name": "empty", "version": "1.0.0"}}}).encode(),
+        })  # fmt: skip
         cases = [
+            ("npm ci, no dependencies", "node24", "", npm, empty),
             ("npm ci, test project", "node24", "", npm, npm_test_project(stack.tmp_dir / "fixture")),
             ("npm ci, registry", "node24",
              "(node serve.js &) ; for i in $(seq 100); do [ -f ready ] && break; sleep 0.05; done; ",
@@ -250,7 +257,7 @@ def main() -> int:
                 second.append(run_task(stack, url, runtime, timed(setup, command), zip_bytes))
             results[name] = {"first_ms": first, "second_ms": second}
             f, s = statistics.median(first), statistics.median(second)
-            print(f"  {name:22} first {f:7.0f} ms   second {s:7.0f} ms   second/first {s / f:.2f}   (first {first}, second {second})")
+            print(f"  {name:24} first {f:7.0f} ms   second {s:7.0f} ms   second/first {s / f:.2f}   (first {first}, second {second})")
         status = 0
     except (HarnessError, TimeoutError) as e:
         print(f"\nbench cache: {e}", file=sys.stderr)
