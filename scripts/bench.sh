@@ -6,6 +6,8 @@
 #   ./scripts/bench.sh --quick          # tiny sizes, debug binaries: proves the tool works (CI)
 #   ./scripts/bench.sh --bin-dir DIR    # binaries already built elsewhere
 #   ./scripts/bench.sh --help           # every option (sections, sizes, pool size)
+#   ./scripts/bench.sh --cache [--quick] # the dependency caches' effect instead
+#                                        # (scripts/bench/cache.py: npm ci, pip install)
 #
 # Sets up what it needs, idempotently: wrk and redis-server (apt), the MCP Python SDK
 # and redis-py (pip, into .venv), the runtime image (scripts/build-test-image.sh). Needs a Docker
@@ -15,7 +17,11 @@ cd "$(dirname "$0")/.."
 
 quick=0
 bin_dir=""
-args=("$@")
+program=scripts/bench/bench.py
+args=()
+for a in "$@"; do
+    if [[ "$a" == --cache ]]; then program=scripts/bench/cache.py; else args+=("$a"); fi
+done
 for ((i = 0; i < ${#args[@]}; i++)); do
     case "${args[i]}" in
         --quick) quick=1 ;;
@@ -60,4 +66,4 @@ if [[ "$image" == script-runner-test/* ]] && ! docker image inspect "$image" >/d
     ./scripts/build-test-image.sh
 fi
 
-exec .venv/bin/python scripts/bench/bench.py "${args[@]}"
+exec .venv/bin/python "$program" "${args[@]}"

@@ -26,8 +26,9 @@
 #        - at the same time, the suites that run tasks again without the pool
 #          (TEST_POOL_SIZE=0), so both paths pass everything
 #   5. pytest tests/python (end to end through the official Python MCP SDK) with and
-#      without the pool side by side, then scripts/bench.sh --quick (the benchmark tool
-#      at a tiny size, so it keeps working; its figures mean nothing), then
+#      without the pool side by side, then scripts/bench.sh --quick and --cache --quick
+#      (the benchmark tools at a tiny size, so they keep working; their figures mean
+#      nothing), then
 #      tests/reliability/faults.py at a small size (40 tasks: workers, Redis and an api
 #      replica killed mid-run, nothing lost), with and without the pool
 #
@@ -194,6 +195,7 @@ await pytest-no-pool
 # The benchmark tool, tiny, on the debug binaries above: proves it still works
 # (BENCHMARKS.md; tests never assert on timings).
 ./scripts/bench.sh --quick --bin-dir target/debug
+./scripts/bench.sh --cache --quick --bin-dir target/debug
 # Faults under load, small: docs/evidence/faults.md has the full-size figures.
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300 --pool-size 0

@@ -8,7 +8,7 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, AsyncCommands};
 use shared::apikey::{ApiKeyRecord, Limits};
 use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, parse_heartbeat};
-use shared::options::Network;
+use shared::options::{CacheUse, Network};
 use shared::record::RecordError;
 use shared::scripts::{KillReply, ScriptCall, Submit, SubmitReply};
 use shared::task::KILLED_BY_USER_REASON;
@@ -85,6 +85,8 @@ pub struct NewTask<'a> {
     /// Extra environment, as the JSON object stored in the record.
     pub env_json: Option<String>,
     pub network: Network,
+    /// Whether the task uses its owner's dependency caches.
+    pub cache: CacheUse,
     /// `collect` patterns, as the JSON array stored in the record.
     pub collect_json: Option<String>,
     /// How long the task index keeps an entry: the record's retention and then some.
@@ -342,6 +344,7 @@ impl Store {
             has_stdin: Some(t.stdin.is_some()),
             env,
             network: Some(t.network),
+            cache: Some(t.cache),
             collect,
             stdout_bytes: Some(0),
             stderr_bytes: Some(0),

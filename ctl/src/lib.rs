@@ -8,6 +8,8 @@
 //! - `task ID`: one task's record and output tails, `--follow` to watch them grow;
 //! - `keys create|list|revoke|rotate`: API keys (`keys`).
 //! - `usage`: what each owner's tasks used in all, the heaviest first.
+//! - `cache clear`: asks the workers to empty dependency caches (`cache`:
+//!   writes one counter, `HINCRBY`, so as `admin` like `keys`).
 //! - `redis load-functions|functions|prune-functions`: the Lua functions
 //!   library, one per build (`functions`).
 //!
@@ -19,6 +21,7 @@
 //! `SSCAN`, `MGET`, `PTTL`, `XLEN`, `XPENDING`, `XRANGE`, `HMGET`, `HGETALL`, `ZREVRANGE`,
 //! `ZCARD`.
 
+pub mod cache;
 pub mod functions;
 pub mod keys;
 pub mod read;

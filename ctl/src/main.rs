@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use script_runner_ctl::functions::FunctionsAdmin;
 use script_runner_ctl::keys::{IssuedKey, KeyAdmin, render_list};
 use script_runner_ctl::read::{Reader, TaskView};
-use script_runner_ctl::{Config, render, top, usage};
+use script_runner_ctl::{Config, cache, render, top, usage};
 use shared::apikey::{Limits, Scopes};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 
@@ -62,6 +62,27 @@ enum Command {
     /// This build's Lua functions in Redis (as Redis's admin user).
     #[command(subcommand)]
     Redis(RedisCommand),
+    /// The workers' dependency caches (pip, npm) kept per owner.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Have every worker empty an owner's caches (or all) before their next
+    /// use. Exactly one of --owner, --admin, --all.
+    #[command(group(clap::ArgGroup::new("whose").required(true).args(["owner", "admin", "all"])))]
+    Clear {
+        /// The owner: an API key's name or oauth:<subject>.
+        #[arg(long)]
+        owner: Option<String>,
+        /// The caches of the admin key's tasks.
+        #[arg(long)]
+        admin: bool,
+        /// Every owner's caches.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -133,9 +154,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Redis(cmd) = cli.command {
         return redis_functions(&config, cmd, cli.json).await;
     }
+    if let Command::Cache(CacheCommand::Clear { owner, admin, all }) = cli.command {
+        let whose = match (owner, admin, all) {
+            (Some(name), ..) => cache::Whose::Owner(name),
+            (None, true, _) => cache::Whose::Admin,
+            _ => cache::Whose::All,
+        };
+        let generation = cache::clear(&config, &whose).await?;
+        if cli.json {
+            let out =
+                serde_json::json!({"cleared": format!("{whose:?}"), "generation": generation});
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            eprintln!(
+                "asked every worker to clear {whose:?}'s dependency caches (generation {generation}); \
+                 each does before it next lends them"
+            );
+        }
+        return Ok(());
+    }
     let reader = Reader::new(&config).await?;
     match cli.command {
-        Command::Keys(_) | Command::Redis(_) => {}
+        Command::Keys(_) | Command::Redis(_) | Command::Cache(_) => {}
         Command::Status => {
             let s = reader.status().await?;
             if cli.json {

@@ -293,6 +293,7 @@ fn keys_in_code() -> Vec<(&'static str, String)> {
         ("owner_usage", k.owner_usage(OWNER)),
         ("usage_owners", k.usage_owners()),
         ("usage_totals", k.usage_totals()),
+        ("cache_clears", k.cache_clears()),
         (
             "stats_minute",
             k.stats_minute(minute).replace(&minute.to_string(), MINUTE),

@@ -210,10 +210,11 @@ async fn a_node_project_installs_its_dependencies_and_runs_its_tests() {
     let client = stack.client().await;
     // npm install, then npm test (whose script runs node_modules/.bin/shout),
     // then npm ci from the lockfile install just wrote, and npx; npm's cache
-    // must be under $HOME.
+    // is the owner's dependency cache, writable.
     let command = format!(
         "npm install && npm test && npm ci && npx shout via npx && \
-         test -d \"$HOME/.npm/_cacache\" && echo cache-in-home && {PRINT_PEAK_MEMORY}"
+         test -d \"$(npm config get cache)/_cacache\" && npm config get cache && \
+         echo cache-writable && {PRINT_PEAK_MEMORY}"
     );
     let started = Instant::now();
     let s = run_to_end_within(
@@ -227,7 +228,13 @@ async fn a_node_project_installs_its_dependencies_and_runs_its_tests() {
     report_peak("npm install && npm test && npm ci", &s, started.elapsed());
     assert_eq!(s["state"], "succeeded", "{s}");
     let out = s["stdout_tail"].as_str().unwrap_or_default();
-    for expected in ["TESTS PASS!", "test.js ok", "VIA NPX!", "cache-in-home"] {
+    for expected in [
+        "TESTS PASS!",
+        "test.js ok",
+        "VIA NPX!",
+        "/.sr-cache/c/npm\n",
+        "cache-writable",
+    ] {
         assert!(out.contains(expected), "{expected:?} missing from {out}");
     }
     stack.shutdown().await;
@@ -332,7 +339,7 @@ async fn a_python_project_installs_wheels_with_pip_user_and_loads_compiled_code(
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
     // `greet` is a console script in ~/.local/bin, run by name; pip's cache is
-    // under $HOME.
+    // the owner's dependency cache.
     let command = format!(
         "pip install --user ./wheels/*.whl && python -m unittest -v && greet && \
          pip cache dir && {PRINT_PEAK_MEMORY}"
@@ -353,7 +360,7 @@ async fn a_python_project_installs_wheels_with_pip_user_and_loads_compiled_code(
     );
     assert_unittest_passed(&s, 3);
     let out = s["stdout_tail"].as_str().unwrap_or_default();
-    assert!(out.lines().any(|l| l == "/tmp/.cache/pip"), "{out}");
+    assert!(out.lines().any(|l| l == "/.sr-cache/c/pip"), "{out}");
     stack.shutdown().await;
 }
 

@@ -148,6 +148,15 @@ impl Keys {
     pub fn usage_totals(&self) -> String {
         format!("{}:usage:totals", self.prefix)
     }
+
+    /// Requests to clear the workers' dependency caches (hash: a cache's
+    /// `cache::owner_id`, or `cache::ALL_OWNERS`, to a generation counted up by
+    /// each `script-runner-ctl cache clear`). A worker empties an owner's cache
+    /// whose generations changed since it last looked. Kept forever (one field
+    /// per owner ever cleared).
+    pub fn cache_clears(&self) -> String {
+        format!("{}:cache:clears", self.prefix)
+    }
 }
 
 /// A worker's heartbeat value, as `key=value` words separated by spaces:
@@ -334,6 +343,8 @@ pub enum Field {
     UsagePeakMemoryBytes,
     /// Bytes in /workspace when the task ended.
     UsageWorkspaceBytes,
+    /// `CacheUse::as_str()`: `owner` or `none` (absent: `owner`).
+    Cache,
 }
 
 stored_names!(Field, parse "task record field");
@@ -434,6 +445,7 @@ mod tests {
                 "usage_cpu_ms",
                 "usage_peak_memory_bytes",
                 "usage_workspace_bytes",
+                "cache",
             ]
         );
         for &f in Field::ALL {

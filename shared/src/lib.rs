@@ -6,6 +6,7 @@
 //! both binaries (and ops reading Redis by hand) see one definition of each.
 
 pub mod apikey;
+pub mod cache;
 pub mod envvar;
 pub mod functions;
 pub mod keys;

@@ -39,6 +39,38 @@ pub enum Network {
 
 stored_names!(Network, parse "network");
 
+/// Whether a task's pip and npm caches persist: the owner's own, kept on the
+/// worker host between its tasks (docs/sandbox.md, dependency caches), or none.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = CacheUse::unknown)]
+pub enum CacheUse {
+    /// The owner's caches on the worker host, if free (not lent to another of
+    /// its running tasks) and the worker keeps caches.
+    #[default]
+    Owner,
+    /// Empty caches in the task's /tmp; the owner's are neither read nor written.
+    None,
+}
+
+stored_names!(CacheUse, parse "cache");
+
 /// At most this many extra environment variables per task.
 pub const MAX_ENV_VARS: usize = 64;
 /// At most this many bytes of names and values together.
@@ -141,6 +173,14 @@ mod tests {
         assert_eq!(check_env(&many), Err(EnvError::TooMany(MAX_ENV_VARS + 1)));
         let big = env(&[("BIG", &"x".repeat(MAX_ENV_BYTES))]);
         assert!(matches!(check_env(&big), Err(EnvError::TooLarge(_))));
+    }
+
+    #[test]
+    fn cache_uses_round_trip() {
+        for c in [CacheUse::Owner, CacheUse::None] {
+            assert_eq!(c.as_str().parse::<CacheUse>(), Ok(c));
+        }
+        assert_eq!(CacheUse::default(), CacheUse::Owner);
     }
 
     #[test]

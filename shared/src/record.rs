@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use crate::keys::Field;
-use crate::options::Network;
+use crate::options::{CacheUse, Network};
 use crate::task::{ReasonKind, TaskState};
 
 /// A task record, typed. Timestamps are Unix milliseconds by Redis's clock.
@@ -56,6 +56,8 @@ pub struct TaskRecord {
     pub usage_cpu_ms: Option<u64>,
     pub usage_peak_memory_bytes: Option<u64>,
     pub usage_workspace_bytes: Option<u64>,
+    /// Whether the task uses its owner's dependency caches.
+    pub cache: Option<CacheUse>,
 }
 
 /// A field whose stored value does not read as its type. Names the field, so
@@ -115,6 +117,7 @@ impl TaskRecord {
             usage_cpu_ms: None,
             usage_peak_memory_bytes: None,
             usage_workspace_bytes: None,
+            cache: None,
         }
     }
 
@@ -222,6 +225,7 @@ impl TaskRecord {
             Field::UsageCpuMs => count(self.usage_cpu_ms),
             Field::UsagePeakMemoryBytes => count(self.usage_peak_memory_bytes),
             Field::UsageWorkspaceBytes => count(self.usage_workspace_bytes),
+            Field::Cache => self.cache.map(|c| c.as_str().as_bytes().to_vec()),
         }
     }
 
@@ -261,6 +265,7 @@ impl TaskRecord {
             Field::UsageCpuMs => self.usage_cpu_ms = Some(parse(f, v)?),
             Field::UsagePeakMemoryBytes => self.usage_peak_memory_bytes = Some(parse(f, v)?),
             Field::UsageWorkspaceBytes => self.usage_workspace_bytes = Some(parse(f, v)?),
+            Field::Cache => self.cache = Some(parse(f, v)?),
         }
         Ok(())
     }
@@ -329,6 +334,7 @@ mod tests {
             usage_cpu_ms: Some(2000),
             usage_peak_memory_bytes: Some(200 << 20),
             usage_workspace_bytes: Some(4096),
+            cache: Some(CacheUse::None),
             ..TaskRecord::new(TaskState::Failed)
         }
     }

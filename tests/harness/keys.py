@@ -92,6 +92,9 @@ class Keys:
     def usage_owners(self) -> str:
         return f"{self.prefix}:usage:owners"
 
+    def cache_clears(self) -> str:
+        return f"{self.prefix}:cache:clears"
+
     def usage_totals(self) -> str:
         return f"{self.prefix}:usage:totals"
 
@@ -130,3 +133,4 @@ class Field(StrEnum):
     USAGE_CPU_MS = "usage_cpu_ms"
     USAGE_PEAK_MEMORY_BYTES = "usage_peak_memory_bytes"
     USAGE_WORKSPACE_BYTES = "usage_workspace_bytes"
+    CACHE = "cache"

@@ -359,12 +359,18 @@ class Stack:
 
     def tasks_dir_leftovers(self) -> list[str]:
         """What is in the shared TASKS_DIR besides the directories of idle warm
-        pool containers (`pool-<worker>/<container name>`)."""
+        pool containers (`pool-<worker>/<container name>`) and the owners'
+        dependency caches (`cache-<worker>/owners`, kept on purpose; a cache
+        still lent after its task ended shows as `cache-<worker>/lent/<id>`)."""
         idle = self.idle_pool_names()
         pool_dirs = {f"pool-{n}" for n in self.worker_names()}
+        cache_dirs = {f"cache-{n}" for n in self.worker_names()}
         left = []
         for entry in sorted((self.tmp_dir / "tasks").iterdir()):
-            if entry.name in pool_dirs and entry.is_dir():
+            if entry.name in cache_dirs and entry.is_dir():
+                lent = entry / "lent"
+                left += [f"{entry.name}/lent/{sub.name}" for sub in sorted(lent.iterdir())] if lent.is_dir() else []
+            elif entry.name in pool_dirs and entry.is_dir():
                 left += [f"{entry.name}/{sub.name}" for sub in sorted(entry.iterdir()) if sub.name not in idle]
             else:
                 left.append(entry.name)

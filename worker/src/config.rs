@@ -109,6 +109,27 @@ pub struct Config {
     pub pool: PoolConfig,
     /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
     pub redis_setup_check: support::redis_setup::Mode,
+    /// `CACHE_MB_PER_OWNER` and `CACHE_TOTAL_MB`: the dependency caches.
+    pub cache: CacheConfig,
+}
+
+/// The owners' dependency caches (pip's, npm's) kept on this host between
+/// their tasks (see `cache.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// `CACHE_MB_PER_OWNER`: what one owner's cache may hold once returned
+    /// (oldest files go first); 0 keeps no caches.
+    pub per_owner_bytes: u64,
+    /// `CACHE_TOTAL_MB`: what all owners' caches may hold together on this
+    /// host (least recently used owners go first).
+    pub total_bytes: u64,
+}
+
+impl CacheConfig {
+    /// Whether tasks get their owner's caches at all.
+    pub fn enabled(&self) -> bool {
+        self.per_owner_bytes > 0
+    }
 }
 
 /// The warm pool: containers created and started ahead of time, idle until a
@@ -222,10 +243,12 @@ const SHUTDOWN_GRACE_SECONDS: Var = Var::new("SHUTDOWN_GRACE_SECONDS", "30");
 const WORKER_METRICS_ADDR: Var = Var::new("WORKER_METRICS_ADDR", "");
 const POOL_SIZE: Var = Var::new("POOL_SIZE", "python3.13=2,node24=1");
 const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
+const CACHE_MB_PER_OWNER: Var = Var::new("CACHE_MB_PER_OWNER", "1024");
+const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 19] = [
+pub const VARS: [Var; 21] = [
     support::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
@@ -245,6 +268,8 @@ pub const VARS: [Var; 19] = [
     WORKER_METRICS_ADDR,
     POOL_SIZE,
     POOL_MAX_AGE_SECONDS,
+    CACHE_MB_PER_OWNER,
+    CACHE_TOTAL_MB,
 ];
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ less the NUL).
@@ -274,8 +299,22 @@ impl Config {
             &catalog,
             Duration::from_secs(POOL_MAX_AGE_SECONDS.range(&var, 10, 86_400)?),
         )?;
+        let per_owner_mib = CACHE_MB_PER_OWNER.range(&var, 0, 1 << 24)?;
+        let total_mib = CACHE_TOTAL_MB.range(&var, 0, 1 << 30)?;
+        if total_mib < per_owner_mib {
+            let e = VarError::new(
+                CACHE_TOTAL_MB.name,
+                &total_mib.to_string(),
+                format!("at least CACHE_MB_PER_OWNER ({per_owner_mib})"),
+            );
+            return Err(e.into());
+        }
         Ok(Config {
             pool,
+            cache: CacheConfig {
+                per_owner_bytes: per_owner_mib << 20,
+                total_bytes: total_mib << 20,
+            },
             redis_url: common.redis_url,
             redis_client_cert: common.redis_client_cert,
             keys: common.keys,
@@ -403,6 +442,25 @@ mod tests {
             .collect();
         assert_eq!(sizes, [("python3.13", 2), ("node24", 1)]);
         assert_eq!(c.pool.sizes[0].image, "python:3.13-slim");
+    }
+
+    #[test]
+    fn caches_are_sized_in_mib_and_zero_turns_them_off() {
+        let c = load(&[]).expect("defaults");
+        assert_eq!(c.cache.per_owner_bytes, 1024 << 20);
+        assert_eq!(c.cache.total_bytes, 10240 << 20);
+        assert!(c.cache.enabled());
+        assert!(
+            !load(&[("CACHE_MB_PER_OWNER", "0")])
+                .expect("off")
+                .cache
+                .enabled()
+        );
+        let small = refused(&[("CACHE_MB_PER_OWNER", "100"), ("CACHE_TOTAL_MB", "50")]);
+        assert!(
+            small.contains("CACHE_TOTAL_MB") && small.contains("at least CACHE_MB_PER_OWNER (100)"),
+            "{small}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::cache::Caches;
 use crate::config::Config;
 use crate::firewall::Firewall;
 use crate::pool::Pool;
@@ -22,6 +23,8 @@ pub struct Ctx {
     /// Cancelled when the worker's shutdown grace period is over.
     pub abort: CancellationToken,
     pub pool: Pool,
+    /// The owners' dependency caches on this host.
+    pub caches: Caches,
     /// The task firewall, checked before each task starts (None with
     /// `TASK_FIREWALL=off`).
     pub firewall: Option<Firewall>,

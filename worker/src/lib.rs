@@ -6,6 +6,7 @@
 //! This file is its start-up, its main loop (reading jobs into free slots) and
 //! its shutdown; each part it starts lives in a module of its own.
 
+pub mod cache;
 pub mod collect;
 pub mod config;
 pub mod ctx;
@@ -168,11 +169,30 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         ) => r?,
         _ = stop.cancelled() => {}
     }
+    let caches = {
+        let (dir, worker, cfg, user) = (
+            config.tasks_dir.clone(),
+            config.worker_name.clone(),
+            config.cache,
+            config.limits.user.clone(),
+        );
+        let metrics = sandbox.metrics().clone();
+        tokio::task::spawn_blocking(move || cache::Caches::open(&dir, &worker, cfg, &user, metrics))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .unwrap_or_else(|e| {
+                // A cache only saves time: without one, tasks still run.
+                tracing::warn!(error = %e, "dependency caches unavailable; tasks run without");
+                cache::Caches::off()
+            })
+    };
     let pool = pool::Pool::new(
         sandbox.clone(),
         config.pool.clone(),
         &config.tasks_dir,
         &config.worker_name,
+        caches.enabled(),
     );
     Ok(Ctx {
         queue,
@@ -180,6 +200,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         config: Arc::new(config),
         abort: CancellationToken::new(),
         pool,
+        caches,
         firewall,
         cleanups: TaskTracker::new(),
     })

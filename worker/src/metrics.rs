@@ -84,6 +84,34 @@ pub enum Claim {
     Fallback,
 }
 
+/// What a task got of its owner's dependency cache when it was claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheLend {
+    /// The owner's cache, with files from earlier tasks.
+    Hit,
+    /// The owner's cache, empty (its first task here, or just cleared/evicted).
+    Miss,
+    /// None: another task of the owner holds it.
+    Busy,
+}
+
+impl CacheLend {
+    const ALL: [CacheLend; 3] = [CacheLend::Hit, CacheLend::Miss, CacheLend::Busy];
+
+    fn label(self) -> &'static str {
+        match self {
+            CacheLend::Hit => "hit",
+            CacheLend::Miss => "miss",
+            CacheLend::Busy => "busy",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
 impl Claim {
     const ALL: [Claim; 3] = [Claim::Cold, Claim::Warm, Claim::Fallback];
 
@@ -137,6 +165,9 @@ struct Inner {
     firewall: Family<Unset, Gauge>,
     firewall_intact: Family<Unset, Gauge>,
     firewall_repairs: Counter,
+    cache_lends: Family<ResultLabel, Counter>,
+    cache_evicted_files: Counter,
+    cache_evicted_owners: Counter,
 }
 
 /// One worker's metrics; clones share them.
@@ -221,6 +252,30 @@ impl Default for Metrics {
             "Docker API calls that failed, by call",
             errors.clone(),
         );
+        let cache_lends = Family::default();
+        registry.register(
+            "script_runner_worker_cache_lends",
+            "Tasks that got their owner's dependency cache with files (hit), empty \
+             (miss), or none because another of the owner's tasks held it (busy)",
+            cache_lends.clone(),
+        );
+        let cache_evicted_files = Counter::default();
+        registry.register(
+            "script_runner_worker_cache_evicted_files",
+            "Files removed from owners' dependency caches over CACHE_MB_PER_OWNER",
+            cache_evicted_files.clone(),
+        );
+        let cache_evicted_owners = Counter::default();
+        registry.register(
+            "script_runner_worker_cache_evicted_owners",
+            "Owners' dependency caches removed whole: over CACHE_TOTAL_MB, or cleared",
+            cache_evicted_owners.clone(),
+        );
+        for result in CacheLend::ALL {
+            let _ = cache_lends.get_or_create(&ResultLabel {
+                result: result.label(),
+            });
+        }
         // Every path and call shows from the start, at 0: a rate() over a
         // series that appears only at its first increment misses that one.
         for path in Claim::ALL {
@@ -241,6 +296,9 @@ impl Default for Metrics {
             firewall,
             firewall_intact,
             firewall_repairs,
+            cache_lends,
+            cache_evicted_files,
+            cache_evicted_owners,
         }))
     }
 }
@@ -287,6 +345,18 @@ impl Metrics {
     }
 
     /// How a task's container came to it (counted when a pool is on).
+    pub fn cache_lend(&self, result: CacheLend) {
+        let result = ResultLabel {
+            result: result.label(),
+        };
+        self.0.cache_lends.get_or_create(&result).inc();
+    }
+
+    pub fn cache_evicted(&self, files: u64, owners: u64) {
+        self.0.cache_evicted_files.inc_by(files);
+        self.0.cache_evicted_owners.inc_by(owners);
+    }
+
     pub fn pool_claim(&self, path: Claim) {
         let path = PathLabel { path: path.label() };
         self.0.pool_claims.get_or_create(&path).inc();
@@ -488,6 +558,21 @@ mod tests {
             "script_runner_worker_docker_errors_total",
             "counter",
             &["op"],
+        ),
+        (
+            "script_runner_worker_cache_lends_total",
+            "counter",
+            &["result"],
+        ),
+        (
+            "script_runner_worker_cache_evicted_files_total",
+            "counter",
+            &[],
+        ),
+        (
+            "script_runner_worker_cache_evicted_owners_total",
+            "counter",
+            &[],
         ),
     ];
 

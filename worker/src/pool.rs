@@ -47,6 +47,8 @@ pub struct Warm {
     pub image: String,
     /// Its host directory: `src/` (mounted at the source mount) and the pipe.
     dir: PathBuf,
+    /// Whether it has a cache mount directory.
+    cache: bool,
     born: Instant,
 }
 
@@ -59,6 +61,12 @@ impl Warm {
     /// The collection pipe, mounted in the container.
     pub fn fifo(&self) -> PathBuf {
         self.dir.join("collect")
+    }
+
+    /// Mounted at the cache mount: a claiming task's dependency cache is lent
+    /// into it (`cache.rs`). `None` when the worker keeps no caches.
+    pub fn cache_mount(&self) -> Option<PathBuf> {
+        self.cache.then(|| self.dir.join("cache"))
     }
 
     /// Its host directory, removed with the container.
@@ -81,10 +89,18 @@ struct Inner {
     idle: Mutex<HashMap<String, VecDeque<Warm>>>,
     /// Woken when a container was taken.
     taken: Notify,
+    /// Whether containers get a cache mount directory.
+    caches: bool,
 }
 
 impl Pool {
-    pub fn new(sandbox: Sandbox, config: PoolConfig, tasks_dir: &Path, worker: &str) -> Pool {
+    pub fn new(
+        sandbox: Sandbox,
+        config: PoolConfig,
+        tasks_dir: &Path,
+        worker: &str,
+        caches: bool,
+    ) -> Pool {
         Pool {
             inner: Arc::new(Inner {
                 sandbox,
@@ -92,6 +108,7 @@ impl Pool {
                 root: pool_root(tasks_dir, worker),
                 idle: Mutex::default(),
                 taken: Notify::new(),
+                caches,
             }),
         }
     }
@@ -199,18 +216,21 @@ impl Pool {
         let made = {
             let dir = dir.clone();
             let owner = crate::workspace::parse_owner(&inner.sandbox.limits().user);
-            tokio::task::spawn_blocking(move || make_dir(&dir, owner)).await
+            let cache = inner.caches;
+            tokio::task::spawn_blocking(move || make_dir(&dir, owner, cache)).await
         };
         if let Err(e) = made.map_err(std::io::Error::other).and_then(|r| r) {
             tracing::warn!(dir = %dir.display(), error = %e, "could not make a pool container's directory");
             return false;
         }
+        let cache_dir = inner.caches.then(|| dir.join("cache"));
         let spec = WarmSpec {
             name: &name,
             runtime,
             image,
             source: &dir.join("src"),
             fifo: &dir.join("collect"),
+            cache: cache_dir.as_deref(),
             max_age: inner.config.max_age,
         };
         match inner.sandbox.create_warm(&spec).await {
@@ -219,6 +239,7 @@ impl Pool {
                     id,
                     image: image.to_owned(),
                     dir,
+                    cache: inner.caches,
                     born: Instant::now(),
                 };
                 if stop.is_cancelled() {
@@ -310,13 +331,19 @@ pub async fn remove_dir(dir: PathBuf) {
 
 /// A pool container's host directory (the worker's alone, 0700): `src/`,
 /// readable by the task's user (the container reaches it through its mount, not
-/// through this directory), and the collection pipe, the task user's
-/// (`owner`).
-fn make_dir(dir: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {
+/// through this directory), the collection pipe, the task user's (`owner`),
+/// and with caches `cache/`, the worker's (so the task cannot replace the
+/// cache lent into it).
+fn make_dir(dir: &Path, owner: Option<(u32, u32)>, cache: bool) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let src = dir.join("src");
     std::fs::create_dir_all(&src)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755))?;
+    if cache {
+        let cache = dir.join("cache");
+        std::fs::create_dir(&cache)?;
+        std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755))?;
+    }
     crate::collect::make_fifo(&dir.join("collect"), owner)
 }

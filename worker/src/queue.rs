@@ -8,8 +8,9 @@ use deadpool_redis::Pool;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig};
+use shared::cache::Generations;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
-use shared::options::Network;
+use shared::options::{CacheUse, Network};
 use shared::scripts::{Ended, ScriptCall};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::task::{Outcome, RecordedEnd};
@@ -126,6 +127,8 @@ pub struct TaskSpec {
     pub collect: Vec<String>,
     /// Who submitted it (`None`: the admin key): its usage is counted to them.
     pub owner: Option<String>,
+    /// Whether it uses its owner's dependency caches.
+    pub cache: CacheUse,
 }
 
 /// The files a task's `collect` gathered: a zip, and its listing as JSON.
@@ -364,7 +367,22 @@ impl Queue {
             // Records written before the field existed ran with the internet.
             network: r.network.unwrap_or(Network::Internet),
             owner: r.owner,
+            // Records written before the field existed: the default.
+            cache: r.cache.unwrap_or_default(),
         }))
+    }
+
+    /// The clear generations of an owner's dependency cache (`cache::owner_id`)
+    /// as the ctl recorded them: one `HMGET`.
+    pub async fn cache_generations(&self, owner_id: &str) -> Result<Generations, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let (owner, all): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keys.cache_clears())
+            .arg(owner_id)
+            .arg(shared::cache::ALL_OWNERS)
+            .query_async(&mut *conn)
+            .await?;
+        Ok(Generations::from_values(owner.as_deref(), all.as_deref()))
     }
 
     pub async fn zip(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {

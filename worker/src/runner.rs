@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use shared::TaskState;
-use shared::options::Network;
+use shared::options::{CacheUse, Network};
 use shared::scripts::Ended;
 use shared::tail::{TAIL_CAP, TailBuffer};
 use shared::task::{Caps, ContainerExit, Outcome};
 use shared::usage::Usage;
 
+use crate::cache::Lease;
 use crate::collect::Collector;
 use crate::ctx::Ctx;
 use crate::metrics::Claim;
@@ -135,19 +136,21 @@ async fn execute(
                 return (Outcome::workspace_failed(e), None);
             }
         };
+        let env = inputs.env(spec);
         let container_spec = ContainerSpec {
             task_id,
             image,
             command: &spec.command,
             source: inputs.source.as_deref(),
             timeout_seconds: spec.timeout_seconds,
-            env: &spec.env,
+            env: &env,
             network: spec.network,
             stdin: inputs.stdin.is_some(),
             collect: inputs
                 .collector
                 .as_ref()
                 .map(|c| (c.fifo(), &spec.collect[..])),
+            cache: inputs.cache.as_ref().and_then(Lease::cold_mount),
         };
         // Checked (and repaired) right before the task's process starts, so a
         // rule removed since the last check never meets a running task.
@@ -169,6 +172,11 @@ async fn execute(
                     if let Some(c) = inputs.collector {
                         c.finish().await;
                     }
+                    // Nothing of the task ran in it: the cache goes back, to be
+                    // lent again to the cold one.
+                    if let Some(lease) = inputs.cache {
+                        ctx.caches.give_back(lease).await;
+                    }
                     // Removed before the cold one is made: it may already bear
                     // the task's container name.
                     if let Some(w) = warm.take() {
@@ -186,22 +194,35 @@ async fn execute(
         Ok(launched) => {
             let container = launched.container.clone();
             let (ended, reading) = supervise(ctx, task_id, spec, launched, inputs.stdin).await;
+            if let Some(lease) = &inputs.cache {
+                ctx.caches.returning(lease);
+            }
             if let Some(r) = reading {
                 *usage = usage_of(&r);
             }
             if let Some(c) = inputs.collector {
                 *collected = c.finish().await;
             }
-            ctx.cleanups
-                .spawn(clean_up(ctx.clone(), Some(container), inputs.source, warm));
+            ctx.cleanups.spawn(clean_up(
+                ctx.clone(),
+                Some(container),
+                inputs.source,
+                warm,
+                inputs.cache,
+            ));
             ended
         }
         Err((outcome, container)) => {
             if let Some(c) = inputs.collector {
                 c.finish().await;
             }
-            ctx.cleanups
-                .spawn(clean_up(ctx.clone(), container, inputs.source, warm));
+            ctx.cleanups.spawn(clean_up(
+                ctx.clone(),
+                container,
+                inputs.source,
+                warm,
+                inputs.cache,
+            ));
             (outcome, None)
         }
     }
@@ -213,6 +234,8 @@ struct Inputs {
     source: Option<std::path::PathBuf>,
     stdin: Option<Vec<u8>>,
     collector: Option<Collector>,
+    /// The owner's dependency cache, lent to this task.
+    cache: Option<Lease>,
 }
 
 /// Why a task's inputs could not be made ready: the task fails with it, as
@@ -284,12 +307,60 @@ impl Inputs {
                     .map_err(InputError::Collect)?,
             ),
         };
+        // Last: nothing after it can fail, so a lent cache always reaches the
+        // clean-up that gives it back.
+        let cache = lend_cache(ctx, task_id, spec, warm).await;
         Ok(Inputs {
             source,
             stdin,
             collector,
+            cache,
         })
     }
+
+    /// The task's environment: the variables pointing pip and npm at a lent
+    /// cache (unless the task set them itself), then the task's own.
+    fn env(&self, spec: &TaskSpec) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self
+            .cache
+            .as_ref()
+            .map(Lease::env)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(name, _)| !spec.env.iter().any(|(n, _)| n == name))
+            .collect();
+        env.extend(spec.env.iter().cloned());
+        env
+    }
+}
+
+/// Lends the task its owner's dependency cache, unless it opted out, the
+/// worker keeps none, or another task of the owner holds it. A clear asked for
+/// since the cache was made (`script-runner-ctl cache clear`) is applied first;
+/// if Redis cannot say, the task runs without a cache rather than with one
+/// that should have been cleared.
+async fn lend_cache(
+    ctx: &Ctx,
+    task_id: &str,
+    spec: &TaskSpec,
+    warm: Option<&Warm>,
+) -> Option<Lease> {
+    if spec.cache == CacheUse::None || !ctx.caches.enabled() {
+        return None;
+    }
+    let (mount, own_mount) = match warm {
+        Some(w) => (w.cache_mount()?, false),
+        None => (ctx.caches.cold_mount(task_id)?, true),
+    };
+    let owner_id = shared::cache::owner_id(spec.owner.as_deref());
+    let current = match ctx.queue.cache_generations(&owner_id).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(task_id, error = %e, "could not read cache clears; no cache for this task");
+            return None;
+        }
+    };
+    ctx.caches.lend(&owner_id, current, mount, own_mount).await
 }
 
 /// A task's process, started: an exec in its own container, or in a warm one.
@@ -356,11 +427,28 @@ async fn clean_up(
     container: Option<String>,
     source: Option<std::path::PathBuf>,
     warm: Option<Warm>,
+    cache: Option<Lease>,
 ) {
-    match (warm, container) {
-        (Some(warm), _) => ctx.pool.discard(warm).await,
-        (None, Some(c)) => ctx.sandbox.remove(&c).await,
-        (None, None) => {}
+    match (warm, container, cache) {
+        (Some(warm), _, None) => ctx.pool.discard(warm).await,
+        // The cache comes back once nothing of the task can run any more, and
+        // before the directory it was lent into goes.
+        (Some(warm), _, Some(lease)) => {
+            ctx.sandbox.remove(&warm.id).await;
+            ctx.caches.give_back(lease).await;
+            crate::pool::remove_dir(warm.dir().to_path_buf()).await;
+        }
+        (None, Some(c), lease) => {
+            ctx.sandbox.remove(&c).await;
+            if let Some(lease) = lease {
+                ctx.caches.give_back(lease).await;
+            }
+        }
+        (None, None, lease) => {
+            if let Some(lease) = lease {
+                ctx.caches.give_back(lease).await;
+            }
+        }
     }
     if let Some(src) = source {
         // A warm container's source directory went with its directory.

@@ -11,7 +11,7 @@ use base64::engine::{DecodePaddingMode, general_purpose};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use shared::TaskState;
-use shared::options::Network;
+use shared::options::{CacheUse, Network};
 
 use super::error::ToolError;
 use crate::config::MAX_WAIT_SECONDS;
@@ -70,6 +70,12 @@ pub struct RunScriptInput {
     /// get_task_files once the task is final.
     #[serde(default)]
     pub collect: Option<Vec<String>>,
+    /// "owner" (the default: pip's and npm's caches are kept on the worker
+    /// between your tasks, never shared with anyone else's; a second task of
+    /// yours running at the same time starts with empty ones) or "none" (empty
+    /// caches; yours are neither read nor changed).
+    #[serde(default)]
+    pub cache: Option<CacheUse>,
     /// Optional: wait up to this many seconds (0 to {max_wait_seconds}, default
     /// 0) for the task to end. If it ends in time, the result is what
     /// get_task_status returns (a final state, exit_code, output tails);
@@ -373,7 +379,7 @@ mod properties {
         fn run_script_arguments_parse_or_name_the_argument(
             field in prop::sample::select(vec![
                 "runtime", "command_base64", "zip_base64", "timeout_seconds",
-                "stdin_base64", "env", "network", "collect",
+                "stdin_base64", "env", "network", "collect", "cache",
             ]),
             value in json_value(),
         ) {

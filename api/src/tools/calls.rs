@@ -41,7 +41,7 @@ where the optional base64 zip of source files is extracted first. Otherwise call
 (with wait_seconds, it answers as soon as something changes) until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it, list_tasks to find \
 recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
 all; the default reaches the internet but never this service), collect (files to fetch afterwards with \
-get_task_files). The container has no access to this service, \
+get_task_files), cache \"none\" (empty pip/npm caches; by default they persist between your tasks). The container has no access to this service, \
 memory/CPU/process caps and a wall-clock timeout (default {default_timeout_seconds} s, at most \
 {max_timeout_seconds} s). A client that declares \
 the MCP tasks extension gets a task to poll with tasks/get instead.",
@@ -131,6 +131,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 stdin: stdin.as_deref(),
                 env_json,
                 network: input.network.unwrap_or_default(),
+                cache: input.cache.unwrap_or_default(),
                 collect_json,
                 index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
                 max_queued: cfg.max_queued_tasks,

@@ -15,6 +15,7 @@ use shared::task::self_deadline_seconds;
 
 use super::prelude::{COLLECT_MOUNT, SOURCE_MOUNT, container_command, task_env};
 use super::{LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
+use crate::cache::CACHE_MOUNT;
 use crate::metrics::Op;
 
 /// The longest timeout the api accepts (`MAX_TIMEOUT_SECONDS` at most).
@@ -56,6 +57,9 @@ pub struct ContainerSpec<'a> {
     pub stdin: bool,
     /// `collect`: the collection pipe on the host and the patterns.
     pub collect: Option<(&'a Path, &'a [String])>,
+    /// A cold task's cache mount directory on the host (its owner's cache lent
+    /// into it), mounted at `CACHE_MOUNT`; a pool container has its own.
+    pub cache: Option<&'a Path>,
 }
 
 impl ContainerSpec<'_> {
@@ -87,6 +91,8 @@ pub struct WarmSpec<'a> {
     pub source: &'a Path,
     /// The collection pipe, mounted ahead of time.
     pub fifo: &'a Path,
+    /// Mounted at `CACHE_MOUNT`: a claiming task's cache is lent into it.
+    pub cache: Option<&'a Path>,
     pub max_age: Duration,
 }
 
@@ -94,6 +100,7 @@ pub struct WarmSpec<'a> {
 struct Mounts<'a> {
     source: Option<&'a Path>,
     collect: Option<&'a Path>,
+    cache: Option<&'a Path>,
 }
 
 impl Sandbox {
@@ -113,6 +120,7 @@ impl Sandbox {
         let mounts = Mounts {
             source: spec.source,
             collect: spec.collect.map(|(fifo, _)| fifo),
+            cache: spec.cache,
         };
         let idle_seconds = self_deadline_seconds(spec.timeout_seconds) + COLD_IDLE_GRACE_SECONDS;
         let body = ContainerCreateBody {
@@ -158,6 +166,7 @@ impl Sandbox {
                 &Mounts {
                     source: Some(warm.source),
                     collect: Some(warm.fifo),
+                    cache: warm.cache,
                 },
                 Network::Internet,
             )),
@@ -216,6 +225,11 @@ impl Sandbox {
         // memory (bounded by what it reads), never to the host's disk.
         if let Some(fifo) = mounts.collect {
             binds.push(format!("{}:{COLLECT_MOUNT}", fifo.display()));
+        }
+        // Writable, and on the host's disk: the one host directory a task
+        // writes to, its owner's dependency cache (see `cache.rs`).
+        if let Some(cache) = mounts.cache {
+            binds.push(format!("{}:{CACHE_MOUNT}:rw", cache.display()));
         }
         HostConfig {
             binds: (!binds.is_empty()).then_some(binds),
