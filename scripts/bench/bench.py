@@ -12,6 +12,13 @@ worker names unique to the run, the task firewall on as by default) and measures
           `docker run --rm <image> sh -c 'echo hi'` on the default bridge (the floor).
           Samples are interleaved (floor, off, on, rotating), each taken when the
           worker is idle and its pool full.
+  onecall `echo hi` in one run_script call with wait_seconds (the answer is the
+          result), interleaved the same way (with e2e: in the same rotation).
+  shapes  ComputeSDK's shapes, each --shapes-n one-call `echo hi` tasks per
+          configuration: sequential, staggered (--stagger-ms apart) and burst
+          (all at once); time to first command (call to result, client) and
+          submit -> process started (the record's times), beside the peers'
+          published figures.
   burst   --burst trivial tasks at WORKER_CONCURRENCY=--concurrency per
           configuration, against as many `docker run --rm` at that parallelism:
           tasks/s, from the records' own timestamps (Redis's clock).
@@ -65,6 +72,11 @@ from harness.stack import CTL_BIN, LABEL_WORKER, Api, Stack, Worker, containers_
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
 ECHO_HI = "echo hi"
+SECTIONS = ("e2e", "onecall", "shapes", "burst", "api", "growth")
+# The sections that run tasks (workers, the floor, the image).
+SERVICE_SECTIONS = {"e2e", "onecall", "shapes", "burst"}
+# run_script's and get_task_status's wait_seconds cap (api/src/config.rs MAX_WAIT_SECONDS).
+WAIT_CAP = 30
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # A record of a real `echo hi` task, once one ran: the fill's records are checked against it.
 REAL_RECORD: dict[str, dict[str, str]] = {}
@@ -267,6 +279,34 @@ def post_once(api: Api, token: str, body: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- configurations
 
 
+class HttpTimes:
+    """When each request of an httpx client went out and its answer's headers
+    came back (perf_counter seconds), from the client's event hooks: what a
+    call spends in the SDK rather than on the wire and in the server."""
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []
+        self.answered: list[float] = []
+
+    async def on_request(self, _request: Any) -> None:
+        self.sent.append(time.perf_counter())
+
+    async def on_response(self, _response: Any) -> None:
+        self.answered.append(time.perf_counter())
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.sent), len(self.answered)
+
+    def sdk_ms(self, mark: tuple[int, int], t0: float, t1: float) -> float | None:
+        """For one call from t0 to t1 that made exactly one request since
+        `mark`: (first request out - t0) + (t1 - its answer's headers)."""
+        sent, answered = self.sent[mark[0] :], self.answered[mark[1] :]
+        if len(sent) != 1 or len(answered) != 1:
+            return None
+        return ((sent[0] - t0) + (t1 - answered[0])) * 1000
+
+
+
 @dataclass
 class Config:
     """A worker configuration measured against the floor: its own Redis prefix,
@@ -279,6 +319,7 @@ class Config:
     api: Api | None = None
     pool_active: bool = False
     client: Client | None = None
+    http_times: HttpTimes = field(default_factory=HttpTimes)
 
     @property
     def prefix(self) -> str:
@@ -300,12 +341,22 @@ def wait_settled(cfg: Config, deadline: float = 60.0) -> None:
     is full: every sample starts from the same state."""
     assert cfg.worker is not None
     want = cfg.pool_expected if cfg.pool_active else 0
-    wait_until(
-        f"{cfg.label}: {want} idle container(s) of worker {cfg.worker.name}",
-        lambda: len(containers_of(cfg.worker.name)) == want,  # type: ignore[union-attr]
-        cfg.worker.proc,
-        deadline,
-    )
+    name = cfg.worker.name
+
+    def settled() -> bool:
+        # Counting containers is not enough: a used one not yet removed and a
+        # refill not yet created add up to a full pool. Every container must be
+        # an idle pool container (named so until a claim renames it), running.
+        rows = subprocess.run(
+            ["docker", "ps", "-a", "--filter", f"label={LABEL_WORKER}={name}", "--format", "{{.Names}} {{.State}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
+        rows = [r.split() for r in rows if r.strip()]
+        return len(rows) == want and all(n.startswith(POOL_PREFIX) and st == "running" for n, st in rows)
+
+    wait_until(f"{cfg.label}: {want} idle running pool container(s) of worker {name}", settled, cfg.worker.proc, deadline)
 
 
 def detect_pool(cfg: Config, rep: Report) -> None:
@@ -416,6 +467,9 @@ class E2eSample:
     t0_ms: float
     seen_ms: float
     at: dict[str, int]
+    # The run_script call's time outside the HTTP exchange (the SDK's own work
+    # before the request went out and after the answer's headers came), ms.
+    sdk_ms: float | None = None
 
 
 @dataclass
@@ -428,6 +482,7 @@ class FloorSample:
 
 FLOOR_LABEL = "script-runner-bench.floor"
 TASK_LABEL = "script-runner.task"  # worker/src/sandbox.rs LABEL_TASK
+POOL_PREFIX = "sr-pool-"  # worker/src/sandbox.rs POOL_CONTAINER_PREFIX
 
 
 class DockerEvents:
@@ -524,7 +579,7 @@ def service_stages(s: E2eSample, ev: dict[str, float]) -> dict[str, float]:
         st["started -> finished recorded"] = at["finished_at"] - at["started_at"]
     if "destroy" in ev:
         st["(container removed, from finished)"] = ev["destroy"] - at["finished_at"]
-    st["finished -> seen by a poll"] = s.seen_ms - at["finished_at"]
+    st["finished -> seen by the client"] = s.seen_ms - at["finished_at"]
     return st
 
 
@@ -546,8 +601,10 @@ async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) ->
     command = base64.b64encode(ECHO_HI.encode()).decode()
     t0_ms = time.time() * 1000
     t0 = time.perf_counter()
+    mark = cfg.http_times.mark()
     r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command})
     submit = time.perf_counter() - t0
+    sdk = cfg.http_times.sdk_ms(mark, t0, t0 + submit)
     if r.is_error or not r.structured_content:
         raise BenchError(f"{cfg.label}: run_script failed: {r.content}")
     task_id = r.structured_content["task_id"]
@@ -567,7 +624,55 @@ async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) ->
     record = redis.hgetall(Keys(cfg.prefix).task(task_id))
     REAL_RECORD.setdefault("record", record)
     at = {k: int(v) for k, v in record.items() if k.endswith("_at")}
-    return E2eSample(total * 1000, submit * 1000, status_ms, task_id, t0_ms, seen_ms, at)
+    return E2eSample(total * 1000, submit * 1000, status_ms, task_id, t0_ms, seen_ms, at, sdk)
+
+
+async def e2e_onecall(cfg: Config, redis: Redis, runtime: str) -> E2eSample:
+    """`echo hi` in one `run_script` call with `wait_seconds`: the answer is the
+    result. Should the task outlast the wait (a busy machine), waiting
+    `get_task_status` calls follow until it is final, and count."""
+    assert cfg.client is not None
+    t0_ms = time.time() * 1000
+    t0 = time.perf_counter()
+    mark = cfg.http_times.mark()
+    sc, _ = await one_call(cfg, runtime)
+    total = time.perf_counter() - t0
+    seen_ms = time.time() * 1000
+    calls = sc.pop("_calls")
+    if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n":
+        raise BenchError(f"{cfg.label}: task {sc.get('task_id')} ended {sc}")
+    task_id = str(sc["task_id"])
+    record = redis.hgetall(Keys(cfg.prefix).task(task_id))
+    at = {k: int(v) for k, v in record.items() if k.endswith("_at")}
+    sdk = cfg.http_times.sdk_ms(mark, t0, t0 + total) if calls == 1 else None
+    return E2eSample(total * 1000, total * 1000 if calls == 1 else 0.0, [0.0] * (calls - 1), task_id, t0_ms, seen_ms, at, sdk)
+
+
+async def one_call(cfg: Config, runtime: str) -> tuple[dict[str, Any], float]:
+    """`run_script` of `echo hi` with `wait_seconds` at its cap; then, only if
+    the task outlasted it, waiting `get_task_status` calls until it is final.
+    Returns the final status (with `_calls`: how many calls it took) and the
+    seconds until the first call answered."""
+    assert cfg.client is not None
+    client = cfg.client
+    command = base64.b64encode(ECHO_HI.encode()).decode()
+    t0 = time.perf_counter()
+    r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command, "wait_seconds": WAIT_CAP})
+    first = time.perf_counter() - t0
+    if r.is_error or not r.structured_content:
+        raise BenchError(f"{cfg.label}: run_script failed: {r.content}")
+    sc = dict(r.structured_content)
+    calls = 1
+    while sc.get("state") not in FINAL:
+        s = await client.call_tool(
+            "get_task_status", {"task_id": sc["task_id"], "tail_bytes": 64, "wait_seconds": WAIT_CAP}
+        )
+        calls += 1
+        if s.is_error or not s.structured_content:
+            raise BenchError(f"{cfg.label}: get_task_status failed: {s.content}")
+        sc = dict(s.structured_content)
+    sc["_calls"] = calls
+    return sc, first
 
 
 def docker_run(image: str, command: str, label: str = "") -> FloorSample:
@@ -583,14 +688,26 @@ def docker_run(image: str, command: str, label: str = "") -> FloorSample:
     return FloorSample(took, label, t0_ms, t0_ms + took)
 
 
-async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
+POLLED = "polled"
+ONE_CALL = "one call"
+
+
+async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report, modes: list[str]) -> None:
+    """`echo hi` against the floor, samples interleaved: for each configuration,
+    polled (run_script, then get_task_status every --poll-ms until final)
+    and/or in one call (run_script with wait_seconds)."""
+    how = {
+        POLLED: f"run_script until a get_task_status poll sees succeeded (poll every {args.poll_ms} ms)",
+        ONE_CALL: f"one run_script call with wait_seconds={WAIT_CAP} until its answer",
+    }
     rep.section(
-        f"end to end: `{ECHO_HI}`, run_script until a get_task_status poll sees succeeded "
-        f"(poll every {args.poll_ms} ms, MCP Python SDK), {args.e2e_runs} runs each, interleaved"
+        f"end to end: `{ECHO_HI}`, " + "; ".join(how[m] for m in modes)
+        + f"; MCP Python SDK, {args.e2e_runs} runs each, interleaved with the floor"
     )
-    targets: list[Config | None] = [None, *configs]  # None: the docker run floor
+    # None: the docker run floor.
+    targets: list[tuple[Config, str] | None] = [None, *((c, m) for c in configs for m in modes)]
     floor: list[FloorSample] = []
-    samples: dict[str, list[E2eSample]] = {c.label: [] for c in configs}
+    samples: dict[tuple[str, str], list[E2eSample]] = {(c.label, m): [] for c in configs for m in modes}
     before = {c.label: scrape(c.worker) for c in configs if c.worker}
     recorder = DockerEvents(args.tmp)
     for i in range(args.e2e_runs):
@@ -601,8 +718,10 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
             if t is None:
                 label = f"{args.run_id}-{i}"
                 floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI, label))
+            elif t[1] == POLLED:
+                samples[(t[0].label, POLLED)].append(await e2e_service(t[0], redis, args.runtime, args.poll_ms / 1000))
             else:
-                samples[t.label].append(await e2e_service(t, redis, args.runtime, args.poll_ms / 1000))
+                samples[(t[0].label, ONE_CALL)].append(await e2e_onecall(t[0], redis, args.runtime))
     after = {c.label: scrape(c.worker) for c in configs if c.worker}
     for c in configs:
         wait_settled(c)  # the last containers removed: their destroy events exist
@@ -610,14 +729,20 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
     floor_events = recorder.by(FLOOR_LABEL)
     task_events = recorder.by_task()
     fd = Dist([f.total_ms for f in floor], "ms")
-    rep.out(f"{'':34}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median)")
-    rep.out(f"{'docker run --rm (floor)':34}{fd.row()}")
-    out: dict[str, Any] = {"floor_ms": fd.as_json(), "poll_ms": args.poll_ms}
+    rep.out(f"{'':44}{'min':>9} {'median':>9} {'p99':>9}  ratio to the floor (median, p99)")
+    rep.out(f"{'docker run --rm (floor)':44}{fd.row()}")
+    out: dict[str, Any] = {"floor_ms": fd.as_json(), "poll_ms": args.poll_ms, "wait_seconds": WAIT_CAP}
     for c in configs:
-        d = Dist([s.total_ms for s in samples[c.label]], "ms")
-        note = "" if c.pool_expected == 0 or c.pool_active else "  (no pool in this build)"
-        rep.out(f"{c.label:34}{d.row()}  {d.median / fd.median:5.2f}x{note}")
-        out[c.label] = {"total_ms": d.as_json(), "ratio_median": d.median / fd.median, "pool_active": c.pool_active}
+        out[c.label] = {"pool_active": c.pool_active}
+        for m in modes:
+            ss = samples[(c.label, m)]
+            d = Dist([s.total_ms for s in ss], "ms")
+            note = "" if c.pool_expected == 0 or c.pool_active else "  (no pool in this build)"
+            name = f"{c.label}, {m}"
+            rep.out(f"{name:44}{d.row()}  {d.median / fd.median:5.2f}x {pct(d.samples, 99) / pct(fd.samples, 99):5.2f}x{note}")
+            key = c.label if m == POLLED else f"{c.label}, {m}"
+            out.setdefault(key, {"pool_active": c.pool_active})
+            out[key] |= {"total_ms": d.as_json(), "ratio_median": d.median / fd.median, "ratio_p99": pct(d.samples, 99) / pct(fd.samples, 99)}
     rep.out()
     rep.out(
         "where the time goes, medians in ms: the engine's container events (docker events), "
@@ -630,20 +755,28 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
     out["floor_stages_median_ms"] = fs
     for c in configs:
         assert c.worker is not None
-        ss = samples[c.label]
-        vals = stage_medians([service_stages(s, task_events.get(s.task_id, {})) for s in ss])
-        vals["run_script call (client)"] = statistics.median(s.submit_ms for s in ss)
-        vals["get_task_status call (client)"] = statistics.median(x for s in ss for x in s.status_ms)
-        vals["polls per task"] = statistics.median(len(s.status_ms) for s in ss)
         means = docker_means(before[c.label], after[c.label])
-        rep.out(f"  {c.label}:")
-        for n, v in vals.items():
-            rep.out(f"    {n:44}{v:8.1f}")
+        for m in modes:
+            ss = samples[(c.label, m)]
+            vals = stage_medians([service_stages(s, task_events.get(s.task_id, {})) for s in ss])
+            if m == POLLED:
+                vals["run_script call (client)"] = statistics.median(s.submit_ms for s in ss)
+                vals["get_task_status call (client)"] = statistics.median(x for s in ss for x in s.status_ms)
+                vals["polls per task"] = statistics.median(len(s.status_ms) for s in ss)
+            else:
+                vals["calls per task (1: the answer was the result)"] = statistics.median(1 + len(s.status_ms) for s in ss)
+            sdk = [s.sdk_ms for s in ss if s.sdk_ms is not None]
+            if sdk:
+                vals["run_script: the SDK's own time (outside HTTP)"] = statistics.median(sdk)
+            rep.out(f"  {c.label}, {m}:")
+            for n, v in vals.items():
+                rep.out(f"    {n:48}{v:8.1f}")
+            key = c.label if m == POLLED else f"{c.label}, {m}"
+            out[key]["stages_median_ms"] = vals
         rep.out(
-            "    Docker calls, mean ms (the worker's metrics): "
+            f"  {c.label}: Docker calls, mean ms (the worker's metrics): "
             + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items())
         )
-        out[c.label]["stages_median_ms"] = vals
         out[c.label]["docker_call_mean_ms"] = means
     rep.put("e2e", out)
 
@@ -736,6 +869,100 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
             "sample_record": recs[0],
         }
     rep.put("burst", out)
+
+
+# --------------------------------------------------------------------------- ComputeSDK's shapes
+
+SHAPES = ("sequential", "staggered", "burst")
+# Published p50s of create -> first command's result, sequential (ComputeSDK's
+# benchmark, 2026-05, as issue 21 quotes it): a fresh sandbox created through
+# each provider's API over the internet, then `echo`/`node -v` run in it.
+PEERS = (("declaw", 42.0), ("Daytona", 186.0), ("E2B", 491.0), ("Vercel", 671.0), ("Modal", 1720.0))
+
+
+async def shape_run(cfg: Config, args: argparse.Namespace, shape: str) -> list[tuple[float, dict[str, Any]]]:
+    """--shapes-n one-call `echo hi` tasks in one of ComputeSDK's shapes:
+    sequential (each after the last ended and the worker settled), staggered
+    (started --stagger-ms apart, whatever is still running) or burst (all at
+    once). Returns each one's time to its result (ms) and final status."""
+    n = args.shapes_n
+
+    async def timed() -> tuple[float, dict[str, Any]]:
+        t0 = time.perf_counter()
+        sc, _ = await one_call(cfg, args.runtime)
+        return (time.perf_counter() - t0) * 1000, sc
+
+    if shape == "sequential":
+        out = []
+        for _ in range(n):
+            wait_settled(cfg)
+            out.append(await timed())
+        return out
+    if shape == "staggered":
+        start = time.perf_counter()
+        running = []
+        for i in range(n):
+            # Against the start, not the last launch: no drift over 100 launches.
+            await asyncio.sleep(max(0.0, start + i * args.stagger_ms / 1000 - time.perf_counter()))
+            running.append(asyncio.create_task(timed()))
+        return list(await asyncio.gather(*running))
+    return list(await asyncio.gather(*(timed() for _ in range(n))))
+
+
+async def shapes(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
+    n = args.shapes_n
+    rep.section(
+        f"ComputeSDK's shapes: time to first command, {n} one-call `{ECHO_HI}` tasks each (run_script with "
+        f"wait_seconds, MCP Python SDK): sequential, staggered ({args.stagger_ms} ms apart), burst (all at once); "
+        f"WORKER_CONCURRENCY={args.concurrency}"
+    )
+    rep.out(
+        f"{'':34}{'first command (client), ms':>36}   {'submit -> process started (record), ms':>36}   calls"
+    )
+    rep.out(f"{'':34}{'min':>9} {'p50':>8} {'p99':>8} {'max':>8}   {'min':>9} {'p50':>8} {'p99':>8} {'max':>8}   >1")
+    out: dict[str, Any] = {"n": n, "stagger_ms": args.stagger_ms}
+    for c in configs:
+        assert c.worker is not None
+        out[c.label] = {}
+        for shape in SHAPES:
+            wait_settled(c, 120.0)
+            t0 = time.perf_counter()
+            res = await shape_run(c, args, shape)
+            wall = time.perf_counter() - t0
+            bad = [sc for _, sc in res if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n"]
+            if bad:
+                raise BenchError(f"{c.label}, {shape}: {len(bad)} tasks did not succeed, e.g. {bad[0]}")
+            keys = Keys(c.prefix)
+            pipe = redis.pipeline(transaction=False)
+            for _, sc in res:
+                pipe.hmget(keys.task(str(sc["task_id"])), ["created_at", "started_at", "finished_at"])
+            recs = [[int(x) for x in r] for r in pipe.execute()]
+            first = [ms for ms, _ in res]
+            started = [float(st - cr) for cr, st, _ in recs]
+            more = sum(1 for _, sc in res if sc["_calls"] > 1)
+            ttfc, to_start = Dist(first, "ms"), Dist(started, "ms")
+
+            def row(d: Dist) -> str:
+                v = d.samples
+                return f"{min(v):9.1f} {d.median:8.1f} {pct(v, 99):8.1f} {max(v):8.1f}"
+
+            rep.out(f"{c.label + ', ' + shape:34}{row(ttfc)}   {row(to_start)}   {more:3d}")
+            rate = n / ((max(r[2] for r in recs) - min(r[0] for r in recs)) / 1000)
+            out[c.label][shape] = {
+                "first_command_ms": ttfc.as_json() | {"max": max(first)},
+                "submit_to_started_ms": to_start.as_json() | {"max": max(started)},
+                "tasks_needing_more_than_one_call": more,
+                "wall_s": wall,
+                "tasks_per_s": rate,
+            }
+    rep.out()
+    rep.out("peers' published p50, sequential (ComputeSDK benchmark, 2026-05; create -> first command over the internet):")
+    rep.out("  " + ", ".join(f"{name} {ms:g} ms" for name, ms in PEERS))
+    for c in configs:
+        seq = out[c.label]["sequential"]["first_command_ms"]["median"]
+        rep.out(f"  {c.label}, sequential p50 here (localhost, no network between client and api): {seq:.1f} ms")
+    out["peers_p50_ms"] = dict(PEERS)
+    rep.put("shapes", out)
 
 
 # --------------------------------------------------------------------------- api
@@ -890,8 +1117,15 @@ async def with_clients(configs: list[Config], token: str, body: Callable[[], Any
     async with contextlib.AsyncExitStack() as stack:
         for c in configs:
             assert c.api is not None
+            # Read timeout above wait_seconds' cap; connections for a burst of
+            # waiting calls (each holds one until its answer).
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0))
+                httpx2.AsyncClient(
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=httpx2.Timeout(30.0, read=WAIT_CAP + 30.0),
+                    limits=httpx2.Limits(max_connections=256, max_keepalive_connections=256),
+                    event_hooks={"request": [c.http_times.on_request], "response": [c.http_times.on_response]},
+                )
             )
             c.client = await stack.enter_async_context(Client(streamable_http_client(c.api.mcp_url, http_client=http)))
         return await body()
@@ -901,7 +1135,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin-dir", type=Path, required=True, help="where script-runner-api and -worker are")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: proves the tool works (CI)")
-    ap.add_argument("--only", default="e2e,burst,api,growth", help="sections to run (default: all)")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, of {','.join(SECTIONS)} (default: all)")
     ap.add_argument("--runtime", default="python3.13")
     ap.add_argument(
         "--image",
@@ -914,6 +1148,8 @@ def main() -> int:
     ap.add_argument("--poll-ms", type=int, default=10, help="get_task_status poll interval in the e2e runs")
     ap.add_argument("--e2e-runs", type=int, default=None, help="samples per target (default 30, quick 3)")
     ap.add_argument("--burst", type=int, default=None, help="tasks per burst (default 200, quick 6)")
+    ap.add_argument("--shapes-n", type=int, default=None, help="tasks per ComputeSDK shape (default 100, quick 4)")
+    ap.add_argument("--stagger-ms", type=int, default=200, help="spacing of the staggered shape's starts (ComputeSDK: 200)")
     ap.add_argument("--wrk-seconds", type=int, default=None, help="per wrk row (default 10, quick 1)")
     ap.add_argument("--fill-base", type=int, default=None, help="finished tasks stored for the status rows (default 1000, quick 200)")
     ap.add_argument("--fill", type=int, default=None, help="finished tasks stored for the growth rows (default 100000, quick 1000)")
@@ -923,18 +1159,19 @@ def main() -> int:
     q = args.quick
     args.e2e_runs = args.e2e_runs or (3 if q else 30)
     args.burst = args.burst or (6 if q else 200)
+    args.shapes_n = args.shapes_n or (4 if q else 100)
     args.wrk_seconds = args.wrk_seconds or (1 if q else 10)
     args.fill_base = args.fill_base or (200 if q else 1000)
     args.fill = max(args.fill or (1000 if q else 100_000), args.fill_base + 1)
     if args.pool is None:
         args.pool = f"{args.runtime}={1 if q else args.concurrency}"
     sections = set(filter(None, args.only.split(",")))
-    unknown = sections - {"e2e", "burst", "api", "growth"}
+    unknown = sections - set(SECTIONS)
     if unknown:
         ap.error(f"--only: unknown section(s) {sorted(unknown)}")
 
     # scripts/bench.sh installs wrk and redis-server and builds the image.
-    needs_image = bool(sections & {"e2e", "burst"})
+    needs_image = bool(sections & SERVICE_SECTIONS)
     preflight(args.bin_dir, ("wrk", "redis-server", "docker"), [args.image] if needs_image else [])
 
     stack = Stack(bin_dir=args.bin_dir, label="bench", runtime_images=f"{args.runtime}={args.image}")
@@ -972,7 +1209,7 @@ def main() -> int:
         if args.pool != "0":
             configs.append(Config(f"pool on ({args.pool})", common | {"POOL_SIZE": args.pool}, parse_pool(args.pool)))
         mem: dict[str, Any] = {}
-        if sections & {"e2e", "burst"}:
+        if sections & SERVICE_SECTIONS:
             # The floor first: warm the engine (image cache, network) for everyone.
             for _ in range(2):
                 docker_run(args.image, ECHO_HI)
@@ -1005,8 +1242,11 @@ def main() -> int:
                     )
 
             async def services() -> None:
-                if "e2e" in sections:
-                    await e2e(configs, args, redis, rep)
+                modes = [m for sec, m in (("e2e", POLLED), ("onecall", ONE_CALL)) if sec in sections]
+                if modes:
+                    await e2e(configs, args, redis, rep, modes)
+                if "shapes" in sections:
+                    await shapes(configs, args, redis, rep)
                 if "burst" in sections:
                     await burst(configs, args, redis, rep)
 

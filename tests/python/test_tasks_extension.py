@@ -103,6 +103,9 @@ async def start(client: Client, command: str, **extra: Any) -> TaskHandle:
     uuid.UUID(handle.task_id)
     assert handle.status == "working", handle
     assert handle.ttl_ms and handle.poll_interval_ms, handle
+    # A task just created is polled at the floor (docs/tools.md: a fifth of
+    # its age, at least 100 ms): most tasks are short.
+    assert handle.poll_interval_ms == 100, handle
     return handle
 
 
@@ -119,8 +122,10 @@ async def poll(client: Client, task_id: str) -> tuple[DetailedTask, list[str]]:
         assert task.task_id == task_id
         seen.append(task.status)
         if task.status in {"completed", "failed", "cancelled"}:
+            assert task.poll_interval_ms is None, f"a final task has nothing left to poll: {task}"
             return task, seen
         assert task.status_message, f"a working task says what it is doing: {task}"
+        assert task.poll_interval_ms and 100 <= task.poll_interval_ms <= 10_000, task
         await anyio.sleep(0.2)
     pytest.fail(f"task {task_id} did not end within {DEADLINE:.0f} s; seen {seen}")
 

@@ -25,13 +25,23 @@ impl ScriptRunner {
         task_id: String,
         tail_bytes: usize,
     ) -> Result<TaskStatus, ToolError> {
-        let record = self
-            .store
-            .get(&task_id)
+        let record = self.status_read(who, &task_id).await?;
+        status_from_record(task_id, &record, tail_bytes)
+    }
+
+    /// A task's record as `status` reads it, with Redis's clock at the read
+    /// (`tasks/get` derives its poll interval from the two). Another owner's
+    /// task is answered exactly like an unknown one.
+    pub(super) async fn status_read(
+        &self,
+        who: &Principal,
+        task_id: &str,
+    ) -> Result<StatusRead, ToolError> {
+        self.store
+            .get(task_id)
             .await?
             .filter(|r| who.sees(r.record.owner.as_deref()))
-            .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
-        status_from_record(task_id, &record, tail_bytes)
+            .ok_or_else(|| ToolError::UnknownTask(task_id.to_owned()))
     }
 
     /// `status`, once the task is final or (`Until::Change`) anything changed,

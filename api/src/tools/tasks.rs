@@ -27,6 +27,7 @@ use super::args::parse_task_id;
 use super::error::ToolError;
 use super::output::TaskStatus;
 use super::runner::{ScriptRunner, allowed};
+use super::status::status_from_record;
 use crate::auth::{Principal, Scope};
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
@@ -44,9 +45,12 @@ impl ScriptRunner {
     ) -> Result<GetTaskResult, McpError> {
         let who = allowed(ctx, Scope::Read, "tasks/get").map_err(ToolError::into_protocol)?;
         let task_id = parse_task_id(&request.task_id).map_err(ToolError::into_protocol)?;
-        let status = self
-            .status(&who, task_id, DEFAULT_TAIL_BYTES)
+        let read = self
+            .status_read(&who, &task_id)
             .await
+            .map_err(ToolError::into_protocol)?;
+        let poll = poll_interval_ms(&read.record, read.now_ms);
+        let status = status_from_record(task_id, &read, DEFAULT_TAIL_BYTES)
             .map_err(ToolError::into_protocol)?;
         let mut meta = MetaObject::new();
         meta.insert(STATE_META_KEY.into(), serde_json::json!(status.state));
@@ -55,7 +59,7 @@ impl ScriptRunner {
             serde_json::json!(status.reason_kind),
         );
         let task = self
-            .detailed_task(status)
+            .detailed_task(status, poll)
             .map_err(ToolError::into_protocol)?;
         let mut result = GetTaskResult::new(task);
         result.meta = Some(meta);
@@ -91,22 +95,69 @@ impl ScriptRunner {
         who: &Principal,
         task_id: &str,
     ) -> Result<Task, ToolError> {
-        let status = self.status(who, task_id.to_owned(), 0).await?;
-        Ok(self.detailed_task(status)?.task)
+        let read = self.status_read(who, task_id).await?;
+        let poll = poll_interval_ms(&read.record, read.now_ms);
+        let status = status_from_record(task_id.to_owned(), &read, 0)?;
+        Ok(self.detailed_task(status, poll)?.task)
     }
 
-    fn detailed_task(&self, status: TaskStatus) -> Result<DetailedTask, ToolError> {
+    fn detailed_task(
+        &self,
+        status: TaskStatus,
+        poll_ms: Option<u64>,
+    ) -> Result<DetailedTask, ToolError> {
         let ttl_ms = self.config.retention_seconds * 1000;
-        detailed_task(status, ttl_ms).map_err(ToolError::Encode)
+        detailed_task(status, ttl_ms, poll_ms).map_err(ToolError::Encode)
     }
 }
 
-/// How often a client should poll a task that is still working.
-pub const POLL_INTERVAL_MS: u64 = 1000;
+/// `pollIntervalMs` never suggests less than this: a pool hit of a trivial
+/// script ends about 100 to 200 ms after its submit (BENCHMARKS.md), and one
+/// `tasks/get` costs the api and Redis under a millisecond of CPU.
+pub const MIN_POLL_INTERVAL_MS: u64 = 100;
+/// Nor more than this, so a long task's end is seen within 10 s.
+pub const MAX_POLL_INTERVAL_MS: u64 = 10_000;
+/// The interval is a fifth of the task's age: a task is seen ended at most
+/// about 20% of its life after its end, and a task of any length costs a
+/// number of polls that grows with the logarithm of its length until the
+/// cap (about 30 polls to reach it, at an age of 50 s), then one per cap.
+const POLL_AGE_DIVISOR: i64 = 5;
+/// A running task ends by its timeout at the latest: the worker kills it and
+/// records `timed-out` shortly after (the kill, the engine's clean-up). The
+/// interval is cut so that the poll after the deadline comes this long after it.
+const POLL_AFTER_DEADLINE_MS: i64 = 500;
+
+/// `pollIntervalMs` for a task read at `now_ms` (Redis's clock, as its
+/// timestamps): short while it is young, since most tasks are short, growing
+/// with its age, and never past its timeout's deadline by more than
+/// `POLL_AFTER_DEADLINE_MS`. `None` once it is final: nothing is left to poll.
+pub fn poll_interval_ms(record: &shared::TaskRecord, now_ms: i64) -> Option<u64> {
+    if record.state.is_terminal() {
+        return None;
+    }
+    let age = now_ms.saturating_sub(record.created_at.unwrap_or(now_ms));
+    let mut interval = age / POLL_AGE_DIVISOR;
+    if let (Some(started), Some(timeout)) = (record.started_at, record.timeout_seconds) {
+        let deadline =
+            started.saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX / 2000) * 1000);
+        interval = interval.min(
+            deadline
+                .saturating_sub(now_ms)
+                .saturating_add(POLL_AFTER_DEADLINE_MS),
+        );
+    }
+    let clamped = interval.clamp(MIN_POLL_INTERVAL_MS as i64, MAX_POLL_INTERVAL_MS as i64);
+    Some(u64::try_from(clamped).unwrap_or(MIN_POLL_INTERVAL_MS))
+}
 
 /// The MCP task for one of our tasks, as `get_task_status` would describe it.
-/// `ttl_ms` is how long its record is kept once it ends.
-fn detailed_task(status: TaskStatus, ttl_ms: u64) -> Result<DetailedTask, serde_json::Error> {
+/// `ttl_ms` is how long its record is kept once it ends; `poll_ms` the
+/// suggested poll interval (`poll_interval_ms`).
+fn detailed_task(
+    status: TaskStatus,
+    ttl_ms: u64,
+    poll_ms: Option<u64>,
+) -> Result<DetailedTask, serde_json::Error> {
     let created = status.created_at.clone().unwrap_or_default();
     let updated = [&status.finished_at, &status.started_at]
         .into_iter()
@@ -114,9 +165,11 @@ fn detailed_task(status: TaskStatus, ttl_ms: u64) -> Result<DetailedTask, serde_
         .next()
         .cloned()
         .unwrap_or_else(|| created.clone());
-    let task = Task::new(status.task_id.clone(), McpStatus::Working, created, updated)
-        .with_ttl_ms(ttl_ms)
-        .with_poll_interval_ms(POLL_INTERVAL_MS);
+    let mut task =
+        Task::new(status.task_id.clone(), McpStatus::Working, created, updated).with_ttl_ms(ttl_ms);
+    if let Some(ms) = poll_ms {
+        task = task.with_poll_interval_ms(ms);
+    }
     let (task, payload) = match status.state {
         TaskState::Queued => (
             task.with_status_message("queued: waiting for a free worker slot"),
@@ -199,19 +252,19 @@ mod tests {
 
     #[test]
     fn open_states_are_working_with_a_message() -> Result<(), serde_json::Error> {
-        let q = detailed_task(status(TaskState::Queued, None), 1000)?;
+        let q = detailed_task(status(TaskState::Queued, None), 1000, Some(100))?;
         assert_eq!(q.status(), McpStatus::Working);
         assert!(
             q.task
                 .status_message
                 .is_some_and(|m| m.starts_with("queued"))
         );
-        let r = detailed_task(status(TaskState::Running, None), 1000)?;
+        let r = detailed_task(status(TaskState::Running, None), 1000, Some(400))?;
         assert_eq!(
             r.task.status_message.as_deref(),
             Some("running for 2 s, last output 1 s ago")
         );
-        assert_eq!(r.task.poll_interval_ms, Some(POLL_INTERVAL_MS));
+        assert_eq!(r.task.poll_interval_ms, Some(400));
         assert_eq!(r.task.ttl_ms, Some(1000));
         Ok(())
     }
@@ -219,7 +272,12 @@ mod tests {
     #[test]
     fn final_states_complete_with_the_status_result_and_errors_flagged()
     -> Result<(), serde_json::Error> {
-        let ok = detailed_task(status(TaskState::Succeeded, Some("exited with code 0")), 1)?;
+        let ok = detailed_task(
+            status(TaskState::Succeeded, Some("exited with code 0")),
+            1,
+            None,
+        )?;
+        assert_eq!(ok.task.poll_interval_ms, None, "a final task is not polled");
         assert_eq!(ok.status(), McpStatus::Completed);
         let result = result_of(&ok).cloned().unwrap_or_default();
         assert_eq!(result.get("isError"), Some(&serde_json::json!(false)));
@@ -239,7 +297,7 @@ mod tests {
             }))
         );
         for bad in [TaskState::Failed, TaskState::TimedOut] {
-            let t = detailed_task(status(bad, Some("exited with code 3")), 1)?;
+            let t = detailed_task(status(bad, Some("exited with code 3")), 1, None)?;
             assert_eq!(
                 t.status(),
                 McpStatus::Completed,
@@ -248,12 +306,122 @@ mod tests {
             let result = result_of(&t).cloned().unwrap_or_default();
             assert_eq!(result.get("isError"), Some(&serde_json::json!(true)));
         }
-        let killed = detailed_task(status(TaskState::Killed, Some("killed by kill_task")), 1)?;
+        let killed = detailed_task(
+            status(TaskState::Killed, Some("killed by kill_task")),
+            1,
+            None,
+        )?;
         assert_eq!(killed.status(), McpStatus::Cancelled);
         assert_eq!(
             killed.task.status_message.as_deref(),
             Some("killed by kill_task")
         );
         Ok(())
+    }
+
+    /// A record created at 0, read at `now_ms`; started at `started` with
+    /// `timeout` seconds when given.
+    fn record(state: TaskState, started: Option<i64>, timeout: Option<u64>) -> shared::TaskRecord {
+        let mut r = shared::TaskRecord::new(state);
+        r.created_at = Some(0);
+        r.started_at = started;
+        r.timeout_seconds = timeout;
+        r
+    }
+
+    #[test]
+    fn the_poll_interval_starts_short_and_grows_with_the_tasks_age() {
+        let at =
+            |state, started, timeout, now| poll_interval_ms(&record(state, started, timeout), now);
+        // New: the floor, so a short task is seen soon after it ends.
+        assert_eq!(
+            at(TaskState::Queued, None, Some(300), 0),
+            Some(MIN_POLL_INTERVAL_MS)
+        );
+        assert_eq!(
+            at(TaskState::Queued, None, Some(300), 300),
+            Some(MIN_POLL_INTERVAL_MS)
+        );
+        // Then a fifth of its age, queued or running.
+        assert_eq!(at(TaskState::Queued, None, Some(300), 2_000), Some(400));
+        assert_eq!(
+            at(TaskState::Running, Some(1_000), Some(300), 10_000),
+            Some(2_000)
+        );
+        // Capped for long tasks.
+        assert_eq!(
+            at(TaskState::Running, Some(1_000), Some(3_600), 600_000),
+            Some(MAX_POLL_INTERVAL_MS)
+        );
+        // Never far past the timeout's deadline (started 1 s + 60 s): at 55 s
+        // the age says 11 s, the deadline 6 s + 0.5 s.
+        assert_eq!(
+            at(TaskState::Running, Some(1_000), Some(60), 55_000),
+            Some(6_500)
+        );
+        // At or past the deadline (the kill on its way): the floor.
+        assert_eq!(
+            at(TaskState::Running, Some(1_000), Some(60), 61_000),
+            Some(500)
+        );
+        assert_eq!(
+            at(TaskState::Running, Some(1_000), Some(60), 70_000),
+            Some(MIN_POLL_INTERVAL_MS)
+        );
+        // A read whose clock is behind the record's (another replica's view of
+        // Redis cannot be, but a bad record can): the floor, not a panic.
+        assert_eq!(
+            at(TaskState::Queued, None, None, -5_000),
+            Some(MIN_POLL_INTERVAL_MS)
+        );
+        // A timeout too large for milliseconds does not overflow.
+        assert_eq!(
+            at(TaskState::Running, Some(0), Some(u64::MAX), 600_000),
+            Some(MAX_POLL_INTERVAL_MS)
+        );
+    }
+
+    #[test]
+    fn a_final_task_has_no_poll_interval() {
+        for state in [
+            TaskState::Succeeded,
+            TaskState::Failed,
+            TaskState::TimedOut,
+            TaskState::Killed,
+        ] {
+            assert_eq!(
+                poll_interval_ms(&record(state, Some(1), Some(60)), 5_000),
+                None,
+                "{state}"
+            );
+        }
+    }
+
+    #[test]
+    fn polling_as_suggested_sees_a_short_task_soon_and_a_long_one_within_a_fifth() {
+        // A client that obeys pollIntervalMs from the handle on: how late it
+        // sees a task end, and how many tasks/get calls that takes.
+        for (ends_at, most_late, most_polls) in [
+            (150, 100, 2),
+            (700, 175, 7),
+            (60_000, 12_000, 35),
+            (3_600_000, 10_000, 390),
+        ] {
+            let r = record(TaskState::Running, Some(0), Some(7_200));
+            let (mut now, mut polls) = (0_i64, 0);
+            while now < ends_at {
+                now += i64::try_from(poll_interval_ms(&r, now).unwrap_or(0)).unwrap_or(0);
+                polls += 1;
+            }
+            assert!(
+                now - ends_at <= most_late,
+                "a task of {ends_at} ms seen {} ms late",
+                now - ends_at
+            );
+            assert!(
+                polls <= most_polls,
+                "a task of {ends_at} ms took {polls} polls"
+            );
+        }
     }
 }
