@@ -63,7 +63,7 @@ worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer
 # prefix: not the API keys (sr:apikey:*, sr:apikeys*), so a worker host's password cannot
 # mint or read one, nor the api's indexes (sr:tasks, an owner's tasks and active set).
 # Commands inside the functions are checked against these too.
-worker_keys="~${prefix}:jobs ~${prefix}:task:* ~${prefix}:stats ~${prefix}:stats:* ~${prefix}:worker:* ~${prefix}:workers ~${prefix}:owner:*:cpu ~${prefix}:owner:*:usage ~${prefix}:usage:* ~${prefix}:cache:clears"
+worker_keys="~${prefix}:jobs ~${prefix}:task:* ~${prefix}:stats ~${prefix}:stats:* ~${prefix}:worker:* ~${prefix}:workers ~${prefix}:owner:*:cpu ~${prefix}:owner:*:usage ~${prefix}:usage:* %R~${prefix}:cache:clears"
 # A worker's rules, after `user NAME on #SHA256`: the one definition the local worker and
 # every worker host's user share (in the ACL file and in ACL SETUSER alike).
 worker_rules() { echo "resetkeys $worker_keys resetchannels -@all $worker_cmds"; }

@@ -103,9 +103,10 @@ async def start(client: Client, command: str, **extra: Any) -> TaskHandle:
     uuid.UUID(handle.task_id)
     assert handle.status == "working", handle
     assert handle.ttl_ms and handle.poll_interval_ms, handle
-    # A task just created is polled at the floor (docs/tools.md: a fifth of
-    # its age, at least 100 ms): most tasks are short.
-    assert handle.poll_interval_ms == 100, handle
+    # A task just created is polled near the floor (docs/tools.md: a fifth of
+    # its age, at least 100 ms): most tasks are short. A slow answer makes the
+    # task a little older, hence the margin.
+    assert 100 <= handle.poll_interval_ms <= 200, handle
     return handle
 
 

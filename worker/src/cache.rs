@@ -167,8 +167,20 @@ impl Caches {
             };
             let meta = e.path().symlink_metadata()?;
             if meta.is_dir() && is_owner_id(&name) {
-                let bytes = files(&e.path()).iter().map(|f| f.bytes).sum();
-                let last_used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                let bytes = match walk(&e.path()) {
+                    Ok(walked) => walked.bytes(),
+                    Err(err) => {
+                        tracing::warn!(owner_id = name, error = %err, "dependency cache cannot be walked; dropped");
+                        remove_tree(&e.path());
+                        continue;
+                    }
+                };
+                // The worker's own `.gen` file says when it was last lent: the
+                // directory's times are the task's to set.
+                let last_used =
+                    fs::symlink_metadata(root.join("owners").join(format!("{name}.gen")))
+                        .and_then(|m| m.modified())
+                        .unwrap_or(SystemTime::UNIX_EPOCH);
                 entries.insert(
                     name,
                     Entry {
@@ -179,6 +191,13 @@ impl Caches {
                     },
                 );
             }
+        }
+        // A cap lowered since the last run applies now, not at each owner's
+        // next return.
+        for id in over_total(&mut entries, config.total_bytes) {
+            remove_tree(&root.join("owners").join(&id));
+            let _ = fs::remove_file(root.join("owners").join(format!("{id}.gen")));
+            entries.remove(&id);
         }
         tracing::info!(
             owners = entries.len(),
@@ -290,6 +309,30 @@ impl Caches {
         }
     }
 
+    /// Drops a lent cache without looking into it: for a task whose container
+    /// could not be removed, so something may still be writing in it. The
+    /// worker never walks a tree a task can still change; `remove_dir_all`
+    /// does not follow links.
+    pub async fn forfeit(&self, lease: Lease) {
+        let Some(inner) = self.inner.clone() else {
+            return;
+        };
+        tracing::warn!(
+            owner_id = lease.owner_id,
+            "dependency cache dropped: its task's container may still be running"
+        );
+        inner.lock().remove(&lease.owner_id);
+        let _ = tokio::task::spawn_blocking(move || {
+            remove_tree(&lease.mount.join(LENT_NAME));
+            if lease.own_mount {
+                remove_tree(&lease.mount);
+            }
+        })
+        .await;
+        inner.metrics.cache_evicted(0, 1);
+        inner.returned.notify_waiters();
+    }
+
     /// Takes a cache back once its task's container is gone, and applies the
     /// caps. Never fails: a cache that cannot be taken back is dropped.
     pub async fn give_back(&self, lease: Lease) {
@@ -378,15 +421,15 @@ impl Inner {
         if lease.own_mount {
             remove_tree(&lease.mount);
         }
-        let bytes = match back {
-            Ok(()) => {
-                let evicted = trim(&dir, self.config.per_owner_bytes);
+        let bytes = match back.and_then(|()| trim(&dir, self.config.per_owner_bytes)) {
+            Ok(evicted) => {
                 self.metrics.cache_evicted(evicted.files, 0);
                 Some(evicted.kept_bytes)
             }
             Err(e) => {
                 tracing::warn!(owner_id = lease.owner_id, error = %e, "dependency cache not taken back; dropped");
                 remove_tree(&lent);
+                remove_tree(&dir);
                 None
             }
         };
@@ -419,12 +462,21 @@ impl Inner {
             remove_tree(&self.owner_dir(id));
             let _ = fs::remove_file(self.generations_file(id));
         }
+        // Held as lent while they were removed, so no task was lent a
+        // half-removed cache; forgotten only now.
+        {
+            let mut entries = self.lock();
+            for id in &victims {
+                entries.remove(id);
+            }
+        }
         self.metrics.cache_evicted(0, victims.len() as u64);
     }
 }
 
 /// Picks the least recently used caches (not lent) to remove until the total
-/// is within `cap`, and forgets them.
+/// is within `cap`, and marks them lent (busy) until the caller has removed
+/// them and forgets them.
 fn over_total(entries: &mut HashMap<String, Entry>, cap: u64) -> Vec<String> {
     let mut total: u64 = entries.values().map(|e| e.bytes).sum();
     let mut idle: Vec<(SystemTime, String)> = entries
@@ -438,7 +490,8 @@ fn over_total(entries: &mut HashMap<String, Entry>, cap: u64) -> Vec<String> {
         if total <= cap {
             break;
         }
-        if let Some(e) = entries.remove(&id) {
+        if let Some(e) = entries.get_mut(&id) {
+            e.lent = true;
             total = total.saturating_sub(e.bytes);
             victims.push(id);
         }
@@ -464,14 +517,19 @@ struct Trimmed {
 
 /// Keeps only directories and regular files in `dir` (links, pipes and the
 /// like are removed, never followed), then removes the least recently used
-/// files until the rest fits in `cap`.
-fn trim(dir: &Path, cap: u64) -> Trimmed {
-    let mut all = files(dir);
-    let mut total: u64 = all.iter().map(|f| f.bytes).sum();
+/// files until the rest fits in `cap`. An error (a part of the tree that
+/// cannot be read, or directories alone over the cap) means the caller drops
+/// the whole cache: a tree the worker cannot account for is not kept.
+fn trim(dir: &Path, cap: u64) -> io::Result<Trimmed> {
+    let Walked {
+        mut files,
+        dir_bytes,
+    } = walk(dir)?;
+    let mut total: u64 = dir_bytes + files.iter().map(|f| f.bytes).sum::<u64>();
     let mut removed = 0;
     if total > cap {
-        all.sort_by_key(|f| f.used);
-        for f in all {
+        files.sort_by_key(|f| f.used);
+        for f in files {
             if total <= cap {
                 break;
             }
@@ -481,32 +539,52 @@ fn trim(dir: &Path, cap: u64) -> Trimmed {
             }
         }
     }
-    Trimmed {
+    if total > cap {
+        return Err(io::Error::other(format!(
+            "still {total} bytes over a cap of {cap} with its files removed"
+        )));
+    }
+    Ok(Trimmed {
         kept_bytes: total,
         files: removed,
+    })
+}
+
+/// What `walk` found: the regular files, and what the directories themselves
+/// occupy (counted, so a tree of empty directories is not free).
+struct Walked {
+    files: Vec<File>,
+    dir_bytes: u64,
+}
+
+impl Walked {
+    fn bytes(&self) -> u64 {
+        self.dir_bytes + self.files.iter().map(|f| f.bytes).sum::<u64>()
     }
 }
 
 /// Every regular file under `dir`, walked without following a link;
 /// anything else that is not a directory is removed on the way (the tools
 /// keep plain files, and the worker keeps nothing it would have to follow).
-fn files(dir: &Path) -> Vec<File> {
-    let mut found = Vec::new();
+/// Only called on a tree no task can change any more (its container is
+/// gone). A directory that cannot be read (nested past `PATH_MAX`, say) is an
+/// error, not a part skipped: its files would escape both caps.
+fn walk(dir: &Path) -> io::Result<Walked> {
+    let mut found = Walked {
+        files: Vec::new(),
+        dir_bytes: 0,
+    };
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            let Ok(meta) = path.symlink_metadata() else {
-                continue;
-            };
+        for e in fs::read_dir(&d)? {
+            let path = e?.path();
+            let meta = path.symlink_metadata()?;
             let kind = meta.file_type();
             if kind.is_dir() {
+                found.dir_bytes += meta.blocks() * 512;
                 stack.push(path);
             } else if kind.is_file() {
-                found.push(File {
+                found.files.push(File {
                     path,
                     bytes: meta.blocks() * 512,
                     used: meta
@@ -516,11 +594,11 @@ fn files(dir: &Path) -> Vec<File> {
                 });
             } else {
                 // A link (or pipe, socket): unlink removes the entry itself.
-                let _ = fs::remove_file(&path);
+                fs::remove_file(&path)?;
             }
         }
     }
-    found
+    Ok(found)
 }
 
 /// An owner's cache name: `shared::cache::owner_id`'s 64 hex digits.
@@ -570,7 +648,7 @@ mod tests {
             .open(&old)
             .and_then(|f| f.set_times(fs::FileTimes::new().set_accessed(past).set_modified(past)))
             .expect("age old");
-        let t = trim(&cache, 100 * 1024);
+        let t = trim(&cache, 100 * 1024).expect("trimmed");
         assert_eq!(t.files, 1);
         assert!(!old.exists() && new.exists());
         assert!(cache.join("pip/escape").symlink_metadata().is_err());
@@ -601,8 +679,14 @@ mod tests {
             ("mid".to_owned(), entry(at(2), false)),
             ("new".to_owned(), entry(at(3), false)),
         ]);
-        assert_eq!(over_total(&mut entries, 100), ["old", "mid"]);
+        let victims = over_total(&mut entries, 100);
+        assert_eq!(victims, ["old", "mid"]);
+        // Held as lent (no task is lent one being removed) until forgotten.
+        assert!(victims.iter().all(|id| entries[id].lent));
         assert!(entries.contains_key("busy") && entries.contains_key("new"));
+        for id in &victims {
+            entries.remove(id);
+        }
         assert!(over_total(&mut entries, 100).is_empty());
     }
 }

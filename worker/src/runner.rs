@@ -172,15 +172,17 @@ async fn execute(
                     if let Some(c) = inputs.collector {
                         c.finish().await;
                     }
-                    // Nothing of the task ran in it: the cache goes back, to be
-                    // lent again to the cold one.
-                    if let Some(lease) = inputs.cache {
-                        ctx.caches.give_back(lease).await;
-                    }
-                    // Removed before the cold one is made: it may already bear
-                    // the task's container name.
+                    // Removed before the cold one is made (it may already bear
+                    // the task's container name), and before the cache is
+                    // looked at: the engine may have started the process after
+                    // all. Then the cache goes back, to be lent again to the
+                    // cold one, or is dropped if the container is not gone.
                     if let Some(w) = warm.take() {
-                        ctx.pool.discard(w).await;
+                        let gone = ctx.sandbox.remove(&w.id).await;
+                        if let Some(lease) = inputs.cache {
+                            return_cache(&ctx, lease, gone).await;
+                        }
+                        crate::pool::remove_dir(w.dir().to_path_buf()).await;
                     }
                 }
             },
@@ -419,6 +421,17 @@ async fn launch_warm(
     })
 }
 
+/// A lent cache comes back only from a container known to be gone: the
+/// worker walks it as root, and a task still running could change the tree
+/// under the walk. Otherwise it is dropped unread.
+async fn return_cache(ctx: &Ctx, lease: Lease, container_gone: bool) {
+    if container_gone {
+        ctx.caches.give_back(lease).await;
+    } else {
+        ctx.caches.forfeit(lease).await;
+    }
+}
+
 /// Removes an ended task's container and host files (its extracted zip, or the
 /// warm container's directory). Runs in the background: the task's record does
 /// not wait for it.
@@ -434,14 +447,14 @@ async fn clean_up(
         // The cache comes back once nothing of the task can run any more, and
         // before the directory it was lent into goes.
         (Some(warm), _, Some(lease)) => {
-            ctx.sandbox.remove(&warm.id).await;
-            ctx.caches.give_back(lease).await;
+            let gone = ctx.sandbox.remove(&warm.id).await;
+            return_cache(&ctx, lease, gone).await;
             crate::pool::remove_dir(warm.dir().to_path_buf()).await;
         }
         (None, Some(c), lease) => {
-            ctx.sandbox.remove(&c).await;
+            let gone = ctx.sandbox.remove(&c).await;
             if let Some(lease) = lease {
-                ctx.caches.give_back(lease).await;
+                return_cache(&ctx, lease, gone).await;
             }
         }
         (None, None, lease) => {

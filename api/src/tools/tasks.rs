@@ -138,8 +138,11 @@ pub fn poll_interval_ms(record: &shared::TaskRecord, now_ms: i64) -> Option<u64>
     let age = now_ms.saturating_sub(record.created_at.unwrap_or(now_ms));
     let mut interval = age / POLL_AGE_DIVISOR;
     if let (Some(started), Some(timeout)) = (record.started_at, record.timeout_seconds) {
-        let deadline =
-            started.saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX / 2000) * 1000);
+        let deadline = started.saturating_add(
+            i64::try_from(timeout)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(1000),
+        );
         interval = interval.min(
             deadline
                 .saturating_sub(now_ms)

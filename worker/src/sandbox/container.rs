@@ -72,16 +72,25 @@ impl Sandbox {
         }
     }
 
-    /// Removes a container whatever its state. Errors are logged, not returned:
-    /// the orphan sweep at the next start catches what is left.
-    pub async fn remove(&self, id: &str) {
+    /// Removes a container whatever its state, and says whether it is gone
+    /// (removed now, or not there). Errors are logged: the orphan sweep at the
+    /// next start catches what is left. A caller that is about to touch what
+    /// the container could write (a lent cache) must not when it is not gone.
+    pub async fn remove(&self, id: &str) -> bool {
         let opts = RemoveContainerOptionsBuilder::default()
             .force(true)
             .v(true)
             .build();
         let remove = self.docker.remove_container(id, Some(opts));
-        if let Err(e) = self.metrics.docker(Op::Remove, remove).await {
-            tracing::warn!(container = id, error = %e, "could not remove task container");
+        match self.metrics.docker(Op::Remove, remove).await {
+            Ok(()) => true,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => true,
+            Err(e) => {
+                tracing::warn!(container = id, error = %e, "could not remove task container");
+                false
+            }
         }
     }
 
