@@ -441,8 +441,9 @@ async fn exit_codes_timeouts_kills_and_oom_read_as_on_the_cold_path() {
 async fn a_task_whose_prelude_is_killed_before_it_reports_still_ends() {
     let stack = pooled(&[]).await;
     let client = stack.client().await;
-    // The script's parent is `timeout`, whose parent is the prelude.
-    let command = "echo before; kill -9 $(ps -o ppid= -p $PPID); sleep 600";
+    // The script's parent is `timeout`, whose parent is the prelude (the image
+    // has no `ps`: /proc says).
+    let command = "echo before; read -r _ _ _ pp _ < /proc/$PPID/stat; kill -9 $pp; sleep 600";
     let end = run_warm(&stack, &client, command, json!({"timeout_seconds": 120})).await;
     assert_eq!(end["state"], "failed", "{end}");
     assert_eq!(end["exit_code"], 137, "{end}");

@@ -106,13 +106,17 @@ impl TaskOutput {
     }
 
     fn take(&mut self, frame: LogOutput) {
-        let (pending, message, stdout) = match frame {
+        let (pending, message, stdout) = match &frame {
             LogOutput::StdOut { message } | LogOutput::Console { message } => {
                 (&mut self.stdout, message, true)
             }
             LogOutput::StdErr { message } => (&mut self.stderr, message, false),
             LogOutput::StdIn { .. } => return,
         };
+        if self.marker.passes(pending, message) {
+            self.queue.push_back(Event::Frame(frame));
+            return;
+        }
         let (bytes, seen) = self.marker.scan(pending, &message);
         if !bytes.is_empty() {
             self.queue.push_back(Event::Frame(frame_of(stdout, bytes)));
