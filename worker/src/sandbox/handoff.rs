@@ -117,7 +117,7 @@ impl TaskOutput {
             self.queue.push_back(Event::Frame(frame));
             return;
         }
-        let (bytes, seen) = self.marker.scan(pending, &message);
+        let (bytes, seen) = self.marker.scan(pending, message);
         if !bytes.is_empty() {
             self.queue.push_back(Event::Frame(frame_of(stdout, bytes)));
         }

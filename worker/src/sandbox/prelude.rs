@@ -338,8 +338,8 @@ mod tests {
         // Every way of cutting the stream in two frames gives the same result.
         for cut in 0..stream.len() {
             let mut pending = Vec::new();
-            let (a, mut seen) = m.scan(&mut pending, stream[..cut].as_bytes());
-            let (b, more) = m.scan(&mut pending, stream[cut..].as_bytes());
+            let (a, mut seen) = m.scan(&mut pending, &stream.as_bytes()[..cut]);
+            let (b, more) = m.scan(&mut pending, &stream.as_bytes()[cut..]);
             seen.extend(more);
             let out = [a, b].concat();
             assert_eq!(
