@@ -18,9 +18,11 @@ pub(super) const COLLECT_MOUNT: &str = "/.sr-collect";
 pub(super) const SOURCE_MOUNT: &str = "/.sr-source";
 
 /// How long the prelude stays idle after the task's exit status is out: the
-/// worker reads the cgroup and stops the container long before; this only
-/// bounds a container whose worker died at that moment.
-const IDLE_AFTER_SECONDS: u64 = 120;
+/// worker reads the cgroup within milliseconds and then stops the container;
+/// short, because a container whose worker died must end soon after its task
+/// (as it did when a cold container's first process slept until the deadline
+/// plus 5 s).
+const IDLE_AFTER_SECONDS: u64 = 10;
 
 /// The variables every container gets; a task's own come with its handoff.
 pub(super) fn task_env(extra: &[(String, String)]) -> Vec<String> {
