@@ -96,6 +96,7 @@ class ContainerStarts:
         await wait_until_async("docker events to report a probe container", lambda: asyncio.sleep(0, probe in self.by_task), 30)
         self.by_task.pop(probe, None)
         self.workers.discard(probe)
+        self.refused = [r for r in self.refused if r[0] != probe]
 
     async def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
