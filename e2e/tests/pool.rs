@@ -87,6 +87,35 @@ fn warm_container_of(worker: &str, task_id: &str, since: u64) -> Option<String> 
     })
 }
 
+/// The exec events (`exec_create`, `exec_start`) the engine reported for
+/// container `id` since `since` (Unix time): a warm task is handed to the
+/// container's waiting prelude, with no exec.
+fn execs_in(id: &str, since: u64) -> Vec<String> {
+    let now = unix_now() + 1;
+    let out = Command::new("docker")
+        .args([
+            "events",
+            "--since",
+            &since.to_string(),
+            "--until",
+            &now.to_string(),
+            "--filter",
+            &format!("container={id}"),
+            "--filter",
+            "event=exec_create",
+            "--filter",
+            "event=exec_start",
+            "--format",
+            "{{.Action}}",
+        ])
+        .output()
+        .expect("docker events");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -124,6 +153,11 @@ async fn run_warm(stack: &Stack, client: &Client, command: &str, extra: Value) -
         warm_container_of(&stack.worker_name, &id, since).as_ref(),
         Some(&warm[0]),
         "the task did not run in the pool's container"
+    );
+    assert_eq!(
+        execs_in(&warm[0], since),
+        Vec::<String>::new(),
+        "the warm task was run by an exec"
     );
     end
 }
@@ -400,6 +434,24 @@ async fn exit_codes_timeouts_kills_and_oom_read_as_on_the_cold_path() {
     stack.shutdown().await;
 }
 
+/// The prelude reports the script's end itself; one that is gone before it
+/// could (the OOM killer may pick it, or anything that kills it) must still
+/// give its task an end, from the engine.
+#[tokio::test]
+async fn a_task_whose_prelude_is_killed_before_it_reports_still_ends() {
+    let stack = pooled(&[]).await;
+    let client = stack.client().await;
+    // The script's parent is `timeout`, whose parent is the prelude (the image
+    // has no `ps`: /proc says).
+    let command = "echo before; read -r _ _ _ pp _ < /proc/$PPID/stat; kill -9 $pp; sleep 600";
+    let end = run_warm(&stack, &client, command, json!({"timeout_seconds": 120})).await;
+    assert_eq!(end["state"], "failed", "{end}");
+    assert_eq!(end["exit_code"], 137, "{end}");
+    assert_eq!(end["stdout_tail"], "before\n", "{end}");
+    wait_container_gone(end["task_id"].as_str().unwrap_or_default()).await;
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_task_without_network_never_runs_on_a_pool_container() {
     let stack = pooled(&[]).await;
@@ -482,9 +534,9 @@ async fn the_pool_refills_after_a_burst() {
         (8, containers.len()),
         "{metrics}"
     );
-    // Every task runs as an exec: in a warm container or in its own.
+    // Every task is handed to a prelude: in a warm container or in its own.
     assert_eq!(
-        sample("script_runner_worker_container_exec_seconds_count"),
+        sample("script_runner_worker_container_handoff_seconds_count"),
         warm + cold
     );
     assert_eq!(

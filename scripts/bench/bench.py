@@ -532,7 +532,7 @@ class DockerEvents:
             action = ev.get("Action", "").split(":")[0]  # "exec_start: sh -c ..."
             if value := key_of(attrs):
                 keys[cid] = value
-            if action in ("create", "start", "die", "destroy", "exec_start", "exec_die"):
+            if action in ("create", "start", "die", "destroy", "exec_start", "exec_die", "rename"):
                 by_id.setdefault(cid, {}).setdefault(action, ev["timeNano"] / 1e6)
         return {keys[cid]: evs for cid, evs in by_id.items() if cid in keys}
 
@@ -552,28 +552,19 @@ def service_stages(s: E2eSample, ev: dict[str, float]) -> dict[str, float]:
         "run_script call -> record created": at["created_at"] - s.t0_ms,
         "queued (created -> claimed)": at["claimed_at"] - at["created_at"],
     }
-    if "exec_start" in ev and ev.get("start", 0) < at["claimed_at"]:
-        # A warm pool container: started before the claim, handed the task by an exec.
-        if "start" in ev:
-            st["(pool container started, before the claim)"] = ev["start"] - at["claimed_at"]
-        st["claimed -> exec started"] = ev["exec_start"] - at["claimed_at"]
-        if "exec_die" in ev:
-            st["exec started -> exited (the script)"] = ev["exec_die"] - ev["exec_start"]
-            st["exited -> finished recorded"] = at["finished_at"] - ev["exec_die"]
-    elif {"create", "start", "exec_start", "exec_die"} <= ev.keys():
-        # A cold container: created and started after the claim, its first
-        # process idle, the task run in it by an exec (so its cgroup is read
-        # after the script exits).
+    if "start" in ev and ev["start"] < at["claimed_at"]:
+        # A warm pool container: started before the claim, its prelude waiting;
+        # the task is handed to it (no exec), and the prelude reports the end.
+        st["(pool container started, before the claim)"] = ev["start"] - at["claimed_at"]
+        st["claimed -> started recorded (handoff)"] = at["started_at"] - at["claimed_at"]
+        st["started -> finished recorded (the script, usage read)"] = at["finished_at"] - at["started_at"]
+    elif {"create", "start"} <= ev.keys():
+        # A cold container: created and started after the claim, its prelude
+        # handed the task once started.
         st["claimed -> container created"] = ev["create"] - at["claimed_at"]
         st["created -> started"] = ev["start"] - ev["create"]
-        st["started -> exec started"] = ev["exec_start"] - ev["start"]
-        st["exec started -> exited (the script)"] = ev["exec_die"] - ev["exec_start"]
-        st["exited -> finished recorded (usage read)"] = at["finished_at"] - ev["exec_die"]
-    elif {"create", "start", "die"} <= ev.keys():
-        st["claimed -> container created"] = ev["create"] - at["claimed_at"]
-        st["created -> started (attach, start)"] = ev["start"] - ev["create"]
-        st["started -> exited (the script)"] = ev["die"] - ev["start"]
-        st["exited -> finished recorded"] = at["finished_at"] - ev["die"]
+        st["started -> started recorded (handoff)"] = at["started_at"] - ev["start"]
+        st["started -> finished recorded (the script, usage read)"] = at["finished_at"] - at["started_at"]
     else:
         st["claimed -> started recorded"] = at["started_at"] - at["claimed_at"]
         st["started -> finished recorded"] = at["finished_at"] - at["started_at"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import subprocess
 import sys
 import time
@@ -49,39 +48,39 @@ def main(run: Callable[[], Awaitable[int]]) -> int:
 
 
 class ContainerStarts:
-    """Counts how many times each task started, from `docker events` running for
-    the whole run: the outside counter (tasks cannot reach the host to count
-    themselves: the firewall). Every task runs as a process exec'd in a container
-    whose first process only sleeps, a warm pool container or a cold one made
-    for it (so its cgroup can be read after it ends), so a task's start is an
-    `exec_start` event, whose action is the command line: the submitter puts a
-    nonce in each command, `# n<hex>`, to tell them apart. A container's own
-    `start` is not a run of its task. The engine reports `exec_start` before the
-    runtime has started the process, and an exec that then failed to start (its
-    container had just stopped; the worker falls back to a cold start) never gets
-    an `exec_die`: an exec counts once its `exec_die` arrives, which every process
-    that started gets, however it ended. Only containers of the given workers
-    count."""
+    """Counts how many times each task ran, from `docker events` running for the
+    whole run: the outside counter (tasks cannot reach the host to count
+    themselves: the firewall). A task runs in a container whose prelude waits
+    for it: a cold one made for it (a `start` event with the task's label) or a
+    warm pool container, renamed `sr-<task_id>` when the task claims it (a
+    `rename` event). Neither event proves the task ran: a worker that dies
+    between the start and the handoff closes its attach, and the waiting prelude
+    exits at once; a pool container that died idle is renamed dead (its `die`
+    came first). A prelude that took its task lives at least as long as the
+    task's script, and every command here sleeps 0.3 s or more; so a container
+    counts as a run of its task when its `die` comes `MIN_RUN_S` or more after
+    its start or rename, and as a refused handoff when it comes sooner. Only
+    containers of the given workers count."""
 
-    NONCE = re.compile(r"# n([0-9a-f]{12})\b")
+    MIN_RUN_S = 0.25
 
     def __init__(self, worker_names: list[str]) -> None:
         self.workers = set(worker_names)
         self.by_task: dict[str, list[str]] = {}  # task id -> workers that started a container for it
-        self.by_nonce: dict[str, list[str]] = {}  # command nonce -> workers that exec'd it
-        self.execs: dict[str, tuple[str, str]] = {}  # exec id -> (nonce, worker), until its exec_die
+        self.by_run: dict[str, list[str]] = {}  # task id -> workers whose container ran it
+        self.armed: dict[str, tuple[str, str, float]] = {}  # container -> (task id, worker, since), until its die
+        self.refused: list[tuple[str, str]] = []  # (task id, worker): handed over, died at once
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
 
-    def runs(self, task_id: str, command: str) -> list[str]:
-        """The workers that started this task, once per start."""
-        m = self.NONCE.search(command)
-        return self.by_nonce.get(m.group(1), []) if m else []
+    def runs(self, task_id: str, command: str = "") -> list[str]:
+        """The workers that ran this task, once per run."""
+        return self.by_run.get(task_id, [])
 
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             "docker", "events", "--filter", "type=container", "--filter", "event=start",
-            "--filter", "event=exec_start", "--filter", "event=exec_die", "--filter", f"label={LABEL_WORKER}",
+            "--filter", "event=rename", "--filter", "event=die", "--filter", f"label={LABEL_WORKER}",
             "--format", "{{json .}}", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         self._reader = asyncio.create_task(self._read())
@@ -97,6 +96,7 @@ class ContainerStarts:
         await wait_until_async("docker events to report a probe container", lambda: asyncio.sleep(0, probe in self.by_task), 30)
         self.by_task.pop(probe, None)
         self.workers.discard(probe)
+        self.refused = [r for r in self.refused if r[0] != probe]
 
     async def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -110,12 +110,20 @@ class ContainerStarts:
             if worker not in self.workers:
                 continue
             action = ev.get("Action", "")
-            if action == "start" and attrs.get("script-runner.task"):
-                self.by_task.setdefault(attrs["script-runner.task"], []).append(worker)
-            elif action.startswith("exec_start") and (m := self.NONCE.search(action)):
-                self.execs[attrs.get("execID", "")] = (m.group(1), worker)
-            elif action == "exec_die" and (started := self.execs.pop(attrs.get("execID", ""), None)):
-                self.by_nonce.setdefault(started[0], []).append(started[1])
+            cid = ev.get("Actor", {}).get("ID") or ev.get("id", "")
+            at = ev.get("timeNano", 0) / 1e9
+            name = attrs.get("name", "")
+            if action == "start" and (task := attrs.get("script-runner.task")):
+                self.by_task.setdefault(task, []).append(worker)
+                self.armed[cid] = (task, worker, at)
+            elif action == "rename" and name.startswith("sr-") and not name.startswith("sr-pool-"):
+                self.armed[cid] = (name[3:], worker, at)
+            elif action == "die" and (armed := self.armed.pop(cid, None)):
+                task, by, since = armed
+                if at - since >= self.MIN_RUN_S:
+                    self.by_run.setdefault(task, []).append(by)
+                else:
+                    self.refused.append((task, by))
 
     async def stop(self) -> None:
         """Stops `docker events` (idempotent)."""

@@ -72,7 +72,7 @@ def b64(s: str) -> str:
 def command_for(index: int, nonce: str = "") -> tuple[str, str]:
     """A short task and the stdout it must produce. The index in the output ties
     a task record back to the submission that made it; the nonce (new for every
-    attempt, in a shell comment) ties a warm start's exec event to its task."""
+    attempt, in a shell comment) makes every attempt's command its own."""
     pause = ("0.3", "0.8", "1.5", "2.5")[index % 4]
     return f"echo start {index}; sleep {pause}; echo end {index} # n{nonce}", f"start {index}\nend {index}\n"
 
@@ -556,7 +556,7 @@ class FaultRun:
         starts = {tid: len(runs(tid)) for tid in records}
         twice = {tid: runs(tid) for tid, n in starts.items() if n > 1}
         never_started = [tid for tid, n in starts.items() if n == 0]
-        # Every run is an exec; a cold one's container was made for its task.
+        # A cold run's container was made for its task (and carries its label).
         cold = sum(1 for tid in records if starts_seen.by_task.get(tid))
         warm = sum(1 for tid in records if runs(tid) and not starts_seen.by_task.get(tid))
         outcomes = Counter((r.get("state"), r.get("reason_kind")) for r in records.values())
@@ -593,7 +593,7 @@ class FaultRun:
         if unseen:
             self.failures.append(
                 f"{len(unseen)} succeeded task(s) whose container start docker events never reported "
-                f"(the exec with the command's nonce, in a warm or a cold container): {unseen[:5]}"
+                f"(a container started or renamed for it that outlived the handoff): {unseen[:5]}"
             )
         if wrong_output:
             self.failures.append(f"{len(wrong_output)} succeeded task(s) with wrong output: {wrong_output[:5]}")
@@ -675,10 +675,10 @@ class FaultRun:
             "never_started": len(never_started),
             "started_warm": warm,
             "started_cold": cold,
-            # exec_start without exec_die: a warm start the runtime refused, after
-            # which the worker started the task cold.
-            "warm_starts_refused": len(starts_seen.execs),
-            "warm_starts_refused_by": dict(Counter(w for _, w in starts_seen.execs.values())),
+            # A container handed its task that died at once: its prelude never
+            # took it (dead idle, or its worker died first); the task ran elsewhere.
+            "warm_starts_refused": len(starts_seen.refused),
+            "warm_starts_refused_by": dict(Counter(w for _, w in starts_seen.refused)),
             "live_workers_reaped": sum(live_reaped.values()),
             "outcomes": {f"{s}/{k}": n for (s, k), n in sorted(outcomes.items(), key=str)},
             "client_errors": {f"{p}/{c}/{k}": n for (p, c, k), n in sorted(self.errors.counts.items())},
@@ -713,8 +713,8 @@ class FaultRun:
             ("lost", f["lost"]),
             ("went back to an earlier state", f["state_regressions"]),
             ("started twice", f["started_twice"]),
-            ("started warm (pool exec) / cold (new container)", f"{f['started_warm']} / {f['started_cold']}"),
-            ("warm starts the engine refused (then cold)", f"{f['warm_starts_refused']} {f['warm_starts_refused_by']}"),
+            ("started warm (pool container) / cold (new container)", f"{f['started_warm']} / {f['started_cold']}"),
+            ("handoffs never taken (died at once; run elsewhere)", f"{f['warm_starts_refused']} {f['warm_starts_refused_by']}"),
             ("never started (ended before a container)", f["never_started"]),
             ("extra tasks from retried submits", f["orphan_tasks_from_retried_submits"]),
             ("outcomes (state/reason_kind)", ", ".join(f"{k} {v}" for k, v in f["outcomes"].items())),

@@ -42,8 +42,9 @@ pub enum Op {
     Start,
     Remove,
     Attach,
-    /// Handing a warm pool container its task (create and start the process).
-    Exec,
+    /// Handing a container its task: the handoff written and taken by its
+    /// prelude.
+    Handoff,
     /// Reading a container's usage at the end of its task (`Sandbox::probe`).
     Probe,
 }
@@ -54,12 +55,12 @@ impl Op {
         Op::Start,
         Op::Remove,
         Op::Attach,
-        Op::Exec,
+        Op::Handoff,
         Op::Probe,
     ];
     /// The calls whose latency is a histogram of its own (an attach is only
     /// counted when it fails).
-    const TIMED: [Op; 5] = [Op::Create, Op::Start, Op::Remove, Op::Exec, Op::Probe];
+    const TIMED: [Op; 5] = [Op::Create, Op::Start, Op::Remove, Op::Handoff, Op::Probe];
 
     fn as_str(self) -> &'static str {
         match self {
@@ -67,7 +68,7 @@ impl Op {
             Op::Start => "start",
             Op::Remove => "remove",
             Op::Attach => "attach",
-            Op::Exec => "exec",
+            Op::Handoff => "handoff",
             Op::Probe => "probe",
         }
     }
@@ -534,7 +535,7 @@ mod tests {
             &[],
         ),
         (
-            "script_runner_worker_container_exec_seconds",
+            "script_runner_worker_container_handoff_seconds",
             "histogram",
             &[],
         ),

@@ -1,8 +1,8 @@
 //! The warm pool: per runtime, `POOL_SIZE` containers created and started ahead
-//! of time with the exact hardening of a cold task's, idle until a task claims
-//! one. A claimed container runs that one task (as an `exec` of the same
-//! prelude a cold container runs) and is removed after it: never reused. The
-//! pool refills in the background.
+//! of time with the exact hardening of a cold task's, their prelude waiting on
+//! the attached stdin until a task claims one. A claimed container runs that
+//! one task (handed to its prelude, as a cold container's is) and is removed
+//! after it: never reused. The pool refills in the background.
 //!
 //! What a running container cannot get later, it gets at creation: its source
 //! directory (`TASKS_DIR/pool-<worker>/<name>/src`, empty until a task with a
@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PoolConfig;
-use crate::sandbox::{Sandbox, WarmSpec, pool_container_name};
+use crate::sandbox::{Attached, Sandbox, WarmSpec, pool_container_name};
 
 /// The longest wait before trying again when a pool container could not be made.
 const RETRY_MAX: Duration = Duration::from_secs(60);
@@ -45,6 +45,9 @@ pub struct Warm {
     /// The container's id.
     pub id: String,
     pub image: String,
+    /// Its streams, attached since before it started: the handoff goes to its
+    /// prelude through them. Taken at the handoff.
+    pub attached: Option<Attached>,
     /// Its host directory: `src/` (mounted at the source mount) and the pipe.
     dir: PathBuf,
     /// Whether it has a cache mount directory.
@@ -231,13 +234,13 @@ impl Pool {
             source: &dir.join("src"),
             fifo: &dir.join("collect"),
             cache: cache_dir.as_deref(),
-            max_age: inner.config.max_age,
         };
         match inner.sandbox.create_warm(&spec).await {
-            Ok(id) => {
+            Ok((id, attached)) => {
                 let warm = Warm {
                     id,
                     image: image.to_owned(),
+                    attached: Some(attached),
                     dir,
                     cache: inner.caches,
                     born: Instant::now(),

@@ -1,14 +1,15 @@
 //! One task from claim to acknowledgement:
 //! claim -> source files -> container (a warm one from the pool, else a new
-//! one), handed the task as an exec -> supervise (tails, kill, timeout) ->
+//! one), its waiting prelude handed the task -> supervise (tails, kill,
+//! timeout; the exit status from the prelude) ->
 //! probe its cgroup -> record output and outcome -> ack. The container and source files
 //! are removed in the background as soon as the process has ended: off the
 //! critical path, and without waiting for Redis.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bollard::container::LogOutput;
-use futures_util::StreamExt;
 use shared::TaskState;
 use shared::options::{CacheUse, Network};
 use shared::scripts::Ended;
@@ -23,7 +24,7 @@ use crate::metrics::Claim;
 use crate::pool::Warm;
 use crate::queue::{Collected, Job, Progress, Queue, QueueError, TaskSpec, TaskStateReply};
 use crate::retry;
-use crate::sandbox::{ContainerSpec, OutputStream, Reading, Sandbox, SandboxError, StdinWriter};
+use crate::sandbox::{ContainerSpec, Event, Reading, Sandbox, SandboxError, Seen, TaskOutput};
 use crate::workspace;
 
 /// How often a running task's tails are published and its state re-read (which
@@ -127,7 +128,12 @@ async fn execute(
         Claim::Cold
     };
     let (launched, inputs) = loop {
-        let inputs = match Inputs::gather(ctx, task_id, spec, warm.as_ref()).await {
+        let dirs = warm.as_ref().map(|w| WarmDirs {
+            source: w.source(),
+            fifo: w.fifo(),
+            cache: w.cache_mount(),
+        });
+        let inputs = match Inputs::gather(ctx, task_id, spec, dirs).await {
             Ok(inputs) => inputs,
             Err(e) => {
                 if let Some(warm) = warm {
@@ -145,7 +151,6 @@ async fn execute(
             timeout_seconds: spec.timeout_seconds,
             env: &env,
             network: spec.network,
-            stdin: inputs.stdin.is_some(),
             collect: inputs
                 .collector
                 .as_ref()
@@ -160,8 +165,9 @@ async fn execute(
             let failed = Outcome::start_failed(format!("the task firewall: {e}"));
             break (Err((failed, None)), inputs);
         }
-        match &warm {
-            Some(w) => match launch_warm(ctx, w, &container_spec).await {
+        let stdin = inputs.stdin.clone();
+        match &mut warm {
+            Some(w) => match launch_warm(ctx, w, &container_spec, stdin).await {
                 Ok(launched) => break (Ok(launched), inputs),
                 Err(e) => {
                     // Nothing of the task ran: a pool container that died while
@@ -186,7 +192,7 @@ async fn execute(
                     }
                 }
             },
-            None => break (launch_cold(ctx, &container_spec).await, inputs),
+            None => break (launch_cold(ctx, &container_spec, stdin).await, inputs),
         }
     };
     if ctx.pool.enabled() {
@@ -195,7 +201,7 @@ async fn execute(
     match launched {
         Ok(launched) => {
             let container = launched.container.clone();
-            let (ended, reading) = supervise(ctx, task_id, spec, launched, inputs.stdin).await;
+            let (ended, reading) = supervise(ctx, task_id, spec, launched).await;
             if let Some(lease) = &inputs.cache {
                 ctx.caches.returning(lease);
             }
@@ -258,22 +264,34 @@ enum InputError {
     Collect(#[source] std::io::Error),
 }
 
+/// A warm container's host directories (not the container: its attached
+/// streams are not `Sync`): its source directory, its collection pipe, and
+/// its cache mount directory if it has one.
+struct WarmDirs {
+    source: PathBuf,
+    fifo: PathBuf,
+    cache: Option<PathBuf>,
+}
+
 impl Inputs {
     async fn gather(
         ctx: &Ctx,
         task_id: &str,
         spec: &TaskSpec,
-        warm: Option<&Warm>,
+        warm: Option<WarmDirs>,
     ) -> Result<Inputs, InputError> {
+        let (warm_source, warm_fifo, warm_cache) = match warm {
+            Some(w) => (Some(w.source), Some(w.fifo), Some(w.cache)),
+            None => (None, None, None),
+        };
         let source = if spec.has_zip {
             let zip = retry::redis("read zip", &ctx.abort, || ctx.queue.zip(task_id))
                 .await
                 .map_err(InputError::ReadZip)?
                 .ok_or(InputError::ZipGone)?;
             let limits = ctx.config.zip_limits;
-            let prepared = match warm {
-                Some(w) => {
-                    let dir = w.source();
+            let prepared = match warm_source {
+                Some(dir) => {
                     tokio::task::spawn_blocking(move || {
                         workspace::fill(&dir, &zip, &limits).map(|()| dir)
                     })
@@ -300,9 +318,9 @@ impl Inputs {
         } else {
             None
         };
-        let collector = match (spec.collect.is_empty(), warm) {
+        let collector = match (spec.collect.is_empty(), warm_fifo) {
             (true, _) => None,
-            (false, Some(w)) => Some(Collector::open(w.fifo())),
+            (false, Some(fifo)) => Some(Collector::open(fifo)),
             (false, None) => Some(
                 Collector::start(&ctx.config.tasks_dir, task_id, &ctx.config.limits.user)
                     .await
@@ -311,7 +329,7 @@ impl Inputs {
         };
         // Last: nothing after it can fail, so a lent cache always reaches the
         // clean-up that gives it back.
-        let cache = lend_cache(ctx, task_id, spec, warm).await;
+        let cache = lend_cache(ctx, task_id, spec, warm_cache).await;
         Ok(Inputs {
             source,
             stdin,
@@ -345,13 +363,13 @@ async fn lend_cache(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
-    warm: Option<&Warm>,
+    warm_cache: Option<Option<PathBuf>>,
 ) -> Option<Lease> {
     if spec.cache == CacheUse::None || !ctx.caches.enabled() {
         return None;
     }
-    let (mount, own_mount) = match warm {
-        Some(w) => (w.cache_mount()?, false),
+    let (mount, own_mount) = match warm_cache {
+        Some(mount) => (mount?, false),
         None => (ctx.caches.cold_mount(task_id)?, true),
     };
     let owner_id = shared::cache::owner_id(spec.owner.as_deref());
@@ -365,59 +383,50 @@ async fn lend_cache(
     ctx.caches.lend(&owner_id, current, mount, own_mount).await
 }
 
-/// A task's process, started: an exec in its own container, or in a warm one.
+/// A task, handed to its container (its own, or a warm one).
 struct Launched {
     container: String,
-    /// The exec running the task.
-    exec: String,
-    stream: OutputStream,
-    input: Option<StdinWriter>,
+    output: TaskOutput,
 }
 
-/// A cold start: creates and starts the task's own container, then runs the
-/// task in it as an exec, as in a warm one (so its cgroup outlives the task's
-/// process: see `Sandbox::probe`). On failure, the outcome and the container
-/// to remove.
+/// A cold start: creates and starts the task's own container, then hands its
+/// prelude the task, as a warm one's. On failure, the outcome and the
+/// container to remove.
 async fn launch_cold(
     ctx: &Ctx,
     spec: &ContainerSpec<'_>,
+    stdin: Option<Vec<u8>>,
 ) -> Result<Launched, (Outcome, Option<String>)> {
     let sandbox = &ctx.sandbox;
-    let container = sandbox
+    let (container, attached) = sandbox
         .create(spec)
         .await
         .map_err(|e| (Outcome::start_failed(e), None))?;
-    let failed = |e, c: &str| (Outcome::start_failed(e), Some(c.to_owned()));
-    let exec = sandbox
-        .exec_task(&container, spec, false)
+    match sandbox
+        .hand_off(&container, attached, spec, stdin, false)
         .await
-        .map_err(|e| failed(e, &container))?;
-    sandbox
-        .exec_started(&exec.id)
-        .await
-        .map_err(|e| failed(e, &container))?;
-    Ok(Launched {
-        container,
-        exec: exec.id,
-        stream: exec.output,
-        input: exec.input,
-    })
+    {
+        Ok(output) => Ok(Launched { container, output }),
+        Err(e) => Err((Outcome::start_failed(e), Some(container))),
+    }
 }
 
-/// A warm start: the pool container, already running, runs the task's prelude
-/// as a process of its own.
+/// A warm start: the pool container's prelude, waiting since the container
+/// started, is handed the task.
 async fn launch_warm(
     ctx: &Ctx,
-    warm: &Warm,
+    warm: &mut Warm,
     spec: &ContainerSpec<'_>,
+    stdin: Option<Vec<u8>>,
 ) -> Result<Launched, SandboxError> {
-    let exec = ctx.sandbox.exec_task(&warm.id, spec, true).await?;
-    ctx.sandbox.exec_started(&exec.id).await?;
+    let attached = warm.attached.take().ok_or(SandboxError::HandoffNotTaken)?;
+    let output = ctx
+        .sandbox
+        .hand_off(&warm.id, attached, spec, stdin, true)
+        .await?;
     Ok(Launched {
         container: warm.id.clone(),
-        exec: exec.id,
-        stream: exec.output,
-        input: exec.input,
+        output,
     })
 }
 
@@ -530,7 +539,7 @@ impl Tails {
     }
 }
 
-/// Runs a started task to its end: streams output into the tails, publishes
+/// Runs a handed-off task to its end: streams output into the tails, publishes
 /// them every tick, and stops the container on kill, timeout or worker shutdown.
 /// How the task ended is decided by `Outcome`'s rules, from what was seen here.
 async fn supervise(
@@ -538,28 +547,16 @@ async fn supervise(
     task_id: &str,
     spec: &TaskSpec,
     launched: Launched,
-    stdin: Option<Vec<u8>>,
 ) -> ((Outcome, Option<Tails>), Option<Reading>) {
     let sandbox = &ctx.sandbox;
     let Launched {
         container,
-        exec,
-        stream,
-        input,
+        output: stream,
     } = launched;
-    if let (Some(input), Some(bytes)) = (input, stdin) {
-        // In the background: a script that reads slowly (or never) must not hold
-        // up supervision; the writer ends with the container at the latest.
-        tokio::spawn(feed_stdin(input, bytes, task_id.to_owned()));
-    }
     // The container's own clock (its deadline) starts about now.
     let started = Instant::now();
     let mut output = Output { stream, open: true };
     let mut tails = Tails::new();
-    let process = Process {
-        container: &container,
-        exec: &exec,
-    };
     let (end, reading) = match record_start(ctx, task_id, &container).await {
         Some(end) => (end, None),
         None => {
@@ -567,7 +564,7 @@ async fn supervise(
                 ctx,
                 task_id,
                 spec,
-                process,
+                &container,
                 &mut output,
                 &mut tails,
                 started,
@@ -575,11 +572,15 @@ async fn supervise(
             .await
         }
     };
-    if output.open {
-        // A process the script left behind still holds its output.
-        sandbox.kill(&container).await;
+    // Stopped by the worker (or by someone else): the last output comes until
+    // the stream ends. After an exit the prelude's markers said all of the
+    // script's output is in; the container goes in the background.
+    if !matches!(end, End::Exited(_)) {
+        if output.open {
+            sandbox.kill(&container).await;
+        }
+        output.drain(&mut tails).await;
     }
-    output.drain(&mut tails).await;
     sandbox.metrics().task_ran(&spec.runtime, started.elapsed());
     let outcome = match end {
         End::Exited(exit) => {
@@ -613,55 +614,47 @@ fn usage_of(r: &Reading) -> Usage {
     }
 }
 
-/// What runs a task: an exec in its container (cold or warm).
-#[derive(Clone, Copy)]
-struct Process<'a> {
-    container: &'a str,
-    exec: &'a str,
+/// How long the engine may take to report a container's end when its prelude
+/// died before it could report the script's.
+const ENGINE_EXIT_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether the kernel OOM-killed the task, for a script that exited with 137
+/// (SIGKILL): from the container's cgroup, which counts the OOM killer's kills
+/// (`reading`, read while the container still runs), or else from Docker's
+/// `OOMKilled` flag. The flag alone is not enough: the engine sets it from
+/// containerd's OOM event, asynchronously, and under load it can come after
+/// the exit was seen; and it is only set when the container stops, so the
+/// container is stopped first.
+async fn oom_killed(sandbox: &Sandbox, container: &str, reading: Option<&Reading>) -> bool {
+    if reading.is_some_and(Reading::oom_killed) {
+        return true;
+    }
+    sandbox.kill(container).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), sandbox.wait(container)).await;
+    sandbox.oom_killed(container).await
 }
 
-impl Process<'_> {
-    fn container(&self) -> &str {
-        self.container
-    }
-
-    /// Waits for the task's process to exit; its exit code. `closed` is
-    /// notified when its output ends, which is when an exec has usually
-    /// exited; were a child it left behind to hold its output open, asking
-    /// every second catches the exit.
-    async fn exited(
-        &self,
-        sandbox: &Sandbox,
-        closed: &tokio::sync::Notify,
-    ) -> Result<i64, SandboxError> {
-        // The engine closes an exec's output when it exits (seen on 20.10),
-        // so this poll is a safety net, kept cheap.
-        let mut every = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = closed.notified() => return sandbox.exec_exit(self.exec).await,
-                _ = every.tick() => if let Some(code) = sandbox.exec_code(self.exec).await? {
-                    return Ok(code);
-                },
-            }
-        }
-    }
-
-    /// Whether the kernel OOM-killed the task, for a process that exited with
-    /// 137 (SIGKILL): from the container's cgroup, which counts the OOM
-    /// killer's kills (`reading`, read while the container still runs), or
-    /// else from Docker's `OOMKilled` flag. The flag alone is not enough: the
-    /// engine sets it from containerd's OOM event, asynchronously, and under
-    /// load it can come after the exit was seen; and it is only set when the
-    /// container stops, so the container is stopped first.
-    async fn oom_killed(&self, sandbox: &Sandbox, reading: Option<&Reading>) -> bool {
-        if reading.is_some_and(Reading::oom_killed) {
-            return true;
-        }
-        sandbox.kill(self.container).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), sandbox.wait(self.container)).await;
-        sandbox.oom_killed(self.container).await
-    }
+/// The script exited with `code` (its prelude said so, or the engine did):
+/// its container's usage, read before anything stops it, and whether it was
+/// OOM-killed.
+async fn exited(
+    sandbox: &Sandbox,
+    container: &str,
+    code: i64,
+    started: Instant,
+) -> (End, Option<Reading>) {
+    let ran = started.elapsed();
+    let reading = sandbox.probe(container).await;
+    // 137 is SIGKILL; at the memory cap it is the OOM killer.
+    let oom_killed = code == 137 && oom_killed(sandbox, container, reading.as_ref()).await;
+    (
+        End::Exited(ContainerExit {
+            code,
+            oom_killed,
+            ran,
+        }),
+        reading,
+    )
 }
 
 /// Records the container's start. One attempt, not a retry: the container runs
@@ -683,52 +676,52 @@ async fn record_start(ctx: &Ctx, task_id: &str, container: &str) -> Option<End> 
     }
 }
 
-/// The supervision loop: until the container exits, or the worker stops it (kill,
-/// timeout, shutdown).
+/// The supervision loop: until the prelude reports the script's exit, or the
+/// worker stops the container (kill, timeout, shutdown).
 async fn watch(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
-    process: Process<'_>,
+    container: &str,
     output: &mut Output,
     tails: &mut Tails,
     started: Instant,
 ) -> (End, Option<Reading>) {
     let sandbox = &ctx.sandbox;
-    let container = process.container();
     let mut ticker = tokio::time::interval(TICK);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = tokio::time::sleep(Duration::from_secs(spec.timeout_seconds));
     tokio::pin!(deadline);
-    let closed = tokio::sync::Notify::new();
-    let wait = process.exited(sandbox, &closed);
-    tokio::pin!(wait);
+    // The script's exit status (stdout's end marker), and whether stderr's end
+    // marker came: the end is the later of the two, when both streams are
+    // complete.
+    let mut code: Option<i64> = None;
+    let mut stderr_done = false;
     loop {
         tokio::select! {
-            exit = &mut wait => return match exit {
-                Ok(code) => {
-                    let ran = started.elapsed();
-                    // The container still runs (its first process sleeps):
-                    // what its cgroup says is read before anything stops it.
-                    let reading = sandbox.probe(container).await;
-                    // 137 is SIGKILL; at the memory cap it is the OOM killer.
-                    let oom_killed =
-                        code == 137 && process.oom_killed(sandbox, reading.as_ref()).await;
-                    (End::Exited(ContainerExit { code, oom_killed, ran }), reading)
-                }
-                // It had started: whatever happened to it, it is no start failure.
-                Err(e) => (End::Decided(Outcome::container_lost(e)), None),
-            },
-            frame = output.stream.next(), if output.open => match frame {
-                Some(Ok(frame)) => tails.push(frame),
-                Some(Err(e)) => {
-                    tracing::warn!(task_id, error = %e, "output stream failed");
-                    output.open = false;
-                    closed.notify_one();
-                }
+            event = output.stream.next(), if output.open => match event {
+                Some(Ok(Event::Frame(frame))) => tails.push(frame),
+                Some(Ok(Event::Marker(Seen::Exited(c)))) => code = Some(c),
+                Some(Ok(Event::Marker(Seen::StderrEnd))) => stderr_done = true,
+                Some(Ok(Event::Marker(Seen::Started))) => {}
+                Some(Err(e)) => tracing::warn!(task_id, error = %e, "output stream failed"),
                 None => {
                     output.open = false;
-                    closed.notify_one();
+                    if let Some(code) = code {
+                        return exited(sandbox, container, code, started).await;
+                    }
+                    // The prelude is gone without a word: OOM-killed itself,
+                    // or its container stopped under it. The engine's answer
+                    // is all there is.
+                    let waited = tokio::time::timeout(ENGINE_EXIT_WAIT, sandbox.wait(container)).await;
+                    return match waited {
+                        Ok(Ok(code)) => exited(sandbox, container, code, started).await,
+                        Ok(Err(e)) => (End::Decided(Outcome::container_lost(e)), None),
+                        Err(_) => (
+                            End::Decided(Outcome::container_lost(SandboxError::WaitEnded)),
+                            None,
+                        ),
+                    };
                 }
             },
             _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
@@ -754,26 +747,22 @@ async fn watch(
                 return (End::Decided(Outcome::worker_shutdown()), reading);
             }
         }
-    }
-}
-
-/// Writes a task's stdin, then closes it, so the script sees EOF.
-async fn feed_stdin(mut input: StdinWriter, bytes: Vec<u8>, task_id: String) {
-    use tokio::io::AsyncWriteExt;
-    let written = async {
-        input.write_all(&bytes).await?;
-        input.flush().await?;
-        input.shutdown().await
-    };
-    // A script that exits without reading all of it breaks the pipe: not an error.
-    if let Err(e) = written.await {
-        tracing::debug!(task_id, error = %e, "stdin not fully delivered");
+        if let (Some(c), true) = (code, stderr_done) {
+            // All of the script's output is in; what its leftover processes
+            // wrote meanwhile is kept too, without waiting for more.
+            for event in output.stream.ready() {
+                if let Event::Frame(frame) = event {
+                    tails.push(frame);
+                }
+            }
+            return exited(sandbox, container, c, started).await;
+        }
     }
 }
 
 /// A container's output stream, and whether it is still open.
 struct Output {
-    stream: OutputStream,
+    stream: TaskOutput,
     open: bool,
 }
 
@@ -785,8 +774,10 @@ impl Output {
             return;
         }
         let drain = async {
-            while let Some(Ok(frame)) = self.stream.next().await {
-                tails.push(frame);
+            while let Some(Ok(event)) = self.stream.next().await {
+                if let Event::Frame(frame) = event {
+                    tails.push(frame);
+                }
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), drain).await;
@@ -795,8 +786,8 @@ impl Output {
 
 /// How the supervision loop ended.
 enum End {
-    /// The container exited by itself: the outcome is decided from its output
-    /// after the last of it has arrived.
+    /// The script exited by itself (its prelude said so, or the engine): the
+    /// outcome is decided from its output after the last of it has arrived.
     Exited(ContainerExit),
     /// The worker stopped it (timeout, shutdown) or lost it.
     Decided(Outcome),

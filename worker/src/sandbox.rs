@@ -6,14 +6,15 @@
 //! - `network`: the tasks' bridge network;
 //! - `container`: attach, start, wait, kill, remove, and the clean-up of the
 //!   containers a worker left behind;
-//! - `exec`: a task run as an exec in its container (every task is: cold or warm);
+//! - `handoff`: a task handed to its container's waiting prelude (cold or warm),
+//!   and its output with the prelude's markers (start, exit status) taken out;
 //! - `usage`: what a container used (and whether it was OOM-killed), read from
 //!   its cgroup when its task ends.
 //!
 //! It knows nothing about Redis.
 
 mod container;
-mod exec;
+mod handoff;
 mod network;
 mod prelude;
 mod spec;
@@ -24,7 +25,8 @@ use bollard::container::LogOutput;
 use bollard::errors::Error as DockerError;
 use futures_util::Stream;
 
-pub use exec::Exec;
+pub use handoff::{Attached, Event, TaskOutput};
+pub use prelude::Seen;
 pub use spec::{ContainerSpec, WarmSpec, core_dump_helper};
 pub use usage::Reading;
 
@@ -74,12 +76,10 @@ pub enum SandboxError {
     Docker(#[from] DockerError),
     #[error("the engine ended the wait for the container without an exit code")]
     WaitEnded,
-    #[error("the pool container stopped before the task's process could start in it")]
-    ExecNotStarted,
-    #[error("the engine started the task's process detached, without its output")]
-    ExecDetached,
-    #[error("the task's process ended without an exit code (its container stopped)")]
-    ExecEndedWithoutCode,
+    #[error("the container stopped before its prelude took the task")]
+    HandoffNotTaken,
+    #[error(transparent)]
+    Handoff(#[from] prelude::NulByte),
 }
 
 /// Whether an engine of this version (`docker version`'s server version, e.g.

@@ -10,27 +10,26 @@ use bollard::query_parameters::{
 };
 use futures_util::StreamExt;
 
-use super::{LABEL_WORKER, OutputStream, Sandbox, SandboxError, StdinWriter};
+use super::{Attached, LABEL_WORKER, Sandbox, SandboxError};
 use crate::metrics::Op;
 
 impl Sandbox {
-    /// Attaches to stdout and stderr, and to stdin if `stdin` (the container must
-    /// have been created with it). Call before `start` so no byte is missed.
-    pub async fn attach(
-        &self,
-        id: &str,
-        stdin: bool,
-    ) -> Result<(OutputStream, Option<StdinWriter>), SandboxError> {
+    /// Attaches to stdin, stdout and stderr (the container must have been
+    /// created with an open stdin). Call before `start` so no byte is missed.
+    pub async fn attach(&self, id: &str) -> Result<Attached, SandboxError> {
         let opts = AttachContainerOptionsBuilder::default()
             .stdout(true)
             .stderr(true)
-            .stdin(stdin)
+            .stdin(true)
             .stream(true)
             .logs(false)
             .build();
         let attach = self.docker.attach_container(id, Some(opts));
         let attached = self.metrics.docker(Op::Attach, attach).await?;
-        Ok((attached.output, stdin.then_some(attached.input)))
+        Ok(Attached {
+            output: attached.output,
+            input: attached.input,
+        })
     }
 
     pub async fn start(&self, id: &str) -> Result<(), SandboxError> {

@@ -1,29 +1,20 @@
 //! What a task's container is made of (the image, the prelude, caps, mounts,
 //! network, user), and its creation, cold (`create`) or warm (`create_warm`):
-//! both get the same hardening.
+//! both get the same hardening and the same prelude, attached before it starts.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, CreateImageOptionsBuilder};
 use futures_util::StreamExt;
 use shared::options::Network;
-use shared::task::self_deadline_seconds;
 
 use super::prelude::{COLLECT_MOUNT, SOURCE_MOUNT, container_command, task_env};
-use super::{LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
+use super::{Attached, LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
 use crate::cache::CACHE_MOUNT;
 use crate::metrics::Op;
-
-/// The longest timeout the api accepts (`MAX_TIMEOUT_SECONDS` at most).
-const MAX_TASK_SECONDS: u64 = 86_400;
-
-/// How long a cold container's first process outlives the task's own
-/// deadline: long enough for the worker to read its usage after any end.
-const COLD_IDLE_GRACE_SECONDS: u64 = 5;
 
 /// Mount flags of /workspace and /tmp (`HOME`), before their size and mode.
 const TMPFS_FLAGS: &str = "rw,exec,nosuid,nodev";
@@ -53,8 +44,6 @@ pub struct ContainerSpec<'a> {
     /// Extra environment variables, as the api checked them.
     pub env: &'a [(String, String)],
     pub network: Network,
-    /// Whether the script gets a stdin (the exec's own, written, then closed).
-    pub stdin: bool,
     /// `collect`: the collection pipe on the host and the patterns.
     pub collect: Option<(&'a Path, &'a [String])>,
     /// A cold task's cache mount directory on the host (its owner's cache lent
@@ -63,17 +52,6 @@ pub struct ContainerSpec<'a> {
 }
 
 impl ContainerSpec<'_> {
-    /// The prelude running the task, as the container's command (cold) or as an
-    /// exec (warm).
-    pub(super) fn prelude(&self) -> Vec<String> {
-        container_command(
-            self.command,
-            self.source.is_some(),
-            self_deadline_seconds(self.timeout_seconds),
-            self.collect.map_or(&[][..], |(_, patterns)| patterns),
-        )
-    }
-
     /// The name of the task's container, cold or warm (a warm one is renamed):
     /// `sr-<task_id>`.
     pub(super) fn container_name(&self) -> String {
@@ -93,7 +71,6 @@ pub struct WarmSpec<'a> {
     pub fifo: &'a Path,
     /// Mounted at `CACHE_MOUNT`: a claiming task's cache is lent into it.
     pub cache: Option<&'a Path>,
-    pub max_age: Duration,
 }
 
 /// Host paths mounted into a task container.
@@ -105,28 +82,23 @@ struct Mounts<'a> {
 
 impl Sandbox {
     /// Creates and starts a task's own container (a cold start); pulls the
-    /// image once if it is missing. Returns the container id.
-    ///
-    /// Its first process only sleeps: the task runs in it as an exec
-    /// (`exec_task`), as in a warm container, so that when the task's process
-    /// exits the container and its cgroup are still there to be read
-    /// (`probe`: usage, OOM kills). The sleep ends `COLD_IDLE_GRACE` after the
-    /// task's own deadline, so a container whose worker died ends by itself,
-    /// soon after its task.
+    /// image once if it is missing. Returns the container id and its streams,
+    /// attached before the start: its prelude waits on them for the task
+    /// (`hand_off`).
     ///
     /// The extracted zip (`source`, on the host) is mounted read-only and copied
     /// into /workspace by the prelude before the command runs.
-    pub async fn create(&self, spec: &ContainerSpec<'_>) -> Result<String, SandboxError> {
+    pub async fn create(
+        &self,
+        spec: &ContainerSpec<'_>,
+    ) -> Result<(String, Attached), SandboxError> {
         let mounts = Mounts {
             source: spec.source,
             collect: spec.collect.map(|(fifo, _)| fifo),
             cache: spec.cache,
         };
-        let idle_seconds = self_deadline_seconds(spec.timeout_seconds) + COLD_IDLE_GRACE_SECONDS;
         let body = ContainerCreateBody {
             image: Some(spec.image.to_owned()),
-            cmd: Some(vec!["sleep".to_owned(), idle_seconds.to_string()]),
-            env: Some(task_env(&[])),
             labels: Some(HashMap::from([
                 (LABEL_TASK.to_owned(), spec.task_id.to_owned()),
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
@@ -137,27 +109,24 @@ impl Sandbox {
         let id = self
             .create_named(&spec.container_name(), spec.image, body)
             .await?;
-        if let Err(e) = self.start(&id).await {
-            self.remove(&id).await;
-            return Err(e);
-        }
-        Ok(id)
+        self.attach_and_start(id).await
     }
 
     /// Creates and starts a warm pool container: the very container a cold task
-    /// of this image gets (caps, mounts, network, user), with its source
-    /// directory and collection pipe mounted ahead of time (a running container
-    /// cannot get a new mount), idle until `exec_task` hands it one task.
+    /// of this image gets (caps, mounts, network, user, prelude), with its
+    /// source directory and collection pipe mounted ahead of time (a running
+    /// container cannot get a new mount), its prelude waiting for one task
+    /// (`hand_off`). Returns the container id and its streams.
     ///
-    /// Its only process sleeps: no CPU, no traffic. The sleep outlives any task
-    /// (`max_age` idle, then at most the longest timeout), so a pool container
-    /// whose worker died and never came back ends by itself.
-    pub async fn create_warm(&self, warm: &WarmSpec<'_>) -> Result<String, SandboxError> {
-        let idle_seconds = warm.max_age.as_secs() + MAX_TASK_SECONDS + 120;
+    /// Waiting on its stdin takes no CPU and no traffic. Should its worker die,
+    /// the attach ends, the prelude reads the end of its input and exits, and
+    /// the container with it.
+    pub async fn create_warm(
+        &self,
+        warm: &WarmSpec<'_>,
+    ) -> Result<(String, Attached), SandboxError> {
         let body = ContainerCreateBody {
             image: Some(warm.image.to_owned()),
-            cmd: Some(vec!["sleep".to_owned(), idle_seconds.to_string()]),
-            env: Some(task_env(&[])),
             labels: Some(HashMap::from([
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
                 (LABEL_POOL.to_owned(), warm.runtime.to_owned()),
@@ -173,16 +142,38 @@ impl Sandbox {
             ..self.base_body()
         };
         let id = self.create_named(warm.name, warm.image, body).await?;
+        self.attach_and_start(id).await
+    }
+
+    /// Attaches to a created container's streams, stdin included, then starts
+    /// it; removes it if either fails.
+    async fn attach_and_start(&self, id: String) -> Result<(String, Attached), SandboxError> {
+        let attached = match self.attach(&id).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.remove(&id).await;
+                return Err(e);
+            }
+        };
         if let Err(e) = self.start(&id).await {
             self.remove(&id).await;
             return Err(e);
         }
-        Ok(id)
+        Ok((id, attached))
     }
 
-    /// What every task container has, cold or warm.
+    /// What every task container has, cold or warm: the prelude, waiting on
+    /// a stdin that closes when the worker's attach does (`stdin_once`), so
+    /// the script sees the end of its input.
     fn base_body(&self) -> ContainerCreateBody {
         ContainerCreateBody {
+            cmd: Some(container_command()),
+            env: Some(task_env(&[])),
+            open_stdin: Some(true),
+            stdin_once: Some(true),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
             working_dir: Some("/workspace".into()),
             user: Some(self.limits.user.clone()),
             tty: Some(false),

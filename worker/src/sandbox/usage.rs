@@ -1,7 +1,6 @@
 //! What a task's container used, read from the kernel at the end, once the
-//! task's process has exited and before the container is stopped (every task
-//! runs as an exec in a container whose first process lives on, so its cgroup
-//! is still there):
+//! task's script has exited and before the container is stopped (every task's
+//! prelude outlives its script, idle, so its cgroup is still there):
 //!
 //! - from the container's cgroup, read on the host (`CGROUP_ROOT`, which the
 //!   worker's container mounts read-only from the host): OOM kills, peak memory
