@@ -252,14 +252,15 @@ fn fill(name: &str, mib: u32) -> String {
 async fn the_caps_evict_the_oldest_files_then_the_least_recently_used_owners() {
     let stack = stack(
         false,
-        &[("CACHE_MB_PER_OWNER", "2"), ("CACHE_TOTAL_MB", "3")],
+        &[("CACHE_MB_PER_OWNER", "3"), ("CACHE_TOTAL_MB", "4")],
     )
     .await;
     let (alice, bob) = (
         client_of(&stack, "alice").await,
         client_of(&stack, "bob").await,
     );
-    // 3 MiB in one task, the oldest file dated a day back: over alice's 2 MiB.
+    // 3 MiB of files in one task, the oldest dated a day back: with their
+    // directories (which count too), over alice's 3 MiB.
     let s = run_python(
         &stack,
         &alice,
@@ -283,13 +284,13 @@ async fn the_caps_evict_the_oldest_files_then_the_least_recently_used_owners() {
         n
     };
     wait_until(
-        "alice's cache trimmed to 2 MiB",
+        "alice's cache trimmed to 3 MiB",
         Duration::from_secs(30),
         || async { (names(&dir) == ["mid", "new"]).then_some(()) },
     )
     .await;
-    // bob's 2 MiB on top of alice's 2: over the 3 MiB in all, and alice's is
-    // the least recently used.
+    // bob's 2 MiB on top of alice's 2 (and their directories): over the 4 MiB
+    // in all, and alice's is the least recently used.
     run_python(&stack, &bob, &fill("b", 2), json!({})).await;
     let bobs = wait_back(&stack, Some("bob")).await;
     wait_until(
@@ -353,7 +354,7 @@ impl Drop for Outside {
 
 #[tokio::test]
 async fn links_in_a_cache_never_lead_the_worker_outside_it() {
-    let stack = stack(false, &[("CACHE_MB_PER_OWNER", "1")]).await;
+    let stack = stack(false, &[("CACHE_MB_PER_OWNER", "2")]).await;
     let alice = client_of(&stack, "alice").await;
     let outside =
         Outside(std::env::temp_dir().join(format!("sr-outside-{}", uuid::Uuid::new_v4())));
