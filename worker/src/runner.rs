@@ -186,7 +186,7 @@ async fn execute(
                     if let Some(w) = warm.take() {
                         let gone = ctx.sandbox.remove(&w.id).await;
                         if let Some(lease) = inputs.cache {
-                            return_cache(&ctx, lease, gone).await;
+                            return_cache(ctx, lease, gone).await;
                         }
                         crate::pool::remove_dir(w.dir().to_path_buf()).await;
                     }
