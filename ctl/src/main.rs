@@ -162,13 +162,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         };
         let generation = cache::clear(&config, &whose).await?;
         if cli.json {
-            let out =
-                serde_json::json!({"cleared": format!("{whose:?}"), "generation": generation});
+            let (owner, admin, all) = match &whose {
+                cache::Whose::Owner(name) => (Some(name.as_str()), false, false),
+                cache::Whose::Admin => (None, true, false),
+                cache::Whose::All => (None, false, true),
+            };
+            let out = serde_json::json!({
+                "owner": owner, "admin": admin, "all": all, "generation": generation
+            });
             println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
+            let whose = match &whose {
+                cache::Whose::Owner(name) => format!("{name:?}'s dependency cache"),
+                cache::Whose::Admin => "the admin key's dependency cache".to_owned(),
+                cache::Whose::All => "every owner's dependency cache".to_owned(),
+            };
             eprintln!(
-                "asked every worker to clear {whose:?}'s dependency caches (generation {generation}); \
-                 each does before it next lends them"
+                "asked every worker to clear {whose} (generation {generation}); \
+                 each does before it next lends it"
             );
         }
         return Ok(());

@@ -292,7 +292,7 @@ impl Caches {
                 }
                 inner.returned.notify_waiters();
                 if own_mount {
-                    remove_tree(&mount);
+                    let _ = tokio::task::spawn_blocking(move || remove_tree(&mount)).await;
                 }
                 None
             }

@@ -345,7 +345,7 @@ impl Metrics {
         self.0.pool_idle.get_or_create(&runtime).set(idle);
     }
 
-    /// How a task's container came to it (counted when a pool is on).
+    /// Whether a task got its owner's dependency cache, and with files in it.
     pub fn cache_lend(&self, result: CacheLend) {
         let result = ResultLabel {
             result: result.label(),
@@ -358,6 +358,7 @@ impl Metrics {
         self.0.cache_evicted_owners.inc_by(owners);
     }
 
+    /// How a task's container came to it (counted when a pool is on).
     pub fn pool_claim(&self, path: Claim) {
         let path = PathLabel { path: path.label() };
         self.0.pool_claims.get_or_create(&path).inc();
