@@ -149,10 +149,12 @@ def leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
 def left_in_tasks_dir(stack) -> list[str]:
     """What a finished task left in TASKS_DIR: any regular file, or any entry but the
     warm pool's (pool-<worker>/, whose idle containers each have an empty src/ and a
-    collection pipe)."""
+    collection pipe) and the dependency caches' (cache-<worker>/: the owners' caches
+    are kept on purpose, docs/sandbox.md; e2e/tests/caches.rs checks what they hold)."""
     tasks = stack.tmp_dir / "tasks"
-    files = [str(p) for p in tasks.rglob("*") if p.is_file()]
-    others = [str(p) for p in tasks.iterdir() if not p.name.startswith("pool-")]
+    kept = ("pool-", "cache-")
+    files = [str(p) for p in tasks.rglob("*") if p.is_file() and not p.relative_to(tasks).parts[0].startswith("cache-")]
+    others = [str(p) for p in tasks.iterdir() if not p.name.startswith(kept)]
     return files + others
 
 
