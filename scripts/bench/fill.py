@@ -56,7 +56,7 @@ class Filler:
         """The new record's fields, as api/src/store.rs `submit` writes them."""
         return {
             Field.STATE: "queued", Field.RUNTIME: self.runtime, Field.IMAGE: self.image, Field.COMMAND: COMMAND,
-            Field.TIMEOUT_SECONDS: TIMEOUT_SECONDS, Field.HAS_ZIP: 0, Field.HAS_STDIN: 0, Field.NETWORK: "internet",
+            Field.TIMEOUT_SECONDS: TIMEOUT_SECONDS, Field.HAS_ZIP: 0, Field.HAS_STDIN: 0, Field.NETWORK: "internet", Field.CACHE: "owner",
             Field.STDOUT_BYTES: 0, Field.STDERR_BYTES: 0,
         }  # fmt: skip
 
