@@ -140,7 +140,9 @@ make_venv() {
 
 stage "1. fmt and clippy (test images and .venv in the background)"
 register_runsc
-spawn images ./scripts/build-test-image.sh
+# The base image too: the deploy and worker-hosts tests (stage 3, side by side) both
+# build on it, and an engine without a registry cannot pull it.
+spawn images sh -c './scripts/build-test-image.sh && ./scripts/build-base-image.sh'
 spawn venv make_venv
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -115,6 +115,7 @@ step "the Redis image (the Dockerfile's redis stage) and TLS material"
 ctx="$WORK/ctx"
 mkdir -p "$ctx/deploy/redis"
 cp deploy/redis/entrypoint.sh "$ctx/deploy/redis/"
+BASE_IMAGE="$BASE_IMAGE" ./scripts/build-base-image.sh >/dev/null
 # shellcheck disable=SC2016 # a literal ${BASE_IMAGE}
 { echo 'ARG BASE_IMAGE'; sed -n '/^FROM \${BASE_IMAGE} AS redis$/,/^ENTRYPOINT/p' Dockerfile; } >"$ctx/Dockerfile"
 docker build -q --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$IMAGE" "$ctx" >/dev/null 2>"$WORK/build.err" \
