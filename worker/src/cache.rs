@@ -521,11 +521,9 @@ struct Trimmed {
 /// cannot be read, or directories alone over the cap) means the caller drops
 /// the whole cache: a tree the worker cannot account for is not kept.
 fn trim(dir: &Path, cap: u64) -> io::Result<Trimmed> {
-    let Walked {
-        mut files,
-        dir_bytes,
-    } = walk(dir)?;
-    let mut total: u64 = dir_bytes + files.iter().map(|f| f.bytes).sum::<u64>();
+    let walked = walk(dir)?;
+    let mut total = walked.bytes();
+    let mut files = walked.files;
     let mut removed = 0;
     if total > cap {
         files.sort_by_key(|f| f.used);
