@@ -5,7 +5,7 @@
 //! whose generation changed before it lends it to the next task.
 
 use redis::AsyncCommands;
-use shared::cache::{ALL_OWNERS, owner_id};
+use shared::cache::{ALL_OWNERS, BadOwner, check_owner, owner_id};
 
 use crate::{Config, CtlError};
 
@@ -20,14 +20,38 @@ pub enum Whose {
     All,
 }
 
-/// Records the clear; the new generation.
-pub async fn clear(config: &Config, whose: &Whose) -> Result<u64, CtlError> {
+impl Whose {
+    /// One owner, if `name` can own tasks (a key's name or `oauth:<subject>`):
+    /// any other name would clear nothing, silently.
+    pub fn owner(name: String) -> Result<Whose, BadOwner> {
+        check_owner(&name)?;
+        Ok(Whose::Owner(name))
+    }
+}
+
+/// What a clear did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cleared {
+    /// The owner's (or every owner's) new clear generation.
+    pub generation: u64,
+    /// For one owner: whether any task of theirs ever finished here (they have
+    /// usage). False is likely a typo, or an owner with no task yet: the clear
+    /// is recorded either way.
+    pub known: bool,
+}
+
+/// Records the clear.
+pub async fn clear(config: &Config, whose: &Whose) -> Result<Cleared, CtlError> {
     let pool = config.pool(1).await?;
     let mut conn = pool.get().await?;
-    let field = match whose {
-        Whose::Owner(name) => owner_id(Some(name)),
-        Whose::Admin => owner_id(None),
-        Whose::All => ALL_OWNERS.to_owned(),
+    let (field, known) = match whose {
+        Whose::Owner(name) => {
+            let score: Option<f64> = conn.zscore(config.keys.usage_owners(), name).await?;
+            (owner_id(Some(name)), score.is_some())
+        }
+        Whose::Admin => (owner_id(None), true),
+        Whose::All => (ALL_OWNERS.to_owned(), true),
     };
-    Ok(conn.hincr(config.keys.cache_clears(), field, 1).await?)
+    let generation = conn.hincr(config.keys.cache_clears(), field, 1).await?;
+    Ok(Cleared { generation, known })
 }

@@ -156,11 +156,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Command::Cache(CacheCommand::Clear { owner, admin, all }) = cli.command {
         let whose = match (owner, admin, all) {
-            (Some(name), ..) => cache::Whose::Owner(name),
+            (Some(name), ..) => cache::Whose::owner(name)?,
             (None, true, _) => cache::Whose::Admin,
             _ => cache::Whose::All,
         };
-        let generation = cache::clear(&config, &whose).await?;
+        let cache::Cleared { generation, known } = cache::clear(&config, &whose).await?;
         if cli.json {
             let (owner, admin, all) = match &whose {
                 cache::Whose::Owner(name) => (Some(name.as_str()), false, false),
@@ -168,7 +168,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 cache::Whose::All => (None, false, true),
             };
             let out = serde_json::json!({
-                "owner": owner, "admin": admin, "all": all, "generation": generation
+                "owner": owner, "admin": admin, "all": all, "generation": generation,
+                "owner_has_tasks": known
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
@@ -181,6 +182,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "asked every worker to clear {whose} (generation {generation}); \
                  each does before it next lends it"
             );
+            if !known {
+                eprintln!(
+                    "warning: no task of this owner has finished under this REDIS_KEY_PREFIX: \
+                     is the name right? (an OAuth owner is oauth:<subject>)"
+                );
+            }
         }
         return Ok(());
     }

@@ -222,6 +222,80 @@ async fn the_owners_next_task_uses_its_cache_and_no_one_elses_pool_on() {
     the_owners_next_task_uses_its_cache_and_no_one_elses(true).await;
 }
 
+/// A kill and a timeout end a task's container by force, on the warm path and
+/// the cold one alike; what the task wrote into its cache comes back all the
+/// same, for the owner's next task.
+async fn a_cache_comes_back_after_a_kill_and_a_timeout(pool: bool) {
+    let stack = stack(pool, &[]).await;
+    let alice = client_of(&stack, "alice").await;
+    let warm = || async {
+        if pool {
+            wait_until(
+                "an idle python3.13 pool container",
+                Duration::from_secs(90),
+                || async {
+                    (!pool_containers(&stack.worker_name, "python3.13").is_empty()).then_some(())
+                },
+            )
+            .await;
+        }
+    };
+
+    warm().await;
+    let id = start_until_output(
+        &alice,
+        "mkdir -p \"$PIP_CACHE_DIR\" && echo killed > \"$PIP_CACHE_DIR/k\" && echo ready && sleep 300",
+        json!({}),
+        "ready\n",
+    )
+    .await;
+    call_ok(&alice, "kill_task", json!({ "task_id": id })).await;
+    let killed = wait_status(&alice, &id, "the kill", Duration::from_secs(60), is_final).await;
+    assert_eq!(killed["state"], "killed", "{killed}");
+    wait_back(&stack, Some("alice")).await;
+
+    warm().await;
+    let timed_out = run_to_end_within(
+        &alice,
+        "python3.13",
+        "cat \"$PIP_CACHE_DIR/k\" && echo timed-out > \"$PIP_CACHE_DIR/t\" && sleep 300",
+        json!({ "timeout_seconds": 3 }),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(timed_out["state"], "timed-out", "{timed_out}");
+    assert_eq!(
+        stdout(&timed_out),
+        "killed\n",
+        "the killed task's cache came back"
+    );
+    wait_back(&stack, Some("alice")).await;
+
+    let next = run_python(
+        &stack,
+        &alice,
+        "cat \"$PIP_CACHE_DIR/k\" \"$PIP_CACHE_DIR/t\"",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        stdout(&next),
+        "killed\ntimed-out\n",
+        "the timed-out task's cache came back"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cache_comes_back_after_a_kill_and_a_timeout_pool_off() {
+    a_cache_comes_back_after_a_kill_and_a_timeout(false).await;
+}
+
+#[tokio::test]
+async fn a_cache_comes_back_after_a_kill_and_a_timeout_pool_on() {
+    a_cache_comes_back_after_a_kill_and_a_timeout(true).await;
+}
+
 #[tokio::test]
 async fn a_bad_cache_argument_is_refused_naming_the_choices() {
     let stack = stack(false, &[]).await;
@@ -316,19 +390,31 @@ async fn the_ctl_clears_an_owners_cache_before_its_next_task() {
     wait_back(&stack, Some("alice")).await;
     wait_back(&stack, Some("bob")).await;
 
-    let out = tokio::process::Command::new(binary("script-runner-ctl", "SCRIPT_RUNNER_CTL_BIN"))
-        .env_clear()
-        .env("REDIS_URL", stack.redis.url())
-        .env("REDIS_KEY_PREFIX", &stack.prefix)
-        .args(["cache", "clear", "--owner", "alice"])
-        .output()
-        .await
-        .expect("script-runner-ctl runs");
+    let clear = |owner: &'static str| {
+        tokio::process::Command::new(binary("script-runner-ctl", "SCRIPT_RUNNER_CTL_BIN"))
+            .env_clear()
+            .env("REDIS_URL", stack.redis.url())
+            .env("REDIS_KEY_PREFIX", &stack.prefix)
+            .args(["cache", "clear", "--owner", owner])
+            .output()
+    };
+    // A name that cannot own tasks is refused, and one that owns none yet is
+    // cleared with a warning: both are likely typos, and neither clears alice's.
+    let refused = clear("oauth:").await.expect("script-runner-ctl runs");
+    let why = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        !refused.status.success() && why.contains("\"oauth:\" is no owner"),
+        "{why}"
     );
+    let unknown = clear("alicee").await.expect("script-runner-ctl runs");
+    let why = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        unknown.status.success() && why.contains("warning: no task of this owner"),
+        "{why}"
+    );
+    let out = clear("alice").await.expect("script-runner-ctl runs");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !said.contains("warning"), "{said}");
 
     let again = run_python(&stack, &alice, PIP_INSTALL, zip.clone()).await;
     assert!(
@@ -436,5 +522,56 @@ async fn a_second_task_of_the_owner_running_meanwhile_gets_no_cache() {
     .await;
     assert!(stdout(&second).contains("cache=[]\n0\n"), "{second}");
     call_ok(&alice, "kill_task", json!({ "task_id": first })).await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_lost_workers_caches_are_removed_by_the_worker_that_reaps_it() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        extra_env: vec![("POOL_SIZE", "0".to_owned())],
+        ..Options::default()
+    })
+    .await;
+    let alice = client_of(&stack, "alice").await;
+    let fast_heartbeat = [("WORKER_HEARTBEAT_SECONDS", "1")];
+    let mut doomed = stack.spawn_worker_process("doomed", &fast_heartbeat).await;
+    let done = run_python(
+        &stack,
+        &alice,
+        "mkdir -p \"$PIP_CACHE_DIR\" && echo kept > \"$PIP_CACHE_DIR/k\"",
+        json!({}),
+    )
+    .await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    let doomed_caches = stack
+        .tasks_dir()
+        .join(format!("cache-{}", stack.worker("doomed")));
+    let alices = doomed_caches
+        .join("owners")
+        .join(shared::cache::owner_id(Some("alice")));
+    wait_until(
+        "alice's cache back on the doomed worker's host",
+        Duration::from_secs(30),
+        || async { alices.join("pip/k").is_file().then_some(()) },
+    )
+    .await;
+
+    doomed.kill();
+    stack.start_worker("rescuer", &fast_heartbeat).await;
+    stack.wait_forgotten(&stack.worker("doomed")).await;
+    wait_until(
+        "the lost worker's caches to be removed",
+        Duration::from_secs(30),
+        || async { (!doomed_caches.exists()).then_some(()) },
+    )
+    .await;
+    assert!(
+        stack
+            .tasks_dir()
+            .join(format!("cache-{}", stack.worker("rescuer")))
+            .is_dir(),
+        "the reaper's own caches are kept"
+    );
     stack.shutdown().await;
 }

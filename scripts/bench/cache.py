@@ -78,10 +78,14 @@ PYPROJECT = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-p
 
 def timed(setup: str, command: str) -> str:
     """`setup`, then `command` timed in ms (printed as `ms=<n>`); fails with the
-    command's output if it fails."""
+    command's output if it fails. First prints how many files the task's lent
+    cache held (`cached=<n>`), and last leaves a mark in it (some installs
+    cache nothing), so the next run can prove it was lent this run's cache."""
     return (
+        "echo cached=$(find /.sr-cache -type f 2>/dev/null | wc -l); "
         f"{setup}t0=$(date +%s%N); if ! {command} >out.log 2>&1; then cat out.log; exit 1; fi; "
-        "t1=$(date +%s%N); echo ms=$(( (t1 - t0) / 1000000 ))"
+        "t1=$(date +%s%N); for d in /.sr-cache/*/; do touch \"$d.bench-mark\"; done; "
+        "echo ms=$(( (t1 - t0) / 1000000 ))"
     )
 
 
@@ -175,7 +179,12 @@ def sdist_project() -> bytes:
     return zip_of({"demo-1.0/pyproject.toml": PYPROJECT.encode(), "demo-1.0/backend.py": BACKEND.encode()})
 
 
-def run_task(stack: Stack, api_url: str, runtime: str, command: str, zip_bytes: bytes) -> int:
+def run_task(stack: Stack, api_url: str, runtime: str, command: str, zip_bytes: bytes, warm: bool) -> int:
+    """Runs a `timed` command; its time. `warm`: whether the task must have been
+    lent a cache holding files (the second run) or an empty one (the first,
+    after a clear). A second run that found no cache (its owner's was still
+    being returned past the worker's wait, say) would be a cold run counted as
+    warm: that fails the run instead."""
     args = {
         "runtime": runtime,
         "command_base64": base64.b64encode(command.encode()).decode(),
@@ -198,6 +207,10 @@ def run_task(stack: Stack, api_url: str, runtime: str, command: str, zip_bytes: 
     out = st.get("stdout_tail", "")
     if st.get("state") != "succeeded" or "ms=" not in out:
         raise HarnessError(f"task {task_id} ended {st.get('state')}: {out[-2000:]} {st.get('stderr_tail', '')[-2000:]}")
+    cached = int(out.split("cached=", 1)[1].split()[0]) if "cached=" in out else -1
+    if (cached > 0) != warm:
+        want = "a cache holding files" if warm else "an empty cache"
+        raise HarnessError(f"task {task_id} should have been lent {want}; it found {cached} files in /.sr-cache")
     return int(out.rsplit("ms=", 1)[1].split()[0])
 
 
@@ -253,8 +266,8 @@ def main() -> int:
                 cleared = subprocess.run([stack.binary(CTL_BIN), "cache", "clear", "--admin"], env=ctl_env, capture_output=True, text=True)
                 if cleared.returncode != 0:
                     raise HarnessError(f"cache clear: {cleared.stderr}")
-                first.append(run_task(stack, url, runtime, timed(setup, command), zip_bytes))
-                second.append(run_task(stack, url, runtime, timed(setup, command), zip_bytes))
+                first.append(run_task(stack, url, runtime, timed(setup, command), zip_bytes, warm=False))
+                second.append(run_task(stack, url, runtime, timed(setup, command), zip_bytes, warm=True))
             results[name] = {"first_ms": first, "second_ms": second}
             f, s = statistics.median(first), statistics.median(second)
             print(f"  {name:24} first {f:7.0f} ms   second {s:7.0f} ms   second/first {s / f:.2f}   (first {first}, second {second})")

@@ -22,6 +22,29 @@ pub fn owner_id(owner: Option<&str>) -> String {
         .collect()
 }
 
+/// Why a name cannot be an owner's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is no owner: an owner is an API key's name ([a-z0-9][a-z0-9._-]{{0,62}}) \
+     or oauth:<subject> (the token's `sub`, not empty, no control characters)"
+)]
+pub struct BadOwner(pub String);
+
+/// Checks that `owner` can be the owner of a task: an API key's name
+/// (`apikey::check_name`) or `oauth:<subject>`. A name of neither shape owns
+/// nothing, so a clear for it would clear nothing.
+pub fn check_owner(owner: &str) -> Result<(), BadOwner> {
+    let ok = match owner.strip_prefix("oauth:") {
+        Some(sub) => !sub.is_empty() && !sub.chars().any(char::is_control),
+        None => crate::apikey::check_name(owner).is_ok(),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(BadOwner(owner.to_owned()))
+    }
+}
+
 /// The clear generations a cache was made under: its owner's and every
 /// owner's (`ALL_OWNERS`), as `HMGET` returns them (absent: 0). A cache whose
 /// generations differ from the current ones was cleared since: it is emptied
@@ -60,6 +83,16 @@ impl Generations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_are_key_names_or_oauth_subjects() {
+        for good in ["alice", "ci-bot.2", "oauth:x", "oauth:auth0|abc/def"] {
+            assert_eq!(check_owner(good), Ok(()), "{good}");
+        }
+        for bad in ["", "Alice", "-x", "oauth:", "oauth:a\nb", "alice:x", "a b"] {
+            assert_eq!(check_owner(bad), Err(BadOwner(bad.to_owned())), "{bad}");
+        }
+    }
 
     #[test]
     fn owners_get_distinct_hex_names_and_the_admin_one_of_its_own() {

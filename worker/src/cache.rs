@@ -42,6 +42,27 @@ use crate::metrics::{CacheLend, Metrics};
 /// `c` inside).
 pub const CACHE_MOUNT: &str = "/.sr-cache";
 
+/// Where worker `worker` keeps its caches.
+fn root_of(tasks_dir: &Path, worker: &str) -> PathBuf {
+    tasks_dir.join(format!("cache-{worker}"))
+}
+
+/// Makes a worker's cache directory (the worker's alone) with `owners/` and
+/// `lent/`, where missing.
+fn make_root(root: &Path) -> io::Result<()> {
+    for dir in [root.to_path_buf(), root.join("owners"), root.join("lent")] {
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+}
+
+/// Where `open` sets the previous run's `lent/` aside until `drop_stale`.
+const STALE_LENT: &str = "lent.stale";
+
 /// The name a lent cache has inside its mount directory.
 const LENT_NAME: &str = "c";
 
@@ -121,9 +142,9 @@ impl Caches {
         Caches { inner: None }
     }
 
-    /// Opens this worker's caches under `TASKS_DIR/cache-<worker>`: forgets
-    /// caches that were lent when a previous run died (their task's
-    /// directories are gone or about to be), and measures the others. With
+    /// Opens this worker's caches under `TASKS_DIR/cache-<worker>`: sets aside
+    /// caches that were lent when a previous run died (for `drop_stale`), and
+    /// measures the others. With
     /// caches turned off, removes what a previous run kept. Blocking.
     pub fn open(
         tasks_dir: &Path,
@@ -132,7 +153,7 @@ impl Caches {
         task_user: &str,
         metrics: Metrics,
     ) -> io::Result<Caches> {
-        let root = tasks_dir.join(format!("cache-{worker}"));
+        let root = root_of(tasks_dir, worker);
         if !config.enabled() {
             remove_tree(&root);
             return Ok(Caches::off());
@@ -142,15 +163,18 @@ impl Caches {
                 "TASK_USER {task_user:?} is not uid:gid"
             )));
         };
-        remove_tree(&root.join("lent"));
-        for dir in [root.clone(), root.join("owners"), root.join("lent")] {
-            match fs::create_dir(&dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
+        // The previous run's lent caches go aside at once (a rename), and are
+        // removed only after recovery removed that run's containers
+        // (`drop_stale`): until then a container may still write into them,
+        // and a removal racing it could leave files behind.
+        let stale = root.join(STALE_LENT);
+        remove_tree(&stale);
+        match fs::rename(root.join("lent"), &stale) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o700))?;
+        make_root(&root)?;
         // An owner's cache is given to the task user: a worker that may not
         // (not root) keeps none, rather than failing at every task.
         let probe = root.join("probe");
@@ -218,6 +242,23 @@ impl Caches {
 
     pub fn enabled(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// Removes every cache of worker `worker` on this host: the reaper's, for a
+    /// worker it found lost and forgot, so caches left under names that never
+    /// come back (a worker re-created under a new name) do not fill the disk.
+    pub async fn remove_of(tasks_dir: &Path, worker: &str) {
+        let root = root_of(tasks_dir, worker);
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&root)).await;
+    }
+
+    /// Removes the previous run's lent caches, which `open` set aside: call it
+    /// once recovery has removed that run's containers.
+    pub async fn drop_stale(&self) {
+        if let Some(inner) = &self.inner {
+            let stale = inner.root.join(STALE_LENT);
+            let _ = tokio::task::spawn_blocking(move || remove_tree(&stale)).await;
+        }
     }
 
     /// A cold task's mount directory to be: `lent/<task_id>`.
@@ -373,6 +414,9 @@ impl Inner {
         mount: &Path,
         own_mount: bool,
     ) -> io::Result<CacheLend> {
+        // Made again if gone: a reaper that took this worker for lost while it
+        // restarted under its name removed them (`Caches::remove_of`).
+        make_root(&self.root)?;
         let dir = self.owner_dir(owner_id);
         let gen_file = self.generations_file(owner_id);
         let recorded = fs::read_to_string(&gen_file)

@@ -91,6 +91,7 @@ pub async fn run(
         heartbeat_stop.clone(),
     ));
     recovery::recover(&ctx, &stop).await?;
+    ctx.caches.drop_stale().await;
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
     // Empties itself when `stop` fires; claimed containers are their runners'.
     let pool = tokio::spawn(ctx.pool.clone().run(stop.clone()));

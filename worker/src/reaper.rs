@@ -103,6 +103,9 @@ async fn reap(
         }
         if ctx.queue.forget_worker(&name).await? {
             tracing::info!(worker = %name, "lost worker forgotten");
+            // Its caches only save time, and a process back under its name
+            // opens them anew; left, they would hold disk forever.
+            crate::cache::Caches::remove_of(&ctx.config.tasks_dir, &name).await;
         }
     }
     // A worker that came back (or was forgotten) is no longer a suspect.
