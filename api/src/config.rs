@@ -17,6 +17,10 @@ use shared::{Keys, RuntimeCatalog, RuntimeError};
 /// `MAX_REQUESTS_PER_CLIENT` like any request in flight.
 pub const MAX_WAIT_SECONDS: i64 = 30;
 
+// A waiter that read a task's events mark just before the task ended must
+// still find the stream (with the final entry) for its whole wait.
+const _: () = assert!(shared::keys::FINAL_EVENTS_TTL_SECONDS as i64 > 2 * MAX_WAIT_SECONDS);
+
 /// Shortest bearer token the api accepts: anything shorter is guessable.
 pub const MIN_TOKEN_LEN: usize = 32;
 

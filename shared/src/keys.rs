@@ -57,7 +57,8 @@ impl Keys {
     /// A small stream (at most about `TASK_EVENTS_MAXLEN` entries) that the
     /// state scripts (CLAIM, STARTED, PROGRESS when the output grew, FINISH,
     /// KILL) append to, so a `wait_seconds` caller blocks on it (`XREAD BLOCK`)
-    /// instead of polling the record. Expires with the record.
+    /// instead of polling the record. Expires `FINAL_EVENTS_TTL_SECONDS` after
+    /// the task's end.
     pub fn task_events(&self, task_id: &str) -> String {
         format!("{}:task:{task_id}:events", self.prefix)
     }
@@ -250,6 +251,14 @@ pub const STATS_MINUTE_TTL_SECONDS: u64 = 7200;
 /// How many entries a task's events stream keeps (`XADD MAXLEN ~`): a waiter
 /// only needs to know that something was appended after the id it read.
 pub const TASK_EVENTS_MAXLEN: u64 = 16;
+
+/// How long a task's events stream outlives the task's end, in seconds (FINISH
+/// and KILL expire it so; a shorter retention wins). Its waiters woke on the
+/// final entry; one that read its mark just before the end still finds it in
+/// this time, which is well above the longest `wait_seconds`. Kept as long as
+/// the record, each ended task's stream (about 4.7 KiB for its few entries)
+/// would be most of the task's memory in Redis.
+pub const FINAL_EVENTS_TTL_SECONDS: u64 = 120;
 
 /// The one field of a task events entry, and its values: what the scripts
 /// append. Waiters read only that an entry came, not what it says.

@@ -852,6 +852,25 @@ mod tests {
         assert_eq!(crate::Keys::new("p").stats_minute(7), "p:stats:7");
     }
 
+    /// An ended task's events stream lives `FINAL_EVENTS_TTL_SECONDS`, not as
+    /// long as its record.
+    #[test]
+    fn an_ended_tasks_events_expire_soon_after_its_end() {
+        let ttl = crate::keys::FINAL_EVENTS_TTL_SECONDS;
+        assert!(FINISH.contains(&format!(
+            "redis.call('EXPIRE', KEYS[10], math.min(tonumber(ARGV[6]), {ttl}))"
+        )));
+        assert!(KILL.contains(&format!(
+            "redis.call('EXPIRE', KEYS[5], math.min(tonumber(ARGV[3]), {ttl}))"
+        )));
+        for script in [FINISH, KILL] {
+            assert!(
+                script.contains(&format!("expires {ttl} s later")),
+                "{script}"
+            );
+        }
+    }
+
     #[test]
     fn replies_parse_into_their_kinds() {
         assert_eq!(TaskStateReply::parse(MISSING), Ok(TaskStateReply::Missing));

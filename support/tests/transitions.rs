@@ -214,6 +214,30 @@ async fn a_terminal_state_is_never_overwritten() {
     );
     let ttl: i64 = c.ttl(TASK).await.expect("ttl");
     assert!(ttl > 0 && ttl <= 600, "a final record expires: ttl {ttl}");
+    assert_events_expire_soon(&mut c).await;
+}
+
+/// The ended task's events stream expires `FINAL_EVENTS_TTL_SECONDS` after its
+/// end, not with its record (600 s here).
+async fn assert_events_expire_soon(c: &mut MultiplexedConnection) {
+    let events: i64 = c.ttl(keys().task_events(ID)).await.expect("ttl");
+    let most = shared::keys::FINAL_EVENTS_TTL_SECONDS as i64;
+    assert!(
+        events > 0 && events <= most,
+        "an ended task's events stream expires within {most} s: ttl {events}"
+    );
+}
+
+#[tokio::test]
+async fn an_ended_tasks_events_expire_long_before_its_record() {
+    let redis = Redis::start().await;
+    let mut c = conn(&redis).await;
+    queued_task(&mut c).await;
+    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(run::<String>(&mut c, finish("a", 0)).await, "succeeded");
+    let record: i64 = c.ttl(TASK).await.expect("ttl");
+    assert!(record > 500, "the record is kept 600 s: ttl {record}");
+    assert_events_expire_soon(&mut c).await;
 }
 
 #[tokio::test]

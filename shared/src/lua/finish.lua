@@ -5,7 +5,8 @@
 -- KEYS[6] the owner's CPU ledger   KEYS[7] the owner's usage totals
 -- KEYS[8] owners by total CPU      KEYS[9] usage totals over every owner
 -- KEYS[10] task events stream: a 'finished' entry when this call ends the task; it
---          expires with the record
+--          expires 120 s later (keys::FINAL_EVENTS_TTL_SECONDS), or with the record
+--          if that is sooner
 -- ARGV[1] worker name
 -- ARGV[2] terminal state
 -- ARGV[3] reason kind
@@ -86,5 +87,5 @@ end
 redis.call('HDEL', KEYS[1], 'container')
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('EXPIRE', KEYS[10], ARGV[6])
+redis.call('EXPIRE', KEYS[10], math.min(tonumber(ARGV[6]), 120))
 return st

@@ -3,7 +3,8 @@
 -- stops the container; a queued one is skipped when a worker reads it.
 --
 -- KEYS[1] task hash   KEYS[2] task zip   KEYS[3] stats hash   KEYS[4] task stdin
--- KEYS[5] task events stream: a 'killed' entry, expiring with the record
+-- KEYS[5] task events stream: a 'killed' entry; it expires 120 s later
+--          (keys::FINAL_EVENTS_TTL_SECONDS), or with the record if that is sooner
 -- ARGV[1] reason      ARGV[2] reason kind   ARGV[3] retention seconds
 -- ARGV[4] owner of the caller ('' for the admin key): a task of another owner
 --         is answered as missing, untouched
@@ -27,7 +28,7 @@ redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind',
 redis.call('DEL', KEYS[2], KEYS[4])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 16, '*', 'e', 'killed')
-redis.call('EXPIRE', KEYS[5], ARGV[3])
+redis.call('EXPIRE', KEYS[5], math.min(tonumber(ARGV[3]), 120))
 redis.call('HINCRBY', KEYS[3], 'finished:killed:' .. ARGV[2], 1)
 local minute = KEYS[3] .. ':' .. string.format('%d', math.floor(tonumber(t[1]) / 60))
 redis.call('HINCRBY', minute, 'killed:' .. ARGV[2], 1)
