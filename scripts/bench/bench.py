@@ -21,7 +21,10 @@ worker names unique to the run, the task firewall on as by default) and measures
           published figures.
   burst   --burst trivial tasks at WORKER_CONCURRENCY=--concurrency per
           configuration, against as many `docker run --rm` at that parallelism:
-          tasks/s, from the records' own timestamps (Redis's clock).
+          tasks/s, from the records' own timestamps (Redis's clock). A second
+          floor runs the same `docker run --rm` on a bridge network of the task
+          network's kind (user-defined, inter-container traffic off): what the
+          engine alone costs per container there, which the service cannot beat.
   api     with wrk: run_script at 1 and 32 connections, get_task_status at 1 and 64
           (random ids among finished tasks), GET /healthz (an HTTP round trip plus
           one Redis PING: the floor of any request) at the same connections; the
@@ -666,10 +669,11 @@ async def one_call(cfg: Config, runtime: str) -> tuple[dict[str, Any], float]:
     return sc, first
 
 
-def docker_run(image: str, command: str, label: str = "") -> FloorSample:
+def docker_run(image: str, command: str, label: str = "", network: str = "") -> FloorSample:
     """`docker run --rm image sh -c command`; `label` (a value of FLOOR_LABEL)
-    finds its events afterwards."""
-    argv = ["docker", "run", "--rm", *(["--label", f"{FLOOR_LABEL}={label}"] if label else []), image, "sh", "-c", command]
+    finds its events afterwards; `network`: on that network, not the default bridge."""
+    argv = ["docker", "run", "--rm", *(["--label", f"{FLOOR_LABEL}={label}"] if label else []),
+            *(["--network", network] if network else []), image, "sh", "-c", command]  # fmt: skip
     t0_ms = time.time() * 1000
     t0 = time.perf_counter()
     out = subprocess.run(argv, capture_output=True, text=True)
@@ -814,6 +818,19 @@ def used_memory(redis: Redis) -> int:
     return int(m["used_memory"]) - sum(int(m.get(k, 0)) for k in ("mem_clients_normal", "mem_aof_buffer", "used_memory_scripts"))
 
 
+def events_bytes(redis: Redis, prefix: str, ids: list[str]) -> int:
+    """The memory of these tasks' events streams (MEMORY USAGE): transient, as
+    each expires FINAL_EVENTS_TTL_SECONDS (120 s) after its task's end, so a
+    per-task figure taken at once counts them apart from what stays."""
+    keys, total = Keys(prefix), 0
+    for at in range(0, len(ids), 10_000):
+        pipe = redis.pipeline(transaction=False)
+        for i in ids[at : at + 10_000]:
+            pipe.memory_usage(keys.task_events(i))
+        total += sum(int(b or 0) for b in pipe.execute())
+    return total
+
+
 async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
     n, par = args.burst, args.concurrency
     rep.section(f"burst: {n} trivial tasks (`{ECHO_HI}`) at WORKER_CONCURRENCY={par}, against {n} `docker run --rm` at parallelism {par}")
@@ -822,9 +839,29 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
     with ThreadPoolExecutor(par) as pool:
         floor_each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n))]
     floor_rate = n / (time.perf_counter() - t0)
+    # The engine's own cost on a network of the task network's kind: a
+    # user-defined bridge (the worker makes its task network one, with
+    # inter-container traffic off) costs each container more to start than the
+    # default bridge (a veth pair, its rules, the embedded DNS).
+    net = f"sr-bench-floor-{os.getpid()}"
+    subprocess.run(["docker", "network", "create", "-o", "com.docker.network.bridge.enable_icc=false", net],
+                   check=True, capture_output=True)  # fmt: skip
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(par) as pool:
+            net_each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI, network=net), range(n))]
+        net_rate = n / (time.perf_counter() - t0)
+    finally:
+        subprocess.run(["docker", "network", "rm", net], capture_output=True)
     rep.out(f"{'':34}{'tasks/s':>9}   ratio   per task: min / median / p99 ms")
     rep.out(f"{'docker run --rm, parallel':34}{floor_rate:9.2f}          {Dist(floor_each, 'ms').row()}")
-    out: dict[str, Any] = {"floor_tasks_per_s": floor_rate, "floor_each_ms": Dist(floor_each, "ms").as_json()}
+    rep.out(f"{'  the same, on a task-like network':34}{net_rate:9.2f}   {net_rate / floor_rate:5.2f}x  {Dist(net_each, 'ms').row()}")
+    out: dict[str, Any] = {
+        "floor_tasks_per_s": floor_rate,
+        "floor_each_ms": Dist(floor_each, "ms").as_json(),
+        "network_floor_tasks_per_s": net_rate,
+        "network_floor_ratio": net_rate / floor_rate,
+    }
     for c in configs:
         assert c.worker is not None
         # One task first: the first tasks on a prefix create its stream, group,
@@ -843,20 +880,24 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
             raise BenchError(f"{c.label}: {len(bad)} burst tasks did not succeed, e.g. {bad[0]}")
         wait_until("the jobs stream to empty", lambda: redis.xlen(Keys(c.prefix).jobs()) == 0, c.worker.proc, 30)
         mem1 = used_memory(redis)
+        events = events_bytes(redis, c.prefix, ids)
         created = min(int(r["created_at"]) for r in recs)
         finished = max(int(r["finished_at"]) for r in recs)
         rate = n / ((finished - created) / 1000)
         each = Dist([int(r["finished_at"]) - int(r["created_at"]) for r in recs], "ms")
         means = docker_means(before, scrape(c.worker))
-        rep.out(f"{c.label:34}{rate:9.2f}   {rate / floor_rate:5.2f}x  {each.row()}  (submit to finished)")
+        rep.out(f"{c.label:34}{rate:9.2f}   {rate / floor_rate:5.2f}x  {each.row()}  (submit to finished; "
+                f"{rate / net_rate:.2f}x of the task-like network's floor)")  # fmt: skip
         rep.out(f"{'':34}Docker calls, mean ms: " + ", ".join(f"{op} {ms:.1f}" for op, ms in means.items()))
         out[c.label] = {
             "tasks_per_s": rate,
             "ratio": rate / floor_rate,
+            "ratio_to_network_floor": rate / net_rate,
             "each_ms": each.as_json(),
             "docker_call_mean_ms": means,
             "worker_peak_rss_mib": rss.peak_mib("worker"),
-            "redis_bytes_per_task": (mem1 - mem0) / n,
+            "redis_bytes_per_task": (mem1 - mem0 - events) / n,
+            "redis_events_bytes_per_task": events / n,
             "sample_record": recs[0],
         }
     rep.put("burst", out)
@@ -1027,7 +1068,7 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
 
     mem0 = used_memory(redis)
     ids = filler.fill(args.fill_base)
-    per_task_fill = (used_memory(redis) - mem0) / len(ids)
+    per_task_fill = (used_memory(redis) - mem0 - events_bytes(redis, prefix, ids)) / len(ids)
     status_tpl = tools_call("get_task_status", {"task_id": "{ID}"})
     sc = post_once(api, stack.token, status_tpl.replace("{ID}", ids[0]))
     if sc.get("state") != "succeeded" or sc.get("stdout_tail") != "hi\n" or sc.get("exit_code") != 0:
@@ -1062,11 +1103,13 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
         rep.section(f"growth: Redis memory per finished task, and get_task_status with {args.fill:,} finished tasks stored")
         mem0 = used_memory(redis)
         more = filler.fill(args.fill - len(ids))
-        per_task_big = (used_memory(redis) - mem0) / len(more)
+        events = events_bytes(redis, prefix, more)
+        per_task_big = (used_memory(redis) - mem0 - events) / len(more)
         ids += more
         big = status_rows(ids, "big")
         rep.out(f"Redis used_memory per finished task (fill path, {len(ids):,} tasks): {per_task_big:.0f} B "
-                f"(first {args.fill_base:,}: {per_task_fill:.0f} B)")
+                f"(first {args.fill_base:,}: {per_task_fill:.0f} B), and {events / len(more):.0f} B more for 120 s "
+                "(its events stream)")  # fmt: skip
         rep.out(f"{'':40}{'min':>9} {'p50':>9} {'p99':>9}  throughput   ratio to {args.fill_base:,} stored (p50, rps)")
         for c in (1, 64):
             b, g = base[c], big[c]
@@ -1074,6 +1117,7 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
             rep.out(f"{name:40}{g.row()}   {g.latency_ms['p50'] / b.latency_ms['p50']:.2f}x, {g.rps / b.rps:.2f}x")
         out["growth"] = {
             "redis_bytes_per_task_fill": per_task_big,
+            "redis_events_bytes_per_task_fill": events / len(more),
             "redis_bytes_per_task_fill_base": per_task_fill,
             "stored": len(ids),
             "status_base": {c: r.as_json() for c, r in base.items()},
@@ -1249,7 +1293,8 @@ def main() -> int:
                 for c in configs:
                     rep.out(
                         f"{c.label}: worker peak RSS during the burst {b[c.label]['worker_peak_rss_mib']:.1f} MiB; "
-                        f"Redis used_memory per finished task {b[c.label]['redis_bytes_per_task']:.0f} B (real tasks)"
+                        f"Redis used_memory per finished task {b[c.label]['redis_bytes_per_task']:.0f} B (real tasks), "
+                        f"and {b[c.label]['redis_events_bytes_per_task']:.0f} B more for 120 s (its events stream)"
                     )
             for c in configs:
                 mem[c.label]["worker_end_rss_mib"] = mib(c.worker.proc.rss_kib())  # type: ignore[union-attr]
