@@ -1,0 +1,104 @@
+//! Starting a task (a new container, or a warm one's waiting prelude handed
+//! the task) and removing what it used after it.
+
+use shared::task::Outcome;
+
+use crate::cache::Lease;
+use crate::ctx::Ctx;
+use crate::pool::Warm;
+use crate::sandbox::{ContainerSpec, SandboxError, TaskOutput};
+
+/// A task, handed to its container (its own, or a warm one).
+pub(super) struct Launched {
+    pub(super) container: String,
+    pub(super) output: TaskOutput,
+}
+
+/// A cold start: creates and starts the task's own container, then hands its
+/// prelude the task, as a warm one's. On failure, the outcome and the
+/// container to remove.
+pub(super) async fn launch_cold(
+    ctx: &Ctx,
+    spec: &ContainerSpec<'_>,
+    stdin: Option<Vec<u8>>,
+) -> Result<Launched, (Outcome, Option<String>)> {
+    let sandbox = &ctx.sandbox;
+    let (container, attached) = sandbox
+        .create(spec)
+        .await
+        .map_err(|e| (Outcome::start_failed(e), None))?;
+    match sandbox
+        .hand_off(&container, attached, spec, stdin, false)
+        .await
+    {
+        Ok(output) => Ok(Launched { container, output }),
+        Err(e) => Err((Outcome::start_failed(e), Some(container))),
+    }
+}
+
+/// A warm start: the pool container's prelude, waiting since the container
+/// started, is handed the task.
+pub(super) async fn launch_warm(
+    ctx: &Ctx,
+    warm: &mut Warm,
+    spec: &ContainerSpec<'_>,
+    stdin: Option<Vec<u8>>,
+) -> Result<Launched, SandboxError> {
+    let attached = warm.attached.take().ok_or(SandboxError::HandoffNotTaken)?;
+    let output = ctx
+        .sandbox
+        .hand_off(&warm.id, attached, spec, stdin, true)
+        .await?;
+    Ok(Launched {
+        container: warm.id.clone(),
+        output,
+    })
+}
+
+/// A lent cache comes back only from a container known to be gone: the
+/// worker walks it as root, and a task still running could change the tree
+/// under the walk. Otherwise it is dropped unread.
+pub(super) async fn return_cache(ctx: &Ctx, lease: Lease, container_gone: bool) {
+    if container_gone {
+        ctx.caches.give_back(lease).await;
+    } else {
+        ctx.caches.forfeit(lease).await;
+    }
+}
+
+/// Removes an ended task's container and host files (its extracted zip, or the
+/// warm container's directory). Runs in the background: the task's record does
+/// not wait for it.
+pub(super) async fn clean_up(
+    ctx: Ctx,
+    container: Option<String>,
+    source: Option<std::path::PathBuf>,
+    warm: Option<Warm>,
+    cache: Option<Lease>,
+) {
+    match (warm, container, cache) {
+        (Some(warm), _, None) => ctx.pool.discard(warm).await,
+        // The cache comes back once nothing of the task can run any more, and
+        // before the directory it was lent into goes.
+        (Some(warm), _, Some(lease)) => {
+            let gone = ctx.sandbox.remove(&warm.id).await;
+            return_cache(&ctx, lease, gone).await;
+            crate::pool::remove_dir(warm.dir().to_path_buf()).await;
+        }
+        (None, Some(c), lease) => {
+            let gone = ctx.sandbox.remove(&c).await;
+            if let Some(lease) = lease {
+                return_cache(&ctx, lease, gone).await;
+            }
+        }
+        (None, None, lease) => {
+            if let Some(lease) = lease {
+                ctx.caches.give_back(lease).await;
+            }
+        }
+    }
+    if let Some(src) = source {
+        // A warm container's source directory went with its directory.
+        crate::pool::remove_dir(src).await;
+    }
+}

@@ -1,0 +1,244 @@
+//! One task from claim to acknowledgement:
+//! claim -> source files -> container (a warm one from the pool, else a new
+//! one), its waiting prelude handed the task -> supervise (tails, kill,
+//! timeout; the exit status from the prelude) ->
+//! probe its cgroup -> record output and outcome -> ack. The container and source files
+//! are removed in the background as soon as the process has ended: off the
+//! critical path, and without waiting for Redis.
+//!
+//! The steps live beside this flow: `inputs` (the zip, stdin, collect and the
+//! dependency cache, made ready for the container), `launch` (a cold or warm
+//! start, and the clean-up after it) and `supervise` (tails, kill, timeout and
+//! how the task ended).
+
+mod inputs;
+mod launch;
+mod supervise;
+
+use std::time::Duration;
+
+use shared::TaskState;
+use shared::options::Network;
+use shared::scripts::Ended;
+use shared::task::Outcome;
+use shared::usage::Usage;
+
+use crate::cache::Lease;
+use crate::ctx::Ctx;
+use crate::metrics::Claim;
+use crate::queue::{Collected, Job, QueueError, TaskSpec, TaskStateReply};
+use crate::retry;
+use crate::sandbox::ContainerSpec;
+
+use inputs::{Inputs, WarmDirs};
+use launch::{clean_up, launch_cold, launch_warm, return_cache};
+use supervise::{Tails, supervise, usage_of};
+
+/// How often a running task's tails are published and its state re-read (which
+/// is how a `kill_task` reaches the worker holding it).
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// Runs a job to its end and acknowledges it. Never panics, never returns an error:
+/// failures are recorded on the task or logged.
+pub async fn run_job(ctx: Ctx, job: Job) {
+    let task_id = job.task_id.clone();
+    match run_task(&ctx, &job).await {
+        Ok(Some(state)) => tracing::info!(%task_id, %state, "task finished"),
+        Ok(None) => {}
+        Err(e) => {
+            // The entry stays pending: the reaper's orphan pass (or this worker's
+            // next start) settles it.
+            tracing::error!(%task_id, error = %e, "task could not be recorded; left pending");
+            return;
+        }
+    }
+    if let Err(e) = retry::redis("ack", &ctx.abort, || ctx.queue.ack(&job.entry_id)).await {
+        tracing::error!(%task_id, error = %e, "could not acknowledge job");
+    }
+}
+
+async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError> {
+    let task_id = job.task_id.as_str();
+    match retry::redis("claim", &ctx.abort, || ctx.queue.claim(job)).await? {
+        TaskStateReply::State(TaskState::Running) => {}
+        other => {
+            tracing::info!(task_id, ?other, "job skipped: task is not queued");
+            return Ok(None);
+        }
+    }
+    let Some(spec) = retry::redis("read task", &ctx.abort, || ctx.queue.task_spec(task_id)).await?
+    else {
+        return Ok(None);
+    };
+    tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
+    let mut collected = None;
+    let mut usage = Usage::default();
+    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected, &mut usage).await;
+    // The container is gone by now: only the record is left to write, and it is
+    // worth waiting for Redis as long as this worker lives.
+    if let Some(tails) = &tails {
+        retry::redis("publish output", &ctx.abort, || {
+            tails.send(&ctx.queue, task_id)
+        })
+        .await?;
+    }
+    let retention = ctx.config.retention_seconds;
+    let ended = Ended {
+        collected: collected.as_ref().map(|c| (&c.zip[..], c.listing.as_str())),
+        usage,
+        owner: spec.owner.as_deref(),
+    };
+    let reply = retry::redis("finish", &ctx.abort, || {
+        ctx.queue.finish(task_id, &outcome, retention, &ended)
+    })
+    .await?;
+    Ok(match reply {
+        TaskStateReply::State(s) => Some(s),
+        TaskStateReply::Missing | TaskStateReply::NotOwner => None,
+    })
+}
+
+/// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
+/// output (and puts in `collected` the files `collect` gathered, and in `usage`
+/// what its container used). Docker resources are released whether or not
+/// Redis answers.
+async fn execute(
+    ctx: &Ctx,
+    task_id: &str,
+    spec: &TaskSpec,
+    collected: &mut Option<Collected>,
+    usage: &mut Usage,
+) -> (Outcome, Option<Tails>) {
+    // The image is this worker's for the runtime, never the record's: a
+    // record naming another one (written by anything but an api that agrees
+    // with this worker) is refused before anything is pulled, extracted or run.
+    let image = match ctx.config.catalog.resolve(&spec.runtime, &spec.image) {
+        Ok(image) => image,
+        Err(refusal) => {
+            tracing::warn!(
+                task_id,
+                runtime = %spec.runtime,
+                recorded_image = %spec.image,
+                "task refused: {refusal}"
+            );
+            return (Outcome::image_refused(refusal), None);
+        }
+    };
+    // A task without a network must not run where a network was set up.
+    let mut warm = match spec.network {
+        Network::Internet => ctx.pool.take(&spec.runtime),
+        Network::None => None,
+    };
+    let mut claim = if warm.is_some() {
+        Claim::Warm
+    } else {
+        Claim::Cold
+    };
+    let (launched, inputs) = loop {
+        let dirs = warm.as_ref().map(|w| WarmDirs {
+            source: w.source(),
+            fifo: w.fifo(),
+            cache: w.cache_mount(),
+        });
+        let inputs = match Inputs::gather(ctx, task_id, spec, dirs).await {
+            Ok(inputs) => inputs,
+            Err(e) => {
+                if let Some(warm) = warm {
+                    ctx.pool.discard(warm).await;
+                }
+                return (Outcome::workspace_failed(e), None);
+            }
+        };
+        let env = inputs.env(spec);
+        let container_spec = ContainerSpec {
+            task_id,
+            image,
+            command: &spec.command,
+            source: inputs.source.as_deref(),
+            timeout_seconds: spec.timeout_seconds,
+            env: &env,
+            network: spec.network,
+            collect: inputs
+                .collector
+                .as_ref()
+                .map(|c| (c.fifo(), &spec.collect[..])),
+            cache: inputs.cache.as_ref().and_then(Lease::cold_mount),
+        };
+        // Checked (and repaired) right before the task's process starts, so a
+        // rule removed since the last check never meets a running task.
+        if let Some(firewall) = &ctx.firewall
+            && let Err(e) = firewall.ensure().await
+        {
+            let failed = Outcome::start_failed(format!("the task firewall: {e}"));
+            break (Err((failed, None)), inputs);
+        }
+        let stdin = inputs.stdin.clone();
+        match &mut warm {
+            Some(w) => match launch_warm(ctx, w, &container_spec, stdin).await {
+                Ok(launched) => break (Ok(launched), inputs),
+                Err(e) => {
+                    // Nothing of the task ran: a pool container that died while
+                    // idle (an engine restart, a hand), or just before its
+                    // process could start, costs a cold start, not the task.
+                    tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
+                    claim = Claim::Fallback;
+                    if let Some(c) = inputs.collector {
+                        c.finish().await;
+                    }
+                    // Removed before the cold one is made (it may already bear
+                    // the task's container name), and before the cache is
+                    // looked at: the engine may have started the process after
+                    // all. Then the cache goes back, to be lent again to the
+                    // cold one, or is dropped if the container is not gone.
+                    if let Some(w) = warm.take() {
+                        let gone = ctx.sandbox.remove(&w.id).await;
+                        if let Some(lease) = inputs.cache {
+                            return_cache(ctx, lease, gone).await;
+                        }
+                        crate::pool::remove_dir(w.dir().to_path_buf()).await;
+                    }
+                }
+            },
+            None => break (launch_cold(ctx, &container_spec, stdin).await, inputs),
+        }
+    };
+    if ctx.pool.enabled() {
+        ctx.sandbox.metrics().pool_claim(claim);
+    }
+    match launched {
+        Ok(launched) => {
+            let container = launched.container.clone();
+            let (ended, reading) = supervise(ctx, task_id, spec, launched).await;
+            if let Some(lease) = &inputs.cache {
+                ctx.caches.returning(lease);
+            }
+            if let Some(r) = reading {
+                *usage = usage_of(&r);
+            }
+            if let Some(c) = inputs.collector {
+                *collected = c.finish().await;
+            }
+            ctx.cleanups.spawn(clean_up(
+                ctx.clone(),
+                Some(container),
+                inputs.source,
+                warm,
+                inputs.cache,
+            ));
+            ended
+        }
+        Err((outcome, container)) => {
+            if let Some(c) = inputs.collector {
+                c.finish().await;
+            }
+            ctx.cleanups.spawn(clean_up(
+                ctx.clone(),
+                container,
+                inputs.source,
+                warm,
+                inputs.cache,
+            ));
+            (outcome, None)
+        }
+    }
+}
