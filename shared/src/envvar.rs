@@ -236,10 +236,19 @@ impl Common {
             // Every key is `<prefix>:...`: a ':' or a glob character in the
             // prefix would let two deployments' keys (and SCANs) meet.
             keys: crate::Keys::new(REDIS_KEY_PREFIX.name_value(&var, 64)?),
-            retention_seconds: TASK_RETENTION_SECONDS.range(&var, 60, 365 * 86_400)?,
+            retention_seconds: TASK_RETENTION_SECONDS.range(
+                &var,
+                MIN_RETENTION_SECONDS,
+                365 * 86_400,
+            )?,
         })
     }
 }
+
+/// The shortest `TASK_RETENTION_SECONDS`: an ended task's record, and its
+/// events stream (at most `keys::FINAL_EVENTS_TTL_SECONDS`), live at least so
+/// long.
+pub const MIN_RETENTION_SECONDS: u64 = 60;
 
 #[cfg(test)]
 mod tests {

@@ -190,7 +190,10 @@ async fn a_terminal_state_is_never_overwritten() {
         Some("killed by kill_task")
     );
     assert_eq!(field(&mut c, "exit_code").await, None);
-    // The output that arrived until the end is still recorded.
+    // The output that arrived until the end is still recorded, but wakes no
+    // waiter: the ended task's events stream gets no entry (one could outlive
+    // its expiry and make the stream again, with no TTL).
+    let events: usize = c.xlen(keys().task_events(ID)).await.expect("xlen");
     assert_eq!(
         run::<String>(&mut c, progress("a", b"last words", b"")).await,
         "killed"
@@ -199,6 +202,8 @@ async fn a_terminal_state_is_never_overwritten() {
         field(&mut c, "stdout_tail").await.as_deref(),
         Some("last words")
     );
+    let after: usize = c.xlen(keys().task_events(ID)).await.expect("xlen");
+    assert_eq!(after, events, "no event after the end");
     // A second kill changes nothing and says so.
     let (state, killed): (String, i64) = run(&mut c, kill("again")).await;
     assert_eq!((state.as_str(), killed), ("killed", 0));

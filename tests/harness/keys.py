@@ -23,6 +23,7 @@ STAT_FINISHED_PREFIX = "finished:"
 # A task's events stream (`Keys.task_events`): about this many entries at most, each
 # with one field, naming what happened (claimed, started, output, finished, killed).
 TASK_EVENTS_MAXLEN = 16
+FINAL_EVENTS_TTL_SECONDS = 120
 TASK_EVENT_FIELD = "e"
 
 # The states a task's record ends in (shared::TaskState's final ones).

@@ -1,7 +1,9 @@
 -- PROGRESS: publishes the output tails of a running task.
 --
 -- KEYS[1] task hash   KEYS[2] task events stream (an 'output' entry is appended
---                     when the byte counts grew, so waiters wake on new output only)
+--                     when the byte counts grew, so waiters wake on new output
+--                     only; never after the end: the stream of an ended task
+--                     expires, and an append then would make it again, for good)
 -- ARGV[1] worker name
 -- ARGV[2] stdout tail        ARGV[3] stderr tail
 -- ARGV[4] stdout bytes       ARGV[5] stderr bytes
@@ -15,7 +17,8 @@ local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
 if redis.call('HGET', KEYS[1], 'worker') ~= ARGV[1] then return 'not-owner' end
 local before = redis.call('HMGET', KEYS[1], 'stdout_bytes', 'stderr_bytes')
-if (tonumber(before[1]) or 0) ~= tonumber(ARGV[4]) or (tonumber(before[2]) or 0) ~= tonumber(ARGV[5]) then
+if (st == 'queued' or st == 'running')
+    and ((tonumber(before[1]) or 0) ~= tonumber(ARGV[4]) or (tonumber(before[2]) or 0) ~= tonumber(ARGV[5])) then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', 16, '*', 'e', 'output')
 end
 redis.call('HSET', KEYS[1], 'stdout_tail', ARGV[2], 'stderr_tail', ARGV[3],
