@@ -34,10 +34,10 @@ impl Whose {
 pub struct Cleared {
     /// The owner's (or every owner's) new clear generation.
     pub generation: u64,
-    /// For one owner: whether any task of theirs ever finished here (they have
-    /// usage). False is likely a typo, or an owner with no task yet: the clear
-    /// is recorded either way.
-    pub known: bool,
+    /// For one owner: whether any task of theirs finished here with its usage
+    /// recorded. False is likely a typo, or an owner with no such task yet:
+    /// the clear is recorded either way. `None` for `--admin` and `--all`.
+    pub known: Option<bool>,
 }
 
 /// Records the clear.
@@ -47,10 +47,10 @@ pub async fn clear(config: &Config, whose: &Whose) -> Result<Cleared, CtlError> 
     let (field, known) = match whose {
         Whose::Owner(name) => {
             let score: Option<f64> = conn.zscore(config.keys.usage_owners(), name).await?;
-            (owner_id(Some(name)), score.is_some())
+            (owner_id(Some(name)), Some(score.is_some()))
         }
-        Whose::Admin => (owner_id(None), true),
-        Whose::All => (ALL_OWNERS.to_owned(), true),
+        Whose::Admin => (owner_id(None), None),
+        Whose::All => (ALL_OWNERS.to_owned(), None),
     };
     let generation = conn.hincr(config.keys.cache_clears(), field, 1).await?;
     Ok(Cleared { generation, known })

@@ -93,8 +93,6 @@ pub enum CtlError {
     Functions(#[from] support::scripts::FunctionsError),
     #[error(transparent)]
     Key(#[from] shared::apikey::KeyError),
-    #[error(transparent)]
-    Owner(#[from] shared::cache::BadOwner),
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
     #[error("JSON: {0}")]

@@ -182,9 +182,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 "asked every worker to clear {whose} (generation {generation}); \
                  each does before it next lends it"
             );
-            if !known {
+            if known == Some(false) {
                 eprintln!(
-                    "warning: no task of this owner has finished under this REDIS_KEY_PREFIX: \
+                    "warning: no task of this owner has finished here with its usage recorded: \
                      is the name right? (an OAuth owner is oauth:<subject>)"
                 );
             }

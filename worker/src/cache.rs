@@ -60,7 +60,8 @@ fn make_root(root: &Path) -> io::Result<()> {
     fs::set_permissions(root, fs::Permissions::from_mode(0o700))
 }
 
-/// Where `open` sets the previous run's `lent/` aside until `drop_stale`.
+/// Where `open` sets the previous run's `lent/` aside until `drop_stale`
+/// (with a suffix of its own).
 const STALE_LENT: &str = "lent.stale";
 
 /// The name a lent cache has inside its mount directory.
@@ -167,8 +168,12 @@ impl Caches {
         // removed only after recovery removed that run's containers
         // (`drop_stale`): until then a container may still write into them,
         // and a removal racing it could leave files behind.
-        let stale = root.join(STALE_LENT);
-        remove_tree(&stale);
+        // Each run's under a name of its own, so one a failed start left is
+        // never removed here, before recovery, nor in the way of this rename.
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let stale = root.join(format!("{STALE_LENT}.{nanos}"));
         match fs::rename(root.join("lent"), &stale) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -245,19 +250,40 @@ impl Caches {
     }
 
     /// Removes every cache of worker `worker` on this host: the reaper's, for a
-    /// worker it found lost and forgot, so caches left under names that never
-    /// come back (a worker re-created under a new name) do not fill the disk.
-    pub async fn remove_of(tasks_dir: &Path, worker: &str) {
+    /// worker it found lost (silent since `silent_since`) and forgot, so caches
+    /// left under names that never come back (a worker re-created under a new
+    /// name) do not fill the disk. Left alone if a process back under that
+    /// name opened them since (`open` always changes the directory itself);
+    /// otherwise renamed away first, so such a process starting meanwhile
+    /// makes a new directory instead of losing files from under it.
+    pub async fn remove_of(tasks_dir: &Path, worker: &str, silent_since: SystemTime) {
         let root = root_of(tasks_dir, worker);
-        let _ = tokio::task::spawn_blocking(move || remove_tree(&root)).await;
+        let gone = tasks_dir.join(format!(
+            ".gone-cache-{worker}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let _ = tokio::task::spawn_blocking(move || {
+            let opened = fs::symlink_metadata(&root).and_then(|m| m.modified());
+            if opened.is_ok_and(|t| t <= silent_since) && fs::rename(&root, &gone).is_ok() {
+                remove_tree(&gone);
+            }
+        })
+        .await;
     }
 
-    /// Removes the previous run's lent caches, which `open` set aside: call it
-    /// once recovery has removed that run's containers.
+    /// Removes the previous runs' lent caches, which `open` set aside: call it
+    /// once recovery has removed those runs' containers.
     pub async fn drop_stale(&self) {
         if let Some(inner) = &self.inner {
-            let stale = inner.root.join(STALE_LENT);
-            let _ = tokio::task::spawn_blocking(move || remove_tree(&stale)).await;
+            let root = inner.root.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                for e in fs::read_dir(&root).into_iter().flatten().flatten() {
+                    if e.file_name().to_string_lossy().starts_with(STALE_LENT) {
+                        remove_tree(&e.path());
+                    }
+                }
+            })
+            .await;
         }
     }
 

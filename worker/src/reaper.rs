@@ -88,9 +88,11 @@ async fn reap(
         }
         // Only what it made before it fell silent: a new process under its name
         // (a restart racing this pass) makes containers after that.
-        let silent_since = std::time::SystemTime::now()
+        let silent_at = std::time::SystemTime::now()
             .checked_sub(since.elapsed())
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .unwrap_or(std::time::UNIX_EPOCH);
+        let silent_since = silent_at
+            .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         match remove_leftovers_of(ctx, &name, Some(silent_since)).await {
             Ok(0) => {}
@@ -105,7 +107,7 @@ async fn reap(
             tracing::info!(worker = %name, "lost worker forgotten");
             // Its caches only save time, and a process back under its name
             // opens them anew; left, they would hold disk forever.
-            crate::cache::Caches::remove_of(&ctx.config.tasks_dir, &name).await;
+            crate::cache::Caches::remove_of(&ctx.config.tasks_dir, &name, silent_at).await;
         }
     }
     // A worker that came back (or was forgotten) is no longer a suspect.
