@@ -102,14 +102,7 @@ async fn wait_back(stack: &Stack, owner: Option<&str>) -> PathBuf {
 /// the idle container, so the task runs warm.
 async fn run_python(stack: &Stack, client: &Client, command: &str, extra: Value) -> Value {
     if pool_on(stack) {
-        wait_until(
-            "an idle python3.13 pool container",
-            Duration::from_secs(90),
-            || async {
-                (!pool_containers(&stack.worker_name, "python3.13").is_empty()).then_some(())
-            },
-        )
-        .await;
+        wait_for_idle_container(stack).await;
     }
     let s = run_to_end_within(
         client,
@@ -121,6 +114,17 @@ async fn run_python(stack: &Stack, client: &Client, command: &str, extra: Value)
     .await;
     assert_eq!(s["state"], "succeeded", "{s}");
     s
+}
+
+/// Waits until the worker has an idle python3.13 pool container, so the next
+/// task runs warm.
+async fn wait_for_idle_container(stack: &Stack) {
+    wait_until(
+        "an idle python3.13 pool container",
+        Duration::from_secs(90),
+        || async { (!pool_containers(&stack.worker_name, "python3.13").is_empty()).then_some(()) },
+    )
+    .await;
 }
 
 fn pool_on(stack: &Stack) -> bool {
@@ -230,14 +234,7 @@ async fn a_cache_comes_back_after_a_kill_and_a_timeout(pool: bool) {
     let alice = client_of(&stack, "alice").await;
     let warm = || async {
         if pool {
-            wait_until(
-                "an idle python3.13 pool container",
-                Duration::from_secs(90),
-                || async {
-                    (!pool_containers(&stack.worker_name, "python3.13").is_empty()).then_some(())
-                },
-            )
-            .await;
+            wait_for_idle_container(&stack).await;
         }
     };
 

@@ -61,10 +61,7 @@ async fn wait_pool(worker: &str, runtime: &str, n: usize) -> Vec<String> {
 /// warm container is renamed `sr-<task_id>` when the task claims it (a cold one
 /// is created with that name, never renamed). Events since `since` (Unix time).
 fn warm_container_of(worker: &str, task_id: &str, since: u64) -> Option<String> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() + 1)
-        .unwrap_or_default();
+    let now = unix_now() + 1;
     let out = Command::new("docker")
         .args([
             "events",

@@ -834,11 +834,15 @@ def events_bytes(redis: Redis, prefix: str, ids: list[str]) -> int:
 async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report) -> None:
     n, par = args.burst, args.concurrency
     rep.section(f"burst: {n} trivial tasks (`{ECHO_HI}`) at WORKER_CONCURRENCY={par}, against {n} `docker run --rm` at parallelism {par}")
-    # The floor.
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(par) as pool:
-        floor_each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI), range(n))]
-    floor_rate = n / (time.perf_counter() - t0)
+
+    def floor(network: str = "") -> tuple[float, list[float]]:
+        """`n` `docker run --rm` at parallelism `par`: tasks/s, and each one's ms."""
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(par) as pool:
+            each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI, network=network), range(n))]
+        return n / (time.perf_counter() - t0), each
+
+    floor_rate, floor_each = floor()
     # The engine's own cost on a network of the task network's kind: a
     # user-defined bridge (the worker makes its task network one, with
     # inter-container traffic off) costs each container more to start than the
@@ -847,10 +851,7 @@ async def burst(configs: list[Config], args: argparse.Namespace, redis: Redis, r
     subprocess.run(["docker", "network", "create", "-o", "com.docker.network.bridge.enable_icc=false", net],
                    check=True, capture_output=True)  # fmt: skip
     try:
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(par) as pool:
-            net_each = [f.total_ms for f in pool.map(lambda _: docker_run(args.image, ECHO_HI, network=net), range(n))]
-        net_rate = n / (time.perf_counter() - t0)
+        net_rate, net_each = floor(net)
     finally:
         subprocess.run(["docker", "network", "rm", net], capture_output=True)
     rep.out(f"{'':34}{'tasks/s':>9}   ratio   per task: min / median / p99 ms")
