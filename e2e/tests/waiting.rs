@@ -254,3 +254,60 @@ async fn a_replica_shutting_down_answers_a_waiting_call_at_once() {
     drop(client);
     stack.shutdown().await;
 }
+
+/// Waiting calls live in the api (a blocked read on Redis each), never in a
+/// worker: with one of two task slots busy and six callers waiting on that
+/// task, the other slot still runs the next task at once.
+#[tokio::test]
+async fn waiting_calls_hold_no_worker_slot() {
+    let stack = Stack::start(Options {
+        concurrency: 2,
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let busy = start_sleeper(&client, "busy").await;
+    let before = blocked_reads(&stack).await;
+    let mut waiters = Vec::new();
+    for _ in 0..6 {
+        let client = stack.client().await;
+        let id = busy.clone();
+        waiters.push(tokio::spawn(async move {
+            call_ok(
+                &client,
+                "get_task_status",
+                json!({ "task_id": id, "wait_seconds": 30 }),
+            )
+            .await
+        }));
+    }
+    wait_until(
+        "six calls blocked waiting",
+        Duration::from_secs(20),
+        || async { (blocked_reads(&stack).await >= before + 6).then_some(()) },
+    )
+    .await;
+
+    let next = call_ok(
+        &client,
+        "run_script",
+        run_args("echo next", json!({ "wait_seconds": 25 })),
+    )
+    .await;
+    assert_eq!(
+        (next["state"].as_str(), next["stdout_tail"].as_str()),
+        (Some("succeeded"), Some("next\n")),
+        "the free slot ran the next task while six calls waited: {next}"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "the waiters were still waiting meanwhile"
+    );
+
+    call_ok(&client, "kill_task", json!({ "task_id": busy })).await;
+    for w in waiters {
+        let s = w.await.expect("waiter");
+        assert_eq!(s["state"], "killed", "each waiter answered on the end: {s}");
+    }
+    stack.shutdown().await;
+}
