@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::clients::{TrustedProxies, parse_proxy};
+use shared::egress::Egress;
+
 use crate::oauth::{self, OAuthConfigError, OAuthSettings};
 use crate::origin::AllowedOrigins;
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
@@ -120,6 +122,9 @@ pub struct Config {
     pub redis_setup_check: support::redis_setup::Mode,
     /// `OAUTH_*`: OAuth resource-server mode, `None` when off (see `crate::oauth`).
     pub oauth: Option<OAuthSettings>,
+    /// `EGRESS_DEFAULT`: the egress policy of a task whose `run_script` names
+    /// none: `internet`, `none`, or `allow:<host>,<host>,...`.
+    pub egress_default: Egress,
 }
 
 /// What the HTTP layer enforces in front of the MCP service: for all clients
@@ -194,10 +199,12 @@ const MAX_REQUESTS_PER_CLIENT: Var = Var::new("MAX_REQUESTS_PER_CLIENT", "256");
 const MAX_BODY_BYTES_PER_CLIENT: Var = Var::new("MAX_BODY_BYTES_PER_CLIENT", "");
 /// Empty: no proxy is trusted, every client is its peer address.
 const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
+const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
 /// The api's own variables with literal defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 28] = [
+pub const VARS: [Var; 29] = [
+    EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
     MAX_CONNECTIONS_PER_CLIENT,
@@ -275,8 +282,18 @@ impl Config {
             http,
             redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
             oauth: OAuthSettings::from_lookup(&var)?,
+            egress_default: egress_default(&var)?,
         })
     }
+}
+
+/// `EGRESS_DEFAULT`, checked as a client's `network` argument is.
+fn egress_default(var: &impl Fn(&str) -> Option<String>) -> Result<Egress, ConfigError> {
+    let raw = EGRESS_DEFAULT.get(var);
+    Egress::from_setting(&raw).map_err(|e| {
+        let expected = format!("internet, none, or allow:<host>,<host>,... ({e})");
+        ConfigError::Var(VarError::new(EGRESS_DEFAULT.name, &raw, expected))
+    })
 }
 
 /// The body of the largest `run_script` the decoded-size caps allow, with room to

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 use shared::apikey::{ApiKeyRecord, Limits};
+use shared::egress::Egress;
 use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, parse_heartbeat};
-use shared::options::{CacheUse, Network};
+use shared::options::CacheUse;
 use shared::record::RecordError;
 use shared::scripts::{KillReply, ScriptCall, Submit, SubmitReply};
 use shared::task::KILLED_BY_USER_REASON;
@@ -84,7 +85,8 @@ pub struct NewTask<'a> {
     pub stdin: Option<&'a [u8]>,
     /// Extra environment, as the JSON object stored in the record.
     pub env_json: Option<String>,
-    pub network: Network,
+    /// Its egress policy (the record's `network` and `egress_allow`).
+    pub egress: &'a Egress,
     /// Whether the task uses its owner's dependency caches.
     pub cache: CacheUse,
     /// `collect` patterns, as the JSON array stored in the record.
@@ -343,7 +345,8 @@ impl Store {
             has_zip: Some(t.zip.is_some()),
             has_stdin: Some(t.stdin.is_some()),
             env,
-            network: Some(t.network),
+            network: Some(t.egress.network()),
+            egress_allow: t.egress.allow_list().cloned(),
             cache: Some(t.cache),
             collect,
             stdout_bytes: Some(0),

@@ -310,7 +310,8 @@ pub enum Field {
     HasStdin,
     /// Extra environment variables, a JSON object of name to value.
     Env,
-    /// `Network::as_str()`: `internet` or `none`.
+    /// `Network::as_str()`: `internet`, `none` or `allow` (then the list is
+    /// `EgressAllow`).
     Network,
     /// The `collect` patterns, a JSON array.
     Collect,
@@ -354,6 +355,10 @@ pub enum Field {
     UsageWorkspaceBytes,
     /// `CacheUse::as_str()`: `owner` or `none` (absent: `owner`).
     Cache,
+    /// An `allow` task's hosts: `AllowList::to_stored()` (entries joined with ',').
+    EgressAllow,
+    /// What the egress proxy saw of an `allow` task: `EgressLog` as JSON.
+    EgressLog,
 }
 
 stored_names!(Field, parse "task record field");
@@ -455,6 +460,8 @@ mod tests {
                 "usage_peak_memory_bytes",
                 "usage_workspace_bytes",
                 "cache",
+                "egress_allow",
+                "egress_log",
             ]
         );
         for &f in Field::ALL {

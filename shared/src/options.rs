@@ -35,6 +35,9 @@ pub enum Network {
     Internet,
     /// No network at all: only a loopback interface.
     None,
+    /// Only the hosts of the task's allow-list (`Field::EgressAllow`), through
+    /// the worker's egress proxy: no route out, no DNS (`crate::egress`).
+    Allow,
 }
 
 stored_names!(Network, parse "network");

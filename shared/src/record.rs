@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::egress::{AllowList, EgressLog};
 use crate::keys::Field;
 use crate::options::{CacheUse, Network};
 use crate::task::{ReasonKind, TaskState};
@@ -58,6 +59,10 @@ pub struct TaskRecord {
     pub usage_workspace_bytes: Option<u64>,
     /// Whether the task uses its owner's dependency caches.
     pub cache: Option<CacheUse>,
+    /// An `allow` task's hosts.
+    pub egress_allow: Option<AllowList>,
+    /// What the egress proxy saw of an `allow` task.
+    pub egress_log: Option<EgressLog>,
 }
 
 /// A field whose stored value does not read as its type. Names the field, so
@@ -118,6 +123,8 @@ impl TaskRecord {
             usage_peak_memory_bytes: None,
             usage_workspace_bytes: None,
             cache: None,
+            egress_allow: None,
+            egress_log: None,
         }
     }
 
@@ -226,6 +233,15 @@ impl TaskRecord {
             Field::UsagePeakMemoryBytes => count(self.usage_peak_memory_bytes),
             Field::UsageWorkspaceBytes => count(self.usage_workspace_bytes),
             Field::Cache => self.cache.map(|c| c.as_str().as_bytes().to_vec()),
+            Field::EgressAllow => self
+                .egress_allow
+                .as_ref()
+                .map(|l| l.to_stored().into_bytes()),
+            // A log of plain strings and numbers: its JSON form cannot fail.
+            Field::EgressLog => self
+                .egress_log
+                .as_ref()
+                .and_then(|l| serde_json::to_vec(l).ok()),
         }
     }
 
@@ -266,6 +282,13 @@ impl TaskRecord {
             Field::UsagePeakMemoryBytes => self.usage_peak_memory_bytes = Some(parse(f, v)?),
             Field::UsageWorkspaceBytes => self.usage_workspace_bytes = Some(parse(f, v)?),
             Field::Cache => self.cache = Some(parse(f, v)?),
+            Field::EgressAllow => {
+                let list = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| AllowList::from_stored(s).ok());
+                self.egress_allow = Some(list.ok_or_else(|| malformed(f, v))?);
+            }
+            Field::EgressLog => self.egress_log = Some(json(f, v)?),
         }
         Ok(())
     }
@@ -335,6 +358,8 @@ mod tests {
             usage_peak_memory_bytes: Some(200 << 20),
             usage_workspace_bytes: Some(4096),
             cache: Some(CacheUse::None),
+            egress_allow: crate::egress::AllowList::parse(&["pypi.org", "*.npmjs.org"]).ok(),
+            egress_log: Some(crate::egress::EgressLog::default()),
             ..TaskRecord::new(TaskState::Failed)
         }
     }

@@ -277,6 +277,9 @@ pub struct Progress<'a> {
     pub stderr_bytes: u64,
     /// Milliseconds since the last output byte; `None` if there was none yet.
     pub output_age_ms: Option<u64>,
+    /// An allow-list task's egress log (`EgressLog` as JSON); `None` leaves
+    /// the field as it is.
+    pub egress_log: Option<&'a [u8]>,
 }
 
 impl ScriptCall {
@@ -294,6 +297,7 @@ impl ScriptCall {
                 out.as_bytes(),
                 err.as_bytes(),
                 age.as_bytes(),
+                p.egress_log.unwrap_or_default(),
             ],
         )
     }
@@ -677,6 +681,7 @@ mod tests {
                     stdout_bytes: 1,
                     stderr_bytes: 0,
                     output_age_ms: None,
+                    egress_log: None,
                 };
                 ScriptCall::progress(keys, "t", "w", &p)
             }

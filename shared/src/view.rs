@@ -3,6 +3,7 @@
 //! `task` map this onto their own output types, so the clock, the timestamps
 //! and the tails are computed one way.
 
+use crate::egress::EgressLog;
 use crate::keys::Field;
 use crate::record::TaskRecord;
 use crate::tail::{RenderedTail, render_tail};
@@ -13,7 +14,7 @@ use crate::usage::Usage;
 /// The fields a [`StatusView`] is built from: what a reader asks Redis for
 /// (`HMGET`) when it shows only the status. The command, image, env and the
 /// worker's bookkeeping stay in Redis.
-pub const STATUS_FIELDS: [Field; 18] = [
+pub const STATUS_FIELDS: [Field; 20] = [
     Field::State,
     Field::Runtime,
     Field::TimeoutSeconds,
@@ -32,6 +33,8 @@ pub const STATUS_FIELDS: [Field; 18] = [
     Field::UsageCpuMs,
     Field::UsagePeakMemoryBytes,
     Field::UsageWorkspaceBytes,
+    Field::EgressAllow,
+    Field::EgressLog,
 ];
 
 /// A task's status at one moment. Unset record fields stay `None` here; each
@@ -60,6 +63,20 @@ pub struct StatusView {
     pub stderr: RenderedTail,
     /// What its container used, once it ended (if it could be read).
     pub usage: Option<Usage>,
+    /// An allow-list task's hosts and what the egress proxy saw of it.
+    pub egress: Option<EgressView>,
+}
+
+/// An allow-list task's egress: its list and its log (empty until the
+/// worker's proxy has seen an attempt).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct EgressView {
+    /// The hosts the task may reach, as given (`*.` for every name under a domain).
+    pub allow: Vec<String>,
+    /// Each host asked for through the proxy, allowed or refused, with bytes;
+    /// at most 64 lines, the rest counted in `dropped`.
+    #[serde(flatten)]
+    pub log: EgressLog,
 }
 
 impl StatusView {
@@ -90,6 +107,10 @@ impl StatusView {
             stdout: tail(&r.stdout_tail, stdout_bytes),
             stderr: tail(&r.stderr_tail, stderr_bytes),
             usage: Usage::of(r),
+            egress: r.egress_allow.as_ref().map(|l| EgressView {
+                allow: l.entries().iter().map(ToString::to_string).collect(),
+                log: r.egress_log.clone().unwrap_or_default(),
+            }),
         }
     }
 

@@ -52,6 +52,7 @@ fn progress(worker: &str, out: &[u8], err: &[u8]) -> ScriptCall {
         stdout_bytes: out.len() as u64,
         stderr_bytes: err.len() as u64,
         output_age_ms: Some(0),
+        egress_log: None,
     };
     ScriptCall::progress(&keys(), ID, worker, &p)
 }

@@ -135,3 +135,5 @@ class Field(StrEnum):
     USAGE_PEAK_MEMORY_BYTES = "usage_peak_memory_bytes"
     USAGE_WORKSPACE_BYTES = "usage_workspace_bytes"
     CACHE = "cache"
+    EGRESS_ALLOW = "egress_allow"
+    EGRESS_LOG = "egress_log"

@@ -403,6 +403,7 @@ BAD_RUN_SCRIPT = [
     pytest.param({"env": {"SR_SECRET": "x"}}, ["SR_SECRET", "reserved"], id="env-reserved-prefix"),
     pytest.param({"env": {"A": 1}}, ["env"], id="env-not-a-string"),
     pytest.param({"network": "off"}, ["internet", "none"], id="network-unknown"),
+    pytest.param({"network": {"allow": ["pypi.org", "10.0.0.1"]}}, ["10.0.0.1", "IP address"], id="network-allow-ip"),
 ]  # fmt: skip
 
 

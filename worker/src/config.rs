@@ -56,6 +56,11 @@ pub struct SandboxLimits {
     /// `TASK_BRIDGE`: the Linux bridge interface of that network, which the host
     /// firewall rules match on.
     pub bridge: String,
+    /// `TASK_EGRESS_NETWORK`: the internal Docker network allow-list tasks are
+    /// attached to (no route out; the egress proxy is its only door).
+    pub egress_network: String,
+    /// `TASK_EGRESS_BRIDGE`: that network's Linux bridge interface.
+    pub egress_bridge: String,
     /// `TASK_FIREWALL`: `iptables` (default) installs the host rules that keep
     /// tasks off the host and private networks; `off` skips them (development only).
     pub firewall: bool,
@@ -111,6 +116,22 @@ pub struct Config {
     pub redis_setup_check: support::redis_setup::Mode,
     /// `CACHE_MB_PER_OWNER` and `CACHE_TOTAL_MB`: the dependency caches.
     pub cache: CacheConfig,
+    /// `EGRESS_*`: the egress proxy of allow-list tasks.
+    pub egress: EgressConfig,
+}
+
+/// The egress proxy (`crate::egress`).
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// `EGRESS_PROXY_PORT`: its port on the egress bridge's gateway (each
+    /// worker on one host needs its own).
+    pub proxy_port: u16,
+    /// `EGRESS_PORTS`: the only ports a task may ask the proxy for.
+    pub ports: Vec<u16>,
+    /// `EGRESS_TEST_RESOLVE` (tests only): `name=address` answers given before DNS.
+    pub test_resolve: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
+    /// `EGRESS_TEST_PUBLIC` (tests only): addresses the proxy treats as public.
+    pub test_public: Vec<ipnet::IpNet>,
 }
 
 /// The owners' dependency caches (pip's, npm's) kept on this host between
@@ -236,6 +257,14 @@ const TASK_DISK_MB: Var = Var::new("TASK_DISK_MB", "512");
 const TASK_NETWORK: Var = Var::new("TASK_NETWORK", "script-runner-tasks");
 const TASK_BRIDGE: Var = Var::new("TASK_BRIDGE", "sr-tasks0");
 const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");
+const TASK_EGRESS_NETWORK: Var = Var::new("TASK_EGRESS_NETWORK", "script-runner-egress");
+const TASK_EGRESS_BRIDGE: Var = Var::new("TASK_EGRESS_BRIDGE", "sr-egress0");
+const EGRESS_PROXY_PORT: Var = Var::new("EGRESS_PROXY_PORT", "3128");
+const EGRESS_PORTS: Var = Var::new("EGRESS_PORTS", "80,443");
+/// Tests only (docs/egress.md): empty, the proxy uses DNS alone.
+const EGRESS_TEST_RESOLVE: Var = Var::new("EGRESS_TEST_RESOLVE", "");
+/// Tests only: empty, no private address is treated as public.
+const EGRESS_TEST_PUBLIC: Var = Var::new("EGRESS_TEST_PUBLIC", "");
 const TASK_BLOCKED_CIDRS: Var = Var::new("TASK_BLOCKED_CIDRS", "");
 const TASK_OCI_RUNTIME: Var = Var::new("TASK_OCI_RUNTIME", "");
 const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15");
@@ -248,7 +277,13 @@ const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 21] = [
+pub const VARS: [Var; 27] = [
+    TASK_EGRESS_NETWORK,
+    TASK_EGRESS_BRIDGE,
+    EGRESS_PROXY_PORT,
+    EGRESS_PORTS,
+    EGRESS_TEST_RESOLVE,
+    EGRESS_TEST_PUBLIC,
     support::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
@@ -309,8 +344,10 @@ impl Config {
             );
             return Err(e.into());
         }
+        let egress = EgressConfig::from_lookup(&var)?;
         Ok(Config {
             pool,
+            egress,
             cache: CacheConfig {
                 per_owner_bytes: per_owner_mib << 20,
                 total_bytes: total_mib << 20,
@@ -376,6 +413,16 @@ impl SandboxLimits {
             );
             return Err(e.into());
         }
+        if TASK_EGRESS_NETWORK.get(var) == network
+            || TASK_EGRESS_BRIDGE.get(var) == TASK_BRIDGE.get(var)
+        {
+            let e = VarError::new(
+                TASK_EGRESS_NETWORK.name,
+                &TASK_EGRESS_NETWORK.get(var),
+                "a network and bridge other than TASK_NETWORK's and TASK_BRIDGE's",
+            );
+            return Err(e.into());
+        }
         let firewall = match TASK_FIREWALL.get(var).trim() {
             "iptables" => true,
             "off" => false,
@@ -391,6 +438,8 @@ impl SandboxLimits {
             disk_mib: TASK_DISK_MB.range(var, 1, 1 << 20)?,
             network,
             bridge: TASK_BRIDGE.name_value(var, MAX_BRIDGE_LEN)?,
+            egress_network: TASK_EGRESS_NETWORK.name_value(var, 64)?,
+            egress_bridge: TASK_EGRESS_BRIDGE.name_value(var, MAX_BRIDGE_LEN)?,
             firewall,
             blocked_cidrs: parse_list(Some(&TASK_BLOCKED_CIDRS.get(var)), ""),
             // Docker's runtime names are free-form, but they reach the engine's
@@ -399,6 +448,50 @@ impl SandboxLimits {
                 "" => None,
                 _ => Some(TASK_OCI_RUNTIME.name_value(var, 64)?),
             },
+        })
+    }
+}
+
+impl EgressConfig {
+    fn from_lookup(var: &impl Fn(&str) -> Option<String>) -> Result<EgressConfig, ConfigError> {
+        let raw_ports = EGRESS_PORTS.get(var);
+        let ports: Option<Vec<u16>> = raw_ports
+            .split(',')
+            .map(|p| p.trim().parse::<u16>().ok().filter(|p| *p > 0))
+            .collect();
+        let ports = ports
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| VarError::new(EGRESS_PORTS.name, &raw_ports, "ports, e.g. 80,443"))?;
+        let raw_resolve = EGRESS_TEST_RESOLVE.get(var);
+        let test_resolve = crate::egress::parse_test_resolve(&raw_resolve).map_err(|e| {
+            VarError::new(
+                EGRESS_TEST_RESOLVE.name,
+                &raw_resolve,
+                format!("name=address,... ({e})"),
+            )
+        })?;
+        let raw_public = EGRESS_TEST_PUBLIC.get(var);
+        let test_public: Result<Vec<ipnet::IpNet>, _> = parse_list(Some(&raw_public), "")
+            .iter()
+            .map(|n| {
+                n.parse::<ipnet::IpNet>()
+                    .or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+            })
+            .collect();
+        let test_public = test_public.map_err(|_| {
+            VarError::new(EGRESS_TEST_PUBLIC.name, &raw_public, "addresses or CIDRs")
+        })?;
+        if !test_resolve.is_empty() || !test_public.is_empty() {
+            tracing::warn!(
+                "EGRESS_TEST_RESOLVE or EGRESS_TEST_PUBLIC is set: these are for tests only"
+            );
+        }
+        Ok(EgressConfig {
+            // 0: any free port (tests, where many workers share one bridge).
+            proxy_port: EGRESS_PROXY_PORT.range(var, 0, 65_535)? as u16,
+            ports,
+            test_resolve,
+            test_public,
         })
     }
 }

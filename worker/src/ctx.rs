@@ -9,6 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache::Caches;
 use crate::config::Config;
+use crate::egress::EgressProxy;
 use crate::firewall::Firewall;
 use crate::pool::Pool;
 use crate::queue::Queue;
@@ -28,6 +29,9 @@ pub struct Ctx {
     /// The task firewall, checked before each task starts (None with
     /// `TASK_FIREWALL=off`).
     pub firewall: Option<Firewall>,
+    /// The egress proxy of allow-list tasks (None: this worker runs none,
+    /// and such a task fails to start, saying so).
+    pub egress: Option<EgressProxy>,
     /// Removals of ended tasks' containers and files, waited for at shutdown.
     pub cleanups: TaskTracker,
 }

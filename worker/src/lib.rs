@@ -10,6 +10,7 @@ pub mod cache;
 pub mod collect;
 pub mod config;
 pub mod ctx;
+pub mod egress;
 pub mod firewall;
 pub mod heartbeat;
 pub mod metrics;
@@ -50,6 +51,11 @@ pub enum WorkerError {
     Queue(#[from] QueueError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    #[error(
+        "cannot start the egress proxy on {0}: {1} (another worker on this host uses \
+         EGRESS_PROXY_PORT: give each its own)"
+    )]
+    EgressProxy(std::net::SocketAddr, std::io::Error),
     #[error("task firewall: {0}")]
     Firewall(#[from] firewall::FirewallError),
     #[error(transparent)]
@@ -135,11 +141,32 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
              nothing); set kernel.core_pattern to a file name to start no helper"
         );
     }
+    // Allow-list tasks' only way out (see `egress`): it listens on the egress
+    // bridge's gateway, and lives as long as tasks may run.
+    let abort = CancellationToken::new();
+    let gateway = sandbox.ensure_egress_network().await?;
+    let policy = egress::Policy {
+        ports: config.egress.ports.clone(),
+        blocked: firewall::refused_networks(&config.limits.blocked_cidrs, &config.redis_url)
+            .await?,
+        test_resolve: config.egress.test_resolve.clone(),
+        test_public: config.egress.test_public.clone(),
+    };
+    let proxy_addr = std::net::SocketAddr::new(gateway.into(), config.egress.proxy_port);
+    let egress =
+        egress::EgressProxy::start(proxy_addr, policy, sandbox.metrics().clone(), abort.clone())
+            .await
+            .map_err(|e| WorkerError::EgressProxy(proxy_addr, e))?;
     let firewall = if config.limits.firewall {
+        let door = firewall::EgressDoor {
+            bridge: &config.limits.egress_bridge,
+            gateway,
+        };
         let firewall = firewall::install(
             &config.limits.bridge,
             &config.limits.blocked_cidrs,
             &config.redis_url,
+            Some(door),
             sandbox.metrics().clone(),
         )
         .await?;
@@ -199,10 +226,11 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         queue,
         sandbox,
         config: Arc::new(config),
-        abort: CancellationToken::new(),
+        abort,
         pool,
         caches,
         firewall,
+        egress: Some(egress),
         cleanups: TaskTracker::new(),
     })
 }

@@ -169,6 +169,12 @@ struct Inner {
     cache_lends: Family<ResultLabel, Counter>,
     cache_evicted_files: Counter,
     cache_evicted_owners: Counter,
+    egress: Family<VerdictLabel, Counter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VerdictLabel {
+    verdict: &'static str,
 }
 
 /// One worker's metrics; clones share them.
@@ -272,6 +278,16 @@ impl Default for Metrics {
             "Owners' dependency caches removed whole: over CACHE_TOTAL_MB, or cleared",
             cache_evicted_owners.clone(),
         );
+        let egress = Family::default();
+        registry.register(
+            "script_runner_worker_egress_connections",
+            "Connections and requests of allow-list tasks through the egress proxy, \
+             allowed or refused",
+            egress.clone(),
+        );
+        for verdict in ["allowed", "refused"] {
+            let _ = egress.get_or_create(&VerdictLabel { verdict });
+        }
         for result in CacheLend::ALL {
             let _ = cache_lends.get_or_create(&ResultLabel {
                 result: result.label(),
@@ -298,6 +314,7 @@ impl Default for Metrics {
             firewall_intact,
             firewall_repairs,
             cache_lends,
+            egress,
             cache_evicted_files,
             cache_evicted_owners,
         }))
@@ -362,6 +379,12 @@ impl Metrics {
     pub fn pool_claim(&self, path: Claim) {
         let path = PathLabel { path: path.label() };
         self.0.pool_claims.get_or_create(&path).inc();
+    }
+
+    /// One attempt through the egress proxy (`crate::egress`).
+    pub fn egress_attempt(&self, allowed: bool) {
+        let verdict = if allowed { "allowed" } else { "refused" };
+        self.0.egress.get_or_create(&VerdictLabel { verdict }).inc();
     }
 
     /// Whether the task firewall was installed at start (`TASK_FIREWALL`).
@@ -555,6 +578,11 @@ mod tests {
             "script_runner_worker_pool_claims_total",
             "counter",
             &["path"],
+        ),
+        (
+            "script_runner_worker_egress_connections_total",
+            "counter",
+            &["verdict"],
         ),
         (
             "script_runner_worker_docker_errors_total",

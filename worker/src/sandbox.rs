@@ -72,6 +72,10 @@ pub enum SandboxError {
          containers use it; remove it (docker network rm {name}) or set TASK_NETWORK"
     )]
     NetworkInUse { name: String, bridge: String },
+    #[error("the Docker network {0} has no IPv4 gateway for the egress proxy to listen on")]
+    NoGateway(String),
+    #[error("the task container has no address on the egress network {0}")]
+    NoEgressAddress(String),
     #[error("Docker refused the task container: {0}")]
     Docker(#[from] DockerError),
     #[error("the engine ended the wait for the container without an exit code")]

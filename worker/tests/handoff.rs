@@ -41,6 +41,8 @@ fn limits() -> SandboxLimits {
         disk_mib: 16,
         network: "none".into(),
         bridge: "none".into(),
+        egress_network: "none".into(),
+        egress_bridge: "none".into(),
         firewall: false,
         blocked_cidrs: Vec::new(),
         oci_runtime: None,

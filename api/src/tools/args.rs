@@ -11,7 +11,7 @@ use base64::engine::{DecodePaddingMode, general_purpose};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use shared::TaskState;
-use shared::options::{CacheUse, Network};
+use shared::options::CacheUse;
 
 use super::error::ToolError;
 use crate::config::MAX_WAIT_SECONDS;
@@ -59,10 +59,15 @@ pub struct RunScriptInput {
     /// {max_env_vars} variables, {max_env_size} in all.
     #[serde(default, deserialize_with = "env_map")]
     pub env: Option<BTreeMap<String, String>>,
-    /// "internet" (the default: the internet is reachable, this service and
-    /// private networks are not) or "none" (no network at all).
+    /// What the script may reach: "internet" (the internet is reachable, this
+    /// service and private networks are not), "none" (no network at all), or
+    /// {"allow": ["pypi.org", "*.npmjs.org"]}: only those hosts (exact names,
+    /// or "*." for every name under a domain; at most {max_allow_entries}),
+    /// over HTTP and HTTPS through a proxy the sandbox sets in HTTP_PROXY and
+    /// HTTPS_PROXY; no DNS, no other port. Default: {egress_default}.
     #[serde(default)]
-    pub network: Option<Network>,
+    #[schemars(schema_with = "network_schema")]
+    pub network: Option<serde_json::Value>,
     /// Optional files to keep after the run: paths or shell globs relative to
     /// /workspace (e.g. ["out/*.txt", "report.html"]; a directory is taken
     /// whole). Regular files only, no links followed, at most
@@ -83,6 +88,29 @@ pub struct RunScriptInput {
     /// script then costs one call.
     #[serde(default, deserialize_with = "wait_seconds")]
     pub wait_seconds: Option<i64>,
+}
+
+/// `network`'s schema: one of two names, or an object with an allow-list
+/// (`shared::egress::Egress::from_json` checks it, naming what is wrong).
+fn network_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "anyOf": [
+            {"type": "string", "enum": ["internet", "none"]},
+            {
+                "type": "object",
+                "properties": {
+                    "allow": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "minItems": 1,
+                        "maxItems": shared::egress::MAX_ALLOW_ENTRIES
+                    }
+                },
+                "required": ["allow"],
+                "additionalProperties": false
+            }
+        ]
+    })
 }
 
 /// Input of `kill_task`.

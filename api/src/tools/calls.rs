@@ -118,6 +118,10 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 Some(serde_json::to_string(patterns).map_err(ToolError::Encode)?)
             }
         };
+        let egress = match &input.network {
+            None => cfg.egress_default.clone(),
+            Some(v) => shared::egress::Egress::from_json(v)?,
+        };
         let task_id = uuid::Uuid::new_v4().to_string();
         let submitted = self
             .store
@@ -130,7 +134,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 zip: zip.as_deref(),
                 stdin: stdin.as_deref(),
                 env_json,
-                network: input.network.unwrap_or_default(),
+                egress: &egress,
                 cache: input.cache.unwrap_or_default(),
                 collect_json,
                 index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,

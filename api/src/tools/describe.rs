@@ -48,6 +48,14 @@ fn placeholders(config: &Config) -> Vec<(&'static str, String)> {
         ("{max_stdin}", size(config.max_stdin_bytes as u64)),
         ("{max_zip}", size(config.max_zip_bytes as u64)),
         ("{max_env_vars}", MAX_ENV_VARS.to_string()),
+        (
+            "{max_allow_entries}",
+            shared::egress::MAX_ALLOW_ENTRIES.to_string(),
+        ),
+        (
+            "{egress_default}",
+            config.egress_default.to_json().to_string(),
+        ),
         ("{max_env_size}", size(MAX_ENV_BYTES as u64)),
         ("{max_collect_files}", MAX_COLLECT_FILES.to_string()),
         ("{max_collect_size}", size(MAX_COLLECT_BYTES)),

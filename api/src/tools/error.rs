@@ -12,6 +12,7 @@ use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, ErrorCode as R
 use serde::Serialize;
 use shared::TaskState;
 use shared::apikey::{Scope, Scopes};
+use shared::egress::EgressError;
 use shared::options::{CollectError, EnvError};
 use shared::tail::TAIL_CAP;
 use shared::zipcheck::ZipError;
@@ -92,6 +93,8 @@ pub enum ToolError {
     Env(#[from] EnvError),
     #[error("{0}")]
     Collect(#[from] CollectError),
+    #[error("{0}")]
+    Egress(#[from] EgressError),
     #[error(
         "task {0} is still {1}: its files are collected when it ends; poll get_task_status until the state is final"
     )]
@@ -199,6 +202,10 @@ impl ToolError {
                 EnvError::BadName(_) | EnvError::Reserved(_) | EnvError::NulInValue(_) => {
                     C::InvalidArgument
                 }
+            },
+            ToolError::Egress(e) => match e {
+                EgressError::TooMany(_) => C::TooLarge,
+                _ => C::InvalidArgument,
             },
             ToolError::Collect(e) => match e {
                 CollectError::TooMany(_) => C::TooLarge,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use shared::options::CollectedFile;
 use shared::time::rfc3339_ms;
 use shared::usage::UsageView;
+use shared::view::EgressView;
 use shared::{ReasonKind, TaskState};
 
 use crate::store::ListedTask;
@@ -77,6 +78,13 @@ pub struct TaskStatus {
     /// (bytes in /workspace at the end). Null until it ended, or if it never
     /// ran; a figure the host could not report is null.
     pub usage: Option<UsageView>,
+    /// Only for a task run with network {"allow": [...]}: its allow-list
+    /// (`allow`) and each host it asked the egress proxy for (`attempts`: host,
+    /// port, verdict "allowed" or why it was refused, count, bytes_out,
+    /// bytes_in; `dropped` counts attempts past the log's 64 lines). Filled in
+    /// as the task runs and complete once it has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressView>,
 }
 
 /// One task in `list_tasks`.

@@ -121,5 +121,6 @@ pub(super) fn status_from_record(
         started_at: v.started_at,
         finished_at: v.finished_at,
         usage: v.usage.map(|u| u.view()),
+        egress: v.egress,
     })
 }

@@ -243,6 +243,7 @@ mod tests {
                 peak_memory_bytes: Some(1 << 20),
                 workspace_bytes: Some(4096),
             }),
+            egress: None,
         }
     }
 

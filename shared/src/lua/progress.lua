@@ -8,6 +8,7 @@
 -- ARGV[2] stdout tail        ARGV[3] stderr tail
 -- ARGV[4] stdout bytes       ARGV[5] stderr bytes
 -- ARGV[6] milliseconds since the last output byte ('' when there was none yet)
+-- ARGV[7] the egress log, JSON ('' to leave it as it is)
 --
 -- Returns the current state, so the worker learns of a kill_task on every tick;
 -- 'not-owner' (nothing written) if the task is no longer this worker's; 'missing'.
@@ -23,6 +24,9 @@ if (st == 'queued' or st == 'running')
 end
 redis.call('HSET', KEYS[1], 'stdout_tail', ARGV[2], 'stderr_tail', ARGV[3],
   'stdout_bytes', ARGV[4], 'stderr_bytes', ARGV[5])
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'egress_log', ARGV[7])
+end
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[1], 'last_output_at', string.format('%d', tonumber(now) - tonumber(ARGV[6])))
 end

@@ -28,6 +28,7 @@
 mod host;
 mod rules;
 
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -66,6 +67,38 @@ pub enum FirewallError {
     BridgeHasIpv6 { bridge: String, addresses: String },
 }
 
+/// The egress bridge and the address its proxies listen on.
+#[derive(Debug, Clone, Copy)]
+pub struct EgressDoor<'a> {
+    pub bridge: &'a str,
+    pub gateway: Ipv4Addr,
+}
+
+/// Every IPv4 network the task firewall refuses tasks (special-purpose ranges,
+/// this host's networks, the Redis host, `TASK_BLOCKED_CIDRS`): what the
+/// egress proxy, which connects from the host, must refuse too.
+pub async fn refused_networks(
+    extra_blocked: &[String],
+    redis_url: &str,
+) -> Result<Vec<ipnet::Ipv4Net>, FirewallError> {
+    let mut out = BLOCKED.to_vec();
+    let mut named = host::host_subnets().await?;
+    named.extend(host::redis_addresses(redis_url).await?);
+    named.extend(extra_blocked.iter().cloned());
+    for n in named {
+        match n
+            .parse::<ipnet::Ipv4Net>()
+            .or_else(|_| n.parse::<Ipv4Addr>().map(ipnet::Ipv4Net::from))
+        {
+            Ok(net) => out.push(net),
+            Err(_) => {
+                tracing::warn!(network = %n, "not an IPv4 network; the egress proxy skips it")
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Installs the rules for tasks on bridge interface `bridge` and returns the
 /// guard that keeps them. `redis_url` names the Redis this worker uses: its
 /// addresses are refused too.
@@ -73,13 +106,17 @@ pub async fn install(
     bridge: &str,
     extra_blocked: &[String],
     redis_url: &str,
+    egress: Option<EgressDoor<'_>>,
     metrics: Metrics,
 ) -> Result<Firewall, FirewallError> {
     let dns = host::nameservers().await;
     let subnets = host::host_subnets().await?;
     let mut extra = host::redis_addresses(redis_url).await?;
     extra.extend(extra_blocked.iter().cloned());
-    let wanted = Wanted::new(bridge, &dns, &subnets, &extra);
+    let mut wanted = vec![Wanted::new(bridge, &dns, &subnets, &extra)];
+    if let Some(door) = egress {
+        wanted.push(Wanted::egress(door.bridge, door.gateway));
+    }
     // A worker of an older version jumped from this bridge into chains every
     // worker shared; ours replace those jumps (the shared chains stay for
     // workers of other bridges that still use them).
@@ -91,7 +128,9 @@ pub async fn install(
     }
     // What another worker on this bridge added stays (see `rules::merged`).
     let listing = save().await?;
-    reinstall(&wanted, &listing).await?;
+    for w in &wanted {
+        reinstall(w, &listing).await?;
+    }
     let firewall = Firewall(Arc::new(Guard {
         wanted,
         metrics,
@@ -106,7 +145,7 @@ pub async fn install(
     firewall.0.metrics.set_firewall_intact(true);
     tracing::info!(
         bridge,
-        chains = %format!("{} {}", firewall.0.wanted.chain_in, firewall.0.wanted.chain_fwd),
+        chains = %firewall.0.wanted.iter().map(|w| format!("{} {}", w.chain_in, w.chain_fwd)).collect::<Vec<_>>().join(" "),
         blocked = subnets.len() + BLOCKED.len() + extra.len(),
         "task firewall installed"
     );
@@ -119,7 +158,8 @@ pub struct Firewall(Arc<Guard>);
 
 #[derive(Debug)]
 struct Guard {
-    wanted: Wanted,
+    /// The task bridge's chains, and the egress bridge's.
+    wanted: Vec<Wanted>,
     metrics: Metrics,
     /// When the last check that found the rules in place began.
     verified: Mutex<Option<Instant>>,
@@ -159,7 +199,13 @@ impl Firewall {
     }
 
     async fn check_and_repair(&self) -> Result<(), FirewallError> {
-        let wanted = &self.0.wanted;
+        for wanted in &self.0.wanted {
+            self.check_and_repair_one(wanted).await?;
+        }
+        Ok(())
+    }
+
+    async fn check_and_repair_one(&self, wanted: &Wanted) -> Result<(), FirewallError> {
         // The rules are IPv4 only, so a bridge that routes IPv6 has none: nothing
         // to repair (the address is the operator's or the engine's), no task
         // starts until it is gone.

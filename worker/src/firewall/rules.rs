@@ -104,6 +104,35 @@ impl Wanted {
         }
     }
 
+    /// The egress bridge's chains: a task there may reach the egress proxies
+    /// and nothing else, on the host or beyond (the network is internal too;
+    /// these refuse at once rather than let a probe hang, and keep the host's
+    /// own services closed, which internal alone does not).
+    ///
+    /// The one door: TCP to the bridge's gateway address where a socket is
+    /// bound to that address itself (`-m socket` ignores sockets bound to the
+    /// wildcard address, so a host service listening on 0.0.0.0 stays shut).
+    /// Only egress proxies bind there; every worker on the host has its own
+    /// port, and this one rule, the same for all, opens each of them.
+    pub fn egress(bridge: &str, gateway: Ipv4Addr) -> Wanted {
+        let chain_in = format!("{IN_PREFIX}{bridge}");
+        let chain_fwd = format!("{FWD_PREFIX}{bridge}");
+        Wanted {
+            bridge: bridge.to_owned(),
+            input: vec![
+                format!("-A {chain_in} -d {gateway}/32 -p tcp -m socket -j ACCEPT"),
+                format!("-A {chain_in} -p tcp -j REJECT --reject-with tcp-reset"),
+                format!("-A {chain_in} -j REJECT --reject-with icmp-port-unreachable"),
+            ],
+            forward: vec![
+                format!("-A {chain_fwd} -p tcp -j REJECT --reject-with tcp-reset"),
+                format!("-A {chain_fwd} -j REJECT --reject-with icmp-net-prohibited"),
+            ],
+            chain_in,
+            chain_fwd,
+        }
+    }
+
     /// Each parent chain with the chain it jumps to for this bridge.
     pub fn jumps(&self) -> [(&'static str, &str); 2] {
         [("INPUT", &self.chain_in), ("DOCKER-USER", &self.chain_fwd)]

@@ -3,8 +3,11 @@
 
 use shared::task::Outcome;
 
+use shared::egress::AllowList;
+
 use crate::cache::Lease;
 use crate::ctx::Ctx;
+use crate::egress::EgressLease;
 use crate::pool::Warm;
 use crate::sandbox::{ContainerSpec, SandboxError, TaskOutput};
 
@@ -12,26 +15,48 @@ use crate::sandbox::{ContainerSpec, SandboxError, TaskOutput};
 pub(super) struct Launched {
     pub(super) container: String,
     pub(super) output: TaskOutput,
+    /// An allow-list task's standing with the egress proxy.
+    pub(super) egress: Option<EgressLease>,
 }
 
 /// A cold start: creates and starts the task's own container, then hands its
 /// prelude the task, as a warm one's. On failure, the outcome and the
 /// container to remove.
+///
+/// An allow-list task's container is known to the egress proxy by its address
+/// before its prelude is handed the task, so its first connection is already
+/// its own list's.
 pub(super) async fn launch_cold(
     ctx: &Ctx,
     spec: &ContainerSpec<'_>,
     stdin: Option<Vec<u8>>,
+    allow: Option<&AllowList>,
 ) -> Result<Launched, (Outcome, Option<String>)> {
     let sandbox = &ctx.sandbox;
     let (container, attached) = sandbox
         .create(spec)
         .await
         .map_err(|e| (Outcome::start_failed(e), None))?;
+    let egress = match (allow, &ctx.egress) {
+        (None, _) => None,
+        (Some(list), Some(proxy)) => match sandbox.egress_address(&container).await {
+            Ok(ip) => Some(proxy.lease(ip, spec.task_id, list.clone())),
+            Err(e) => return Err((Outcome::start_failed(e), Some(container))),
+        },
+        (Some(_), None) => {
+            let why = "this worker runs no egress proxy for allow-list tasks";
+            return Err((Outcome::start_failed(why), Some(container)));
+        }
+    };
     match sandbox
         .hand_off(&container, attached, spec, stdin, false)
         .await
     {
-        Ok(output) => Ok(Launched { container, output }),
+        Ok(output) => Ok(Launched {
+            container,
+            output,
+            egress,
+        }),
         Err(e) => Err((Outcome::start_failed(e), Some(container))),
     }
 }
@@ -52,6 +77,7 @@ pub(super) async fn launch_warm(
     Ok(Launched {
         container: warm.id.clone(),
         output,
+        egress: None,
     })
 }
 

@@ -125,9 +125,11 @@ async fn execute(
         }
     };
     // A task without a network must not run where a network was set up.
+    // Pool containers sit on the task bridge: an allow-list task gets a cold
+    // one on the egress network.
     let mut warm = match spec.network {
         Network::Internet => ctx.pool.take(&spec.runtime),
-        Network::None => None,
+        Network::None | Network::Allow => None,
     };
     let mut claim = if warm.is_some() {
         Claim::Warm
@@ -149,7 +151,15 @@ async fn execute(
                 return (Outcome::workspace_failed(e), None);
             }
         };
-        let env = inputs.env(spec);
+        let mut env = inputs.env(spec);
+        // The proxy's variables win over the task's own: they are its only way out.
+        if spec.allow.is_some()
+            && let Some(proxy) = &ctx.egress
+        {
+            let ours = proxy.env();
+            env.retain(|(k, _)| !ours.iter().any(|(o, _)| o == k));
+            env.extend(ours);
+        }
         let container_spec = ContainerSpec {
             task_id,
             image,
@@ -199,7 +209,10 @@ async fn execute(
                     }
                 }
             },
-            None => break (launch_cold(ctx, &container_spec, stdin).await, inputs),
+            None => {
+                let launched = launch_cold(ctx, &container_spec, stdin, spec.allow.as_ref()).await;
+                break (launched, inputs);
+            }
         }
     };
     if ctx.pool.enabled() {

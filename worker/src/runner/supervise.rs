@@ -13,6 +13,7 @@ use shared::usage::Usage;
 use super::TICK;
 use super::launch::Launched;
 use crate::ctx::Ctx;
+use crate::egress::EgressLease;
 use crate::queue::{Progress, Queue, QueueError, TaskSpec, TaskStateReply};
 use crate::retry;
 use crate::sandbox::{Event, Reading, Sandbox, SandboxError, Seen, TaskOutput};
@@ -23,15 +24,18 @@ pub(super) struct Tails {
     stderr: TailBuffer,
     last_output: Option<Instant>,
     dirty: bool,
+    /// An allow-list task's egress log, published with the tails.
+    egress: Option<EgressLease>,
 }
 
 impl Tails {
-    fn new() -> Tails {
+    fn new(egress: Option<EgressLease>) -> Tails {
         Tails {
             stdout: TailBuffer::new(TAIL_CAP),
             stderr: TailBuffer::new(TAIL_CAP),
             last_output: None,
             dirty: false,
+            egress,
         }
     }
 
@@ -52,7 +56,8 @@ impl Tails {
 
     /// Publishes if anything changed, else only reads the state.
     async fn tick(&mut self, queue: &Queue, task_id: &str) -> Result<TaskStateReply, QueueError> {
-        if !self.dirty {
+        let egress_changed = self.egress.as_ref().is_some_and(EgressLease::changed);
+        if !self.dirty && !egress_changed {
             return queue.state(task_id).await;
         }
         let reply = self.send(queue, task_id).await?;
@@ -67,6 +72,7 @@ impl Tails {
         task_id: &str,
     ) -> Result<TaskStateReply, QueueError> {
         let (out, err) = (self.stdout.to_vec(), self.stderr.to_vec());
+        let egress_log = self.egress.as_ref().map(EgressLease::log_json);
         queue
             .progress(
                 task_id,
@@ -76,6 +82,7 @@ impl Tails {
                     stdout_bytes: self.stdout.total(),
                     stderr_bytes: self.stderr.total(),
                     output_age_ms: self.last_output.map(|t| t.elapsed().as_millis() as u64),
+                    egress_log: egress_log.as_deref(),
                 },
             )
             .await
@@ -95,11 +102,12 @@ pub(super) async fn supervise(
     let Launched {
         container,
         output: stream,
+        egress,
     } = launched;
     // The container's own clock (its deadline) starts about now.
     let started = Instant::now();
     let mut output = Output { stream, open: true };
-    let mut tails = Tails::new();
+    let mut tails = Tails::new(egress);
     let (end, reading) = match record_start(ctx, task_id, &container).await {
         Some(end) => (end, None),
         None => {

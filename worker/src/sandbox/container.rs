@@ -62,6 +62,19 @@ impl Sandbox {
             .unwrap_or(false)
     }
 
+    /// The container's address on the egress network (an allow-list task's),
+    /// which the egress proxy knows it by.
+    pub async fn egress_address(&self, id: &str) -> Result<std::net::IpAddr, SandboxError> {
+        let net = &self.limits.egress_network;
+        let c = self.docker.inspect_container(id, None).await?;
+        c.network_settings
+            .and_then(|n| n.networks)
+            .and_then(|mut n| n.remove(net))
+            .and_then(|e| e.ip_address)
+            .and_then(|ip| ip.parse().ok())
+            .ok_or_else(|| SandboxError::NoEgressAddress(net.clone()))
+    }
+
     pub async fn kill(&self, id: &str) {
         let opts = KillContainerOptionsBuilder::default()
             .signal("SIGKILL")

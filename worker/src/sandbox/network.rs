@@ -19,11 +19,37 @@ impl Sandbox {
     /// uses it.
     pub async fn ensure_network(&self) -> Result<(), SandboxError> {
         let (name, bridge) = (&self.limits.network, &self.limits.bridge);
+        self.ensure_bridge(name, bridge, false).await
+    }
+
+    /// The same for the egress network of allow-list tasks, which is
+    /// `internal` (Docker gives its containers no route out and its DNS
+    /// server forwards no name); returns its gateway address, where the
+    /// egress proxy listens.
+    pub async fn ensure_egress_network(&self) -> Result<std::net::Ipv4Addr, SandboxError> {
+        let (name, bridge) = (&self.limits.egress_network, &self.limits.egress_bridge);
+        self.ensure_bridge(name, bridge, true).await?;
+        let net = self.docker.inspect_network(name, None).await?;
+        net.ipam
+            .and_then(|i| i.config)
+            .unwrap_or_default()
+            .iter()
+            .find_map(|c| c.gateway.as_deref()?.parse().ok())
+            .ok_or_else(|| SandboxError::NoGateway(name.clone()))
+    }
+
+    async fn ensure_bridge(
+        &self,
+        name: &String,
+        bridge: &String,
+        internal: bool,
+    ) -> Result<(), SandboxError> {
         if let Ok(existing) = self.docker.inspect_network(name, None).await {
             let opts = existing.options.clone().unwrap_or_default();
             let ours = opts.get(OPT_BRIDGE_NAME) == Some(bridge)
                 && opts.get(OPT_ICC).map(String::as_str) == Some("false")
-                && existing.enable_ipv6 != Some(true);
+                && existing.enable_ipv6 != Some(true)
+                && existing.internal.unwrap_or(false) == internal;
             if ours {
                 return Ok(());
             }
@@ -48,7 +74,7 @@ impl Sandbox {
             (OPT_ICC.to_owned(), "false".to_owned()),
             (
                 "com.docker.network.bridge.enable_ip_masquerade".to_owned(),
-                "true".to_owned(),
+                (!internal).to_string(),
             ),
         ]);
         let req = NetworkCreateRequest {
@@ -57,6 +83,7 @@ impl Sandbox {
             options: Some(options),
             // Pinned off whatever the daemon's default: the firewall is IPv4 only.
             enable_ipv6: Some(false),
+            internal: Some(internal),
             labels: Some(HashMap::from([(
                 "script-runner".to_owned(),
                 "tasks".to_owned(),

@@ -252,6 +252,7 @@ impl Sandbox {
                 Network::Internet => l.network.clone(),
                 // Docker's "none": a loopback interface and nothing else.
                 Network::None => "none".to_owned(),
+                Network::Allow => l.egress_network.clone(),
             }),
             // docker-init as PID 1, so neither `timeout` nor the script is: the
             // kernel ignores SIGKILL sent to PID 1 from inside its namespace (it

@@ -1,0 +1,193 @@
+//! What the egress proxy lets through: the ports it opens, the addresses it
+//! never connects to, and name resolution (its own, so a task's allowed name
+//! cannot be pointed at this host or a private network: DNS rebinding).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ipnet::{IpNet, Ipv4Net};
+use shared::egress::{AllowList, Verdict, fold_host};
+
+/// The proxy's rules besides each task's list.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// `EGRESS_PORTS`: the only ports a task may ask for.
+    pub ports: Vec<u16>,
+    /// Never connected to: the task firewall's refusals (special-purpose
+    /// ranges, this host's networks, the Redis host, `TASK_BLOCKED_CIDRS`).
+    pub blocked: Vec<Ipv4Net>,
+    /// `EGRESS_TEST_RESOLVE` (tests only): names answered before DNS.
+    pub test_resolve: HashMap<String, Vec<IpAddr>>,
+    /// `EGRESS_TEST_PUBLIC` (tests only): addresses treated as public even
+    /// though `blocked` holds them.
+    pub test_public: Vec<IpNet>,
+}
+
+impl Policy {
+    /// Decides one attempt at `host:port` for a task with `allow`: the
+    /// addresses to connect to, every one of them checked, or why not.
+    pub async fn decide(
+        &self,
+        allow: &AllowList,
+        host: &str,
+        port: u16,
+    ) -> Result<Vec<SocketAddr>, Verdict> {
+        let host = fold_host(host);
+        if host.parse::<IpAddr>().is_ok() || host.starts_with('[') {
+            // Lists hold names only: an address is never on one.
+            return Err(Verdict::NotAllowed);
+        }
+        if !allow.allows(&host) {
+            return Err(Verdict::NotAllowed);
+        }
+        if !self.ports.contains(&port) {
+            return Err(Verdict::Port);
+        }
+        let addrs: Vec<SocketAddr> = match self.test_resolve.get(&host) {
+            Some(ips) => ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect(),
+            None => match tokio::net::lookup_host((host.as_str(), port)).await {
+                Ok(a) => a.collect(),
+                Err(_) => return Err(Verdict::Unresolved),
+            },
+        };
+        if addrs.is_empty() {
+            return Err(Verdict::Unresolved);
+        }
+        // Any private answer refuses the name: a name that points inside once
+        // may do so on the next lookup too.
+        if addrs.iter().any(|a| !self.is_public(a.ip())) {
+            return Err(Verdict::PrivateAddress);
+        }
+        Ok(addrs)
+    }
+
+    /// Whether the proxy may connect to `ip`.
+    pub fn is_public(&self, ip: IpAddr) -> bool {
+        if self.test_public.iter().any(|n| n.contains(&ip)) {
+            return true;
+        }
+        match ip {
+            IpAddr::V4(v4) => self.is_public_v4(v4),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => self.is_public_v4(v4),
+                None => is_global_v6(v6),
+            },
+        }
+    }
+
+    fn is_public_v4(&self, ip: Ipv4Addr) -> bool {
+        !self.blocked.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// IPv6 that is globally reachable, by IANA's special-purpose registry's
+/// larger entries: not loopback, unspecified, unique local, link-local,
+/// multicast, documentation, NAT64 (which reaches IPv4 behind it), 6to4 or
+/// Teredo (likewise), or discard-only.
+fn is_global_v6(ip: Ipv6Addr) -> bool {
+    const NOT_GLOBAL: [(&str, u8); 9] = [
+        ("::", 128),
+        ("::1", 128),
+        ("fc00::", 7),
+        ("fe80::", 10),
+        ("ff00::", 8),
+        ("2001:db8::", 32),
+        ("64:ff9b::", 96),
+        ("2002::", 16),
+        ("2001::", 32),
+    ];
+    let blocked = NOT_GLOBAL.iter().any(|(net, len)| {
+        net.parse::<Ipv6Addr>()
+            .ok()
+            .and_then(|a| ipnet::Ipv6Net::new(a, *len).ok())
+            .is_some_and(|n| n.contains(&ip))
+    });
+    !blocked && !ip.segments().starts_with(&[0x0100, 0, 0, 0])
+}
+
+/// `EGRESS_TEST_RESOLVE`: `name=address[|address...],...`.
+pub fn parse_test_resolve(raw: &str) -> Result<HashMap<String, Vec<IpAddr>>, String> {
+    let mut out: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    for item in raw.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (name, addrs) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not name=address"))?;
+        for a in addrs.split('|') {
+            let ip = a
+                .trim()
+                .parse::<IpAddr>()
+                .map_err(|_| format!("{a:?} is not an IP address"))?;
+            out.entry(fold_host(name.trim())).or_default().push(ip);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy {
+            ports: vec![80, 443],
+            blocked: crate::firewall::BLOCKED.to_vec(),
+            test_resolve: parse_test_resolve(
+                "pkgs.test=127.0.0.1,rebind.test=10.1.2.3,mixed.test=127.0.0.1|192.168.1.1",
+            )
+            .unwrap(),
+            test_public: vec!["127.0.0.1/32".parse().unwrap()],
+        }
+    }
+
+    #[tokio::test]
+    async fn each_refusal_has_its_reason() {
+        let p = policy();
+        let l =
+            AllowList::parse(&["pkgs.test", "rebind.test", "mixed.test", "nx.invalid"]).unwrap();
+        assert!(p.decide(&l, "PKGS.test.", 443).await.is_ok());
+        assert_eq!(
+            p.decide(&l, "other.test", 443).await,
+            Err(Verdict::NotAllowed)
+        );
+        assert_eq!(
+            p.decide(&l, "127.0.0.1", 443).await,
+            Err(Verdict::NotAllowed)
+        );
+        assert_eq!(p.decide(&l, "pkgs.test", 22).await, Err(Verdict::Port));
+        assert_eq!(
+            p.decide(&l, "rebind.test", 443).await,
+            Err(Verdict::PrivateAddress)
+        );
+        assert_eq!(
+            p.decide(&l, "mixed.test", 80).await,
+            Err(Verdict::PrivateAddress)
+        );
+        assert_eq!(
+            p.decide(&l, "nx.invalid", 80).await,
+            Err(Verdict::Unresolved)
+        );
+    }
+
+    #[test]
+    fn special_addresses_are_not_public() {
+        let p = Policy {
+            test_public: vec![],
+            ..policy()
+        };
+        for ip in [
+            "127.0.0.1",
+            "10.0.0.1",
+            "169.254.169.254",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+        ] {
+            assert!(!p.is_public(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["151.101.0.223", "2a04:4e42::223"] {
+            assert!(p.is_public(ip.parse().unwrap()), "{ip}");
+        }
+    }
+}
