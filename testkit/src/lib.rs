@@ -115,8 +115,6 @@ pub fn service_env(
         ),
         ("MAX_TIMEOUT_SECONDS", max_timeout_seconds.to_string()),
         ("DEFAULT_TIMEOUT_SECONDS", "60".to_owned()),
-        // Many workers share this host's egress bridge: each its own port.
-        ("EGRESS_PROXY_PORT", "0".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

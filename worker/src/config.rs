@@ -123,8 +123,8 @@ pub struct Config {
 /// The egress proxy (`crate::egress`).
 #[derive(Debug, Clone)]
 pub struct EgressConfig {
-    /// `EGRESS_PROXY_PORT`: its port on the egress bridge's gateway (each
-    /// worker on one host needs its own).
+    /// `EGRESS_PROXY_PORT`: its port on the egress bridge's gateway; 0 (the
+    /// default), any free one.
     pub proxy_port: u16,
     /// `EGRESS_PORTS`: the only ports a task may ask the proxy for.
     pub ports: Vec<u16>,
@@ -259,7 +259,9 @@ const TASK_BRIDGE: Var = Var::new("TASK_BRIDGE", "sr-tasks0");
 const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");
 const TASK_EGRESS_NETWORK: Var = Var::new("TASK_EGRESS_NETWORK", "script-runner-egress");
 const TASK_EGRESS_BRIDGE: Var = Var::new("TASK_EGRESS_BRIDGE", "sr-egress0");
-const EGRESS_PROXY_PORT: Var = Var::new("EGRESS_PROXY_PORT", "3128");
+/// 0: any free port. Tasks learn it from their proxy variables, and the
+/// firewall's door does not name a port, so workers sharing a host never clash.
+const EGRESS_PROXY_PORT: Var = Var::new("EGRESS_PROXY_PORT", "0");
 const EGRESS_PORTS: Var = Var::new("EGRESS_PORTS", "80,443");
 /// Tests only (docs/egress.md): empty, the proxy uses DNS alone.
 const EGRESS_TEST_RESOLVE: Var = Var::new("EGRESS_TEST_RESOLVE", "");
@@ -487,7 +489,6 @@ impl EgressConfig {
             );
         }
         Ok(EgressConfig {
-            // 0: any free port (tests, where many workers share one bridge).
             proxy_port: EGRESS_PROXY_PORT.range(var, 0, 65_535)? as u16,
             ports,
             test_resolve,

@@ -52,8 +52,8 @@ pub enum WorkerError {
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
     #[error(
-        "cannot start the egress proxy on {0}: {1} (another worker on this host uses \
-         EGRESS_PROXY_PORT: give each its own)"
+        "cannot start the egress proxy on {0}: {1} (with EGRESS_PROXY_PORT set, each \
+         worker on a host needs its own; 0 takes any free port)"
     )]
     EgressProxy(std::net::SocketAddr, std::io::Error),
     #[error("task firewall: {0}")]
