@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 use shared::apikey::{ApiKeyRecord, Limits, Scopes};
+use shared::options::Networks;
 use shared::time::rfc3339_ms;
 use support::apikeys::{self, NewKey};
 
@@ -18,6 +19,8 @@ pub struct KeyView {
     pub max_queued: Option<u64>,
     pub max_running: Option<u64>,
     pub cpu_seconds_per_day: Option<u64>,
+    /// The egress policies its tasks may ask for (all three when not limited).
+    pub networks: Vec<&'static str>,
     pub created_at: Option<String>,
     pub last_used_at: Option<String>,
 }
@@ -30,6 +33,13 @@ impl From<ApiKeyRecord> for KeyView {
             max_queued: r.limits.max_queued,
             max_running: r.limits.max_running,
             cpu_seconds_per_day: r.limits.cpu_seconds_per_day,
+            networks: r
+                .limits
+                .networks
+                .unwrap_or(Networks::ALL)
+                .iter()
+                .map(|n| n.as_str())
+                .collect(),
             created_at: r.created_at.map(rfc3339_ms),
             last_used_at: r.last_used_at.map(rfc3339_ms),
         }
@@ -110,17 +120,25 @@ pub fn render_list(keys: &[KeyView]) -> String {
     }
     let opt = |n: Option<u64>| n.map_or("-".to_owned(), |n| n.to_string());
     let mut out = format!(
-        "{:<24} {:<15} {:>10} {:>11} {:>12} {:<24} {:<24}\n",
-        "NAME", "SCOPES", "MAX_QUEUED", "MAX_RUNNING", "CPU_S/DAY", "CREATED", "LAST_USED"
+        "{:<24} {:<15} {:>10} {:>11} {:>12} {:<20} {:<24} {:<24}\n",
+        "NAME",
+        "SCOPES",
+        "MAX_QUEUED",
+        "MAX_RUNNING",
+        "CPU_S/DAY",
+        "NETWORKS",
+        "CREATED",
+        "LAST_USED"
     );
     for k in keys {
         out.push_str(&format!(
-            "{:<24} {:<15} {:>10} {:>11} {:>12} {:<24} {:<24}\n",
+            "{:<24} {:<15} {:>10} {:>11} {:>12} {:<20} {:<24} {:<24}\n",
             k.name,
             k.scopes.join(","),
             opt(k.max_queued),
             opt(k.max_running),
             opt(k.cpu_seconds_per_day),
+            k.networks.join(","),
             k.created_at.as_deref().unwrap_or("-"),
             k.last_used_at.as_deref().unwrap_or("never"),
         ));

@@ -9,6 +9,7 @@ use script_runner_ctl::keys::{IssuedKey, KeyAdmin, render_list};
 use script_runner_ctl::read::{Reader, TaskView};
 use script_runner_ctl::{Config, cache, render, top, usage};
 use shared::apikey::{Limits, Scopes};
+use shared::options::Networks;
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 
 /// A live view of a script-runner deployment, read from Redis only.
@@ -120,6 +121,10 @@ enum KeysCommand {
         /// At most this many CPU seconds used by its tasks in any 24 hours.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         cpu_seconds_per_day: Option<u64>,
+        /// The egress policies its tasks may ask for: internet, none, allow,
+        /// comma-separated (default: all three).
+        #[arg(long)]
+        networks: Option<String>,
     },
     /// Every key: name, scopes, limits, created, last used (never the key).
     List,
@@ -312,12 +317,23 @@ async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<(
             max_queued,
             max_running,
             cpu_seconds_per_day,
+            networks,
         } => {
             let scopes = Scopes::parse(&scopes)?;
+            let networks = networks
+                .as_deref()
+                .map(Networks::parse)
+                .transpose()
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "--networks: {e}; use internet, none and allow, comma-separated"
+                    )
+                })?;
             let limits = Limits {
                 max_queued,
                 max_running,
                 cpu_seconds_per_day,
+                networks,
             };
             let key = admin.create(&name, scopes, limits).await?;
             issued(&name, key.expose(), scopes, "created")?;

@@ -155,6 +155,27 @@ fetch(f'http://other.test:{HTTP}/hello')
 fetch(f'https://other.test:{HTTPS}/hello')
 fetch(f'https://pkgs.test:22/hello')
 print('VARS', os.environ.get('HTTPS_PROXY', '-'), os.environ.get('no_proxy', '-'))
+# Domain fronting: a tunnel to the allowed host, then TLS naming another
+# (the server's certificate covers both, so only the proxy can refuse it).
+ph, pp = os.environ['HTTPS_PROXY'].split('//')[1].split(':')
+raw = socket.create_connection((ph, int(pp)), timeout=10)
+raw.sendall(f'CONNECT pkgs.test:{HTTPS} HTTP/1.1\r\nHost: pkgs.test:{HTTPS}\r\n\r\n'.encode())
+print('CONNECT', raw.recv(4096).split(b'\r\n')[0].decode())
+try:
+    t = CTX.wrap_socket(raw, server_hostname='other.test')
+    t.sendall(b'GET /hello HTTP/1.0\r\nHost: other.test\r\n\r\n')
+    print('FRONTED', t.recv(4096).decode().split('\r\n')[-1].strip())
+except Exception as e:
+    print('FRONTED ERR', type(e).__name__)
+# Fronting over plain HTTP: the allowed host in the URL, another in Host.
+req = urllib.request.Request(f'http://pkgs.test:{HTTP}/hello', headers={'Host': 'other.test'})
+print('HOST', urllib.request.urlopen(req, timeout=10).read().decode().strip())
+# A tunnel that does not carry TLS.
+raw = socket.create_connection((ph, int(pp)), timeout=10)
+raw.sendall(f'CONNECT pkgs.test:{HTTP} HTTP/1.1\r\nHost: pkgs.test:{HTTP}\r\n\r\n'.encode())
+raw.recv(4096)
+raw.sendall(b'GET /hello HTTP/1.0\r\nHost: pkgs.test\r\n\r\n')
+print('PLAIN', raw.recv(4096).decode().split('\r\n')[-1].strip() or 'closed')
 "#,
     )
     .await;
@@ -178,9 +199,10 @@ print('VARS', os.environ.get('HTTPS_PROXY', '-'), os.environ.get('no_proxy', '-'
     // The record: each host asked for, allowed or refused, with bytes.
     assert_eq!(s["egress"]["allow"], json!(["pkgs.test"]), "{s}");
     let (count, bytes_in) = totals(&s, "pkgs.test", "allowed");
-    assert_eq!(count, 2, "{s}");
+    assert_eq!(count, 3, "{s}");
     assert!(bytes_in > 0, "{s}");
     assert_eq!(totals(&s, "other.test", "not_allowed").0, 2, "{s}");
+    assert_eq!(s["egress"]["dropped_bytes_in"], 0, "{s}");
     let port = attempt(&s, "pkgs.test", "port").expect("port line");
     assert_eq!(port["port"], 22, "{s}");
     stack.shutdown().await;
@@ -374,5 +396,43 @@ async fn a_bad_allow_list_is_refused_naming_the_entry() {
         assert!(e.contains(named), "{e}");
     }
     assert_no_task_created(&stack).await;
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_key_limited_to_some_policies_is_refused_the_others() {
+    let stack = Stack::start(Options::default()).await;
+    let mut conn = stack.redis_conn().await;
+    let record = shared::apikey::ApiKeyRecord {
+        name: "agent".into(),
+        scopes: shared::apikey::Scopes::ALL,
+        limits: shared::apikey::Limits {
+            networks: shared::options::Networks::parse("none,allow").ok(),
+            ..shared::apikey::Limits::default()
+        },
+        created_at: None,
+        last_used_at: None,
+    };
+    let key = support::apikeys::create(&mut conn, &stack.keys(), &record)
+        .await
+        .expect("create key");
+    let client = mcp_client(&stack.url, key.expose())
+        .await
+        .expect("MCP client connects");
+    let args = |network: Value| json!({ "runtime": "python3.13", "command_base64": b64("true"), "network": network });
+    // Asked for, or the operator's default (internet): refused, naming what is allowed.
+    let e = call_err(&client, "run_script", args(json!("internet"))).await;
+    assert!(
+        e.contains("\"internet\"") && e.contains("none,allow"),
+        "{e}"
+    );
+    let mut no_network = args(json!("none"));
+    no_network.as_object_mut().map(|a| a.remove("network"));
+    let e = call_err(&client, "run_script", no_network).await;
+    assert!(e.contains("\"internet\""), "{e}");
+    assert_no_task_created(&stack).await;
+    // What it may use runs.
+    let s = run_to_end(&client, "python3.13", "true", json!({ "network": "none" })).await;
+    assert_eq!(s["state"], "succeeded", "{s}");
     stack.shutdown().await;
 }

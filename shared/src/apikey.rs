@@ -15,6 +15,7 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 
 use crate::names::{UnknownName, stored_names};
+use crate::options::{Network, Networks};
 
 /// Every API key starts with this, so a key is recognisable in a config file
 /// (and by secret scanners), and never mistaken for the admin token.
@@ -131,6 +132,15 @@ pub struct Limits {
     pub max_running: Option<u64>,
     /// CPU seconds the key's tasks may use per rolling 24 hours.
     pub cpu_seconds_per_day: Option<u64>,
+    /// The egress policies its tasks may ask for (`None`: all three).
+    pub networks: Option<Networks>,
+}
+
+impl Limits {
+    /// Whether the key's tasks may run with `network`.
+    pub fn allows_network(&self, network: Network) -> bool {
+        self.networks.is_none_or(|n| n.contains(network))
+    }
 }
 
 /// A key name, an owner name, a scope list or a stored key record that is
@@ -196,6 +206,8 @@ pub enum ApiKeyField {
     MaxQueued,
     MaxRunning,
     CpuSecondsPerDay,
+    /// `Networks` as text, e.g. `none,allow`; absent: all.
+    Networks,
     /// When it was created (or last rotated: the record moves with the key).
     CreatedAt,
     /// When it was last used, to within `LAST_USED_INTERVAL_MS`.
@@ -231,6 +243,9 @@ impl ApiKeyRecord {
             if let Some(v) = v {
                 out.push((f, v.to_string()));
             }
+        }
+        if let Some(n) = l.networks {
+            out.push((ApiKeyField::Networks, n.to_string()));
         }
         out
     }
@@ -278,6 +293,15 @@ impl ApiKeyRecord {
                 max_queued: num(ApiKeyField::MaxQueued)?,
                 max_running: num(ApiKeyField::MaxRunning)?,
                 cpu_seconds_per_day: num(ApiKeyField::CpuSecondsPerDay)?,
+                networks: map
+                    .get(&ApiKeyField::Networks)
+                    .map(|v| {
+                        Networks::parse(v).map_err(|_| KeyError::BadField {
+                            field: ApiKeyField::Networks.as_str(),
+                            value: v.clone(),
+                        })
+                    })
+                    .transpose()?,
             },
             created_at: signed(ApiKeyField::CreatedAt)?,
             last_used_at: signed(ApiKeyField::LastUsedAt)?,
@@ -348,6 +372,7 @@ mod tests {
                 max_queued: Some(5),
                 max_running: None,
                 cpu_seconds_per_day: Some(3600),
+                networks: Networks::parse("none,allow").ok(),
             },
             created_at: None,
             last_used_at: None,

@@ -16,8 +16,11 @@ pub const MAX_ALLOW_ENTRIES: usize = 32;
 /// A DNS name is at most 253 characters (RFC 1035, written without the final dot).
 pub const MAX_HOST_LEN: usize = 253;
 /// At most this many distinct lines in a task's egress log; further distinct
-/// attempts are counted in `dropped`.
+/// attempts are counted in `dropped` (and their bytes in `dropped_bytes_*`).
 pub const MAX_LOG_ENTRIES: usize = 64;
+/// Of those, at most this many lines of refusals, so a task cannot fill the
+/// log with refused attempts to hide what it did reach.
+pub const MAX_REFUSED_ENTRIES: usize = 48;
 
 /// Why an egress policy was refused. Shown to the client as is.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -314,6 +317,11 @@ pub enum Verdict {
     Unresolved,
     /// The TLS server name differs from the CONNECT host and is not allowed.
     ServerName,
+    /// The tunnel did not open with a TLS ClientHello naming a host (in
+    /// time): a tunnel carries TLS only.
+    NotTls,
+    /// The task already has as many connections open as it may.
+    TooManyConnections,
     /// Allowed, but the host did not answer.
     Unreachable,
     /// Not a request the proxy understands (e.g. a CONNECT without a port).
@@ -321,6 +329,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Allowed by the policy (whether or not the host then answered): what
+    /// the worker's metrics count as `allowed`.
     pub fn allowed(self) -> bool {
         matches!(self, Verdict::Allowed | Verdict::Unreachable)
     }
@@ -350,39 +360,72 @@ pub struct EgressLog {
     pub attempts: Vec<EgressAttempt>,
     /// Attempts at further (host, port, verdict) lines that were not kept.
     pub dropped: u64,
+    /// The bytes of those, to the hosts and from them.
+    #[serde(default)]
+    pub dropped_bytes_out: u64,
+    #[serde(default)]
+    pub dropped_bytes_in: u64,
 }
 
 impl EgressLog {
-    /// Counts one attempt; its bytes come later with [`EgressLog::add_bytes`].
+    /// Counts one attempt; its bytes come with [`EgressLog::add_bytes`]
+    /// (before or after it).
     pub fn record(&mut self, host: &str, port: u16, verdict: Verdict) {
-        if let Some(a) = self.line(host, port, verdict) {
-            a.count += 1;
-        } else if self.attempts.len() < MAX_LOG_ENTRIES {
-            self.attempts.push(EgressAttempt {
-                host: cut(host),
-                port,
-                verdict,
-                count: 1,
-                bytes_out: 0,
-                bytes_in: 0,
-            });
-        } else {
-            self.dropped += 1;
+        match self.line_or_new(host, port, verdict) {
+            Some(a) => a.count += 1,
+            None => self.dropped += 1,
         }
     }
 
     pub fn add_bytes(&mut self, host: &str, port: u16, verdict: Verdict, out: u64, inb: u64) {
-        if let Some(a) = self.line(host, port, verdict) {
-            a.bytes_out += out;
-            a.bytes_in += inb;
+        match self.line_or_new(host, port, verdict) {
+            Some(a) => {
+                a.bytes_out += out;
+                a.bytes_in += inb;
+            }
+            None => {
+                self.dropped_bytes_out += out;
+                self.dropped_bytes_in += inb;
+            }
         }
     }
 
-    fn line(&mut self, host: &str, port: u16, verdict: Verdict) -> Option<&mut EgressAttempt> {
+    /// The line of (host, port, verdict), made if there is room for it.
+    fn line_or_new(
+        &mut self,
+        host: &str,
+        port: u16,
+        verdict: Verdict,
+    ) -> Option<&mut EgressAttempt> {
+        if let Some(at) = self.position(host, port, verdict) {
+            return self.attempts.get_mut(at);
+        }
+        let refused = self
+            .attempts
+            .iter()
+            .filter(|a| !a.verdict.allowed())
+            .count();
+        let room = self.attempts.len() < MAX_LOG_ENTRIES
+            && (verdict.allowed() || refused < MAX_REFUSED_ENTRIES);
+        if !room {
+            return None;
+        }
+        self.attempts.push(EgressAttempt {
+            host: cut(host),
+            port,
+            verdict,
+            count: 0,
+            bytes_out: 0,
+            bytes_in: 0,
+        });
+        self.attempts.last_mut()
+    }
+
+    fn position(&self, host: &str, port: u16, verdict: Verdict) -> Option<usize> {
         let host = cut(host);
         self.attempts
-            .iter_mut()
-            .find(|a| a.host == host && a.port == port && a.verdict == verdict)
+            .iter()
+            .position(|a| a.host == host && a.port == port && a.verdict == verdict)
     }
 }
 
@@ -506,7 +549,19 @@ mod tests {
         for i in 0..MAX_LOG_ENTRIES + 5 {
             log.record(&format!("h{i}.org"), 443, Verdict::NotAllowed);
         }
+        // Refusals take at most their share: allowed attempts still get lines.
+        assert_eq!(log.attempts.len(), MAX_REFUSED_ENTRIES + 1);
+        assert_eq!(
+            log.dropped,
+            (MAX_LOG_ENTRIES + 5 - (MAX_REFUSED_ENTRIES - 1)) as u64
+        );
+        for i in 0..MAX_LOG_ENTRIES {
+            log.record(&format!("ok{i}.org"), 443, Verdict::Allowed);
+        }
         assert_eq!(log.attempts.len(), MAX_LOG_ENTRIES);
-        assert_eq!(log.dropped, 7);
+        let dropped = log.dropped;
+        log.add_bytes("ok63.org", 443, Verdict::Allowed, 5, 7);
+        assert_eq!((log.dropped_bytes_out, log.dropped_bytes_in), (5, 7));
+        assert_eq!(log.dropped, dropped);
     }
 }

@@ -42,6 +42,50 @@ pub enum Network {
 
 stored_names!(Network, parse "network");
 
+/// A set of network kinds: what an API key may ask for (`Limits::networks`).
+/// Shown and stored as `internet,none,allow` (declaration order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Networks(u8);
+
+impl Networks {
+    pub const ALL: Networks = Networks(0b111);
+
+    fn bit(n: Network) -> u8 {
+        1 << (n as u8)
+    }
+
+    pub fn contains(self, n: Network) -> bool {
+        self.0 & Networks::bit(n) != 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Network> {
+        Network::ALL
+            .iter()
+            .copied()
+            .filter(move |&n| self.contains(n))
+    }
+
+    /// A comma-separated list (`none,allow`). Empty, or naming an unknown
+    /// kind, is an error naming the kinds.
+    pub fn parse(list: &str) -> Result<Networks, UnknownName> {
+        let mut set = 0;
+        for word in list.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            set |= Networks::bit(word.parse()?);
+        }
+        if set == 0 {
+            return Err(Network::unknown(list));
+        }
+        Ok(Networks(set))
+    }
+}
+
+impl std::fmt::Display for Networks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.iter().map(Network::as_str).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
 /// Whether a task's pip and npm caches persist: the owner's own, kept on the
 /// worker host between its tasks (docs/sandbox.md, dependency caches), or none.
 #[derive(
@@ -188,7 +232,7 @@ mod tests {
 
     #[test]
     fn networks_round_trip() {
-        for n in [Network::Internet, Network::None] {
+        for n in [Network::Internet, Network::None, Network::Allow] {
             assert_eq!(n.as_str().parse::<Network>(), Ok(n));
             assert_eq!(
                 serde_json::to_value(n).ok(),
@@ -196,6 +240,16 @@ mod tests {
             );
         }
         assert_eq!(Network::default(), Network::Internet);
+        let set = Networks::parse("allow, none").unwrap();
+        assert_eq!(set.to_string(), "none,allow");
+        assert!(!set.contains(Network::Internet));
+        assert_eq!(
+            Networks::parse(&Networks::ALL.to_string()),
+            Ok(Networks::ALL)
+        );
+        assert!(Networks::parse("").is_err());
+        let e = Networks::parse("none,wifi").unwrap_err().to_string();
+        assert!(e.contains("wifi"), "{e}");
     }
 }
 

@@ -173,6 +173,18 @@ async def test_a_revoked_key_is_refused_at_once_by_a_replica_that_never_saw_it(s
     assert all("key" not in k and "hash" not in k for k in listed), listed
 
 
+async def test_a_key_limited_to_no_network_is_refused_the_internet(stack: Stack) -> None:
+    name = unique("offline")
+    key = create_key(stack, name, "--networks", "none")
+    listed = {k["name"]: k for k in json.loads(ctl(stack, "keys", "list", "--json"))}
+    assert listed[name]["networks"] == ["none"], listed[name]
+    async with connect(stack, token=key) as c:
+        args = {"runtime": "python3.13", "command_base64": b64("true")}
+        code, text = await call_err_code(c, "run_script", {**args, "network": "internet"})
+        assert code == "missing_scope" and '"internet"' in text and "may use: none" in text, text
+        await call_ok(c, "run_script", {**args, "network": "none"})
+
+
 async def test_a_read_only_key_can_watch_but_not_run(stack: Stack) -> None:
     key = create_key(stack, unique("watcher"), "--scopes", "read")
     async with connect(stack, token=key) as c:

@@ -123,9 +123,10 @@ pub struct Config {
 /// The egress proxy (`crate::egress`).
 #[derive(Debug, Clone)]
 pub struct EgressConfig {
-    /// `EGRESS_PROXY_PORT`: its port on the egress bridge's gateway; 0 (the
-    /// default), any free one.
-    pub proxy_port: u16,
+    /// `EGRESS_PROXY_PORTS`: the ports the egress proxies of this host may
+    /// listen on (on the egress bridge's gateway); each worker takes the first
+    /// free one, and the firewall opens the range only.
+    pub proxy_ports: std::ops::RangeInclusive<u16>,
     /// `EGRESS_PORTS`: the only ports a task may ask the proxy for.
     pub ports: Vec<u16>,
     /// `EGRESS_TEST_RESOLVE` (tests only): `name=address` answers given before DNS.
@@ -259,9 +260,9 @@ const TASK_BRIDGE: Var = Var::new("TASK_BRIDGE", "sr-tasks0");
 const TASK_FIREWALL: Var = Var::new("TASK_FIREWALL", "iptables");
 const TASK_EGRESS_NETWORK: Var = Var::new("TASK_EGRESS_NETWORK", "script-runner-egress");
 const TASK_EGRESS_BRIDGE: Var = Var::new("TASK_EGRESS_BRIDGE", "sr-egress0");
-/// 0: any free port. Tasks learn it from their proxy variables, and the
-/// firewall's door does not name a port, so workers sharing a host never clash.
-const EGRESS_PROXY_PORT: Var = Var::new("EGRESS_PROXY_PORT", "0");
+/// One port per worker on the host: tasks learn theirs from their proxy
+/// variables, and the firewall opens the range.
+const EGRESS_PROXY_PORTS: Var = Var::new("EGRESS_PROXY_PORTS", "3128-3191");
 const EGRESS_PORTS: Var = Var::new("EGRESS_PORTS", "80,443");
 /// Tests only (docs/egress.md): empty, the proxy uses DNS alone.
 const EGRESS_TEST_RESOLVE: Var = Var::new("EGRESS_TEST_RESOLVE", "");
@@ -282,7 +283,7 @@ const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
 pub const VARS: [Var; 27] = [
     TASK_EGRESS_NETWORK,
     TASK_EGRESS_BRIDGE,
-    EGRESS_PROXY_PORT,
+    EGRESS_PROXY_PORTS,
     EGRESS_PORTS,
     EGRESS_TEST_RESOLVE,
     EGRESS_TEST_PUBLIC,
@@ -454,6 +455,23 @@ impl SandboxLimits {
     }
 }
 
+/// `EGRESS_PROXY_PORTS`: `low-high`, or one port.
+fn proxy_ports(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<std::ops::RangeInclusive<u16>, ConfigError> {
+    let raw = EGRESS_PROXY_PORTS.get(var);
+    let (lo, hi) = raw.split_once('-').unwrap_or((&raw, &raw));
+    match (lo.trim().parse::<u16>(), hi.trim().parse::<u16>()) {
+        (Ok(lo), Ok(hi)) if lo > 0 && lo <= hi => Ok(lo..=hi),
+        _ => Err(VarError::new(
+            EGRESS_PROXY_PORTS.name,
+            &raw,
+            "a port range low-high (e.g. 3128-3191) or one port",
+        )
+        .into()),
+    }
+}
+
 impl EgressConfig {
     fn from_lookup(var: &impl Fn(&str) -> Option<String>) -> Result<EgressConfig, ConfigError> {
         let raw_ports = EGRESS_PORTS.get(var);
@@ -489,7 +507,7 @@ impl EgressConfig {
             );
         }
         Ok(EgressConfig {
-            proxy_port: EGRESS_PROXY_PORT.range(var, 0, 65_535)? as u16,
+            proxy_ports: proxy_ports(var)?,
             ports,
             test_resolve,
             test_public,

@@ -51,11 +51,8 @@ pub enum WorkerError {
     Queue(#[from] QueueError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
-    #[error(
-        "cannot start the egress proxy on {0}: {1} (with EGRESS_PROXY_PORT set, each \
-         worker on a host needs its own; 0 takes any free port)"
-    )]
-    EgressProxy(std::net::SocketAddr, std::io::Error),
+    #[error("cannot start the egress proxy on {0}: {1}")]
+    EgressProxy(std::net::Ipv4Addr, std::io::Error),
     #[error("task firewall: {0}")]
     Firewall(#[from] firewall::FirewallError),
     #[error(transparent)]
@@ -152,15 +149,20 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         test_resolve: config.egress.test_resolve.clone(),
         test_public: config.egress.test_public.clone(),
     };
-    let proxy_addr = std::net::SocketAddr::new(gateway.into(), config.egress.proxy_port);
-    let egress =
-        egress::EgressProxy::start(proxy_addr, policy, sandbox.metrics().clone(), abort.clone())
-            .await
-            .map_err(|e| WorkerError::EgressProxy(proxy_addr, e))?;
+    let egress = egress::EgressProxy::start(
+        gateway.into(),
+        config.egress.proxy_ports.clone(),
+        policy,
+        sandbox.metrics().clone(),
+        abort.clone(),
+    )
+    .await
+    .map_err(|e| WorkerError::EgressProxy(gateway, e))?;
     let firewall = if config.limits.firewall {
         let door = firewall::EgressDoor {
             bridge: &config.limits.egress_bridge,
             gateway,
+            ports: config.egress.proxy_ports.clone(),
         };
         let firewall = firewall::install(
             &config.limits.bridge,

@@ -10,7 +10,7 @@ use rmcp::model::{CallToolResponse, CallToolResult, CreateTaskResult};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, tool, tool_router};
 use shared::TaskState;
-use shared::options::CollectedFiles;
+use shared::options::{CollectedFiles, Networks};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 
 use super::args::{
@@ -40,7 +40,8 @@ costs one call. The command (base64) runs as `sh -c <command>` in /workspace, \
 where the optional base64 zip of source files is extracted first. Otherwise call get_task_status with the task_id \
 (with wait_seconds, it answers as soon as something changes) until the state is final (succeeded, failed, killed, timed-out); use kill_task to stop it, list_tasks to find \
 recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
-all; the default reaches the internet but never this service), collect (files to fetch afterwards with \
+all), \"internet\" (the internet but never this service) or {\"allow\": [\"pypi.org\"]} (only those hosts, through \
+a proxy set in HTTP_PROXY/HTTPS_PROXY; no DNS), collect (files to fetch afterwards with \
 get_task_files), cache \"none\" (empty pip/npm caches; by default they persist between your tasks). The container has no access to this service, \
 memory/CPU/process caps and a wall-clock timeout (default {default_timeout_seconds} s, at most \
 {max_timeout_seconds} s). A client that declares \
@@ -122,6 +123,14 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             None => cfg.egress_default.clone(),
             Some(v) => shared::egress::Egress::from_json(v)?,
         };
+        if let Principal::Owner(g) = &who
+            && !g.limits.allows_network(egress.network())
+        {
+            return Err(ToolError::NetworkNotAllowed {
+                asked: egress.network(),
+                allowed: g.limits.networks.unwrap_or(Networks::ALL),
+            });
+        }
         let task_id = uuid::Uuid::new_v4().to_string();
         let submitted = self
             .store

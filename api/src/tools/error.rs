@@ -13,7 +13,7 @@ use serde::Serialize;
 use shared::TaskState;
 use shared::apikey::{Scope, Scopes};
 use shared::egress::EgressError;
-use shared::options::{CollectError, EnvError};
+use shared::options::{CollectError, EnvError, Network, Networks};
 use shared::tail::TAIL_CAP;
 use shared::zipcheck::ZipError;
 
@@ -38,7 +38,8 @@ pub enum ErrorCode {
     NotFinished,
     /// The service is at capacity: try again once some tasks have finished.
     QueueFull,
-    /// The API key lacks the scope this call needs: use a key that has it.
+    /// The API key lacks the scope this call needs, or may not use the
+    /// network asked for: use a key that has it.
     MissingScope,
     /// One of the API key's quotas is used up: the message says which, its
     /// value and when it frees up.
@@ -95,6 +96,11 @@ pub enum ToolError {
     Collect(#[from] CollectError),
     #[error("{0}")]
     Egress(#[from] EgressError),
+    #[error(
+        "this API key may not run tasks with network \"{asked}\"; it may use: {allowed} (pass \
+         one of those as network, or ask the operator)"
+    )]
+    NetworkNotAllowed { asked: Network, allowed: Networks },
     #[error(
         "task {0} is still {1}: its files are collected when it ends; poll get_task_status until the state is final"
     )]
@@ -203,6 +209,7 @@ impl ToolError {
                     C::InvalidArgument
                 }
             },
+            ToolError::NetworkNotAllowed { .. } => C::MissingScope,
             ToolError::Egress(e) => match e {
                 EgressError::TooMany(_) => C::TooLarge,
                 _ => C::InvalidArgument,

@@ -20,11 +20,12 @@ mod proxy;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shared::egress::{AllowList, EgressLog, Verdict};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -47,17 +48,45 @@ struct Entry {
     allow: AllowList,
     log: Mutex<EgressLog>,
     changed: AtomicBool,
+    /// Tunnels and forwarded requests still open (their bytes come at the end).
+    open: AtomicUsize,
+    /// Connections the task may still open (`MAX_CONNECTIONS_PER_TASK`).
+    slots: Arc<Semaphore>,
+    /// Cancelled when the task ends: every connection of its is closed.
+    ended: CancellationToken,
 }
 
+/// At most this many connections of one task through the proxy at once: one
+/// task cannot take all of the worker's descriptors.
+pub const MAX_CONNECTIONS_PER_TASK: usize = 128;
+
 impl EgressProxy {
-    /// Listens on `addr` (the egress bridge's gateway) and serves until `stop`.
+    /// Listens on `ip` (the egress bridge's gateway), on the first free port
+    /// of `ports` (each worker on a host has its own), and serves until `stop`.
     pub async fn start(
-        addr: SocketAddr,
+        ip: IpAddr,
+        ports: std::ops::RangeInclusive<u16>,
         policy: Policy,
         metrics: Metrics,
         stop: CancellationToken,
     ) -> std::io::Result<EgressProxy> {
-        let listener = TcpListener::bind(addr).await?;
+        let mut bound = None;
+        for port in ports {
+            match TcpListener::bind((ip, port)).await {
+                Ok(l) => {
+                    bound = Some(l);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let listener = bound.ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "every port of EGRESS_PROXY_PORTS is taken (one per worker on a host)",
+            )
+        })?;
         let proxy = EgressProxy(Arc::new(Inner {
             addr: listener.local_addr()?,
             policy,
@@ -105,6 +134,9 @@ impl EgressProxy {
             allow,
             log: Mutex::new(EgressLog::default()),
             changed: AtomicBool::new(false),
+            open: AtomicUsize::new(0),
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_TASK)),
+            ended: CancellationToken::new(),
         });
         let old = self.leases().insert(ip, entry.clone());
         if let Some(old) = old {
@@ -128,6 +160,15 @@ impl EgressProxy {
         self.leases().get(&ip).cloned()
     }
 
+    /// Removes `entry` from `ip`, if it is still there: the address may
+    /// already be another task's.
+    fn forget(&self, ip: IpAddr, entry: &Arc<Entry>) {
+        let mut leases = self.leases();
+        if leases.get(&ip).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            leases.remove(&ip);
+        }
+    }
+
     fn policy(&self) -> &Policy {
         &self.0.policy
     }
@@ -147,9 +188,24 @@ impl Entry {
         tracing::debug!(task_id = %self.task_id, host, port, ?verdict, allowed, "egress");
     }
 
+    /// Marks a connection open until the returned guard is dropped.
+    fn opened(self: &Arc<Self>) -> OpenGuard {
+        self.open.fetch_add(1, Ordering::SeqCst);
+        OpenGuard(self.clone())
+    }
+
     fn add_bytes(&self, host: &str, port: u16, verdict: Verdict, out: u64, inb: u64) {
         self.log().add_bytes(host, port, verdict, out, inb);
         self.changed.store(true, Ordering::SeqCst);
+    }
+}
+
+/// An open connection of a task's (see `Entry::opened`).
+struct OpenGuard(Arc<Entry>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -166,6 +222,24 @@ impl EgressLease {
         self.entry.changed.load(Ordering::SeqCst)
     }
 
+    /// Ends the task's standing at once: its address no longer maps to it
+    /// (the engine may give the address to another container as soon as this
+    /// one is removed) and its open connections are closed. The log stays.
+    pub fn revoke(&self) {
+        self.proxy.forget(self.ip, &self.entry);
+        self.entry.ended.cancel();
+    }
+
+    /// Waits (at most `limit`) for the task's connections to close, so the
+    /// log published at its end has their bytes: its processes are gone, so
+    /// each closes as soon as the proxy reads the end.
+    pub async fn settled(&self, limit: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.entry.open.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// The whole log as JSON (marking it read).
     pub fn log_json(&self) -> Vec<u8> {
         self.entry.changed.store(false, Ordering::SeqCst);
@@ -175,13 +249,6 @@ impl EgressLease {
 
 impl Drop for EgressLease {
     fn drop(&mut self) {
-        let mut leases = self.proxy.leases();
-        // Only its own: the address may already be another task's.
-        if leases
-            .get(&self.ip)
-            .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
-        {
-            leases.remove(&self.ip);
-        }
+        self.revoke();
     }
 }

@@ -8,6 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ipnet::{IpNet, Ipv4Net};
 use shared::egress::{AllowList, Verdict, fold_host};
 
+/// How long resolving one name may take.
+const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The proxy's rules besides each task's list.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -45,20 +48,30 @@ impl Policy {
         }
         let addrs: Vec<SocketAddr> = match self.test_resolve.get(&host) {
             Some(ips) => ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect(),
-            None => match tokio::net::lookup_host((host.as_str(), port)).await {
-                Ok(a) => a.collect(),
-                Err(_) => return Err(Verdict::Unresolved),
-            },
+            // Fully qualified (the final dot), so no search domain of the
+            // host's resolv.conf turns an allowed name into an internal one;
+            // bounded, so a slow name server cannot hold the proxy.
+            None => {
+                let lookup = tokio::net::lookup_host((format!("{host}."), port));
+                match tokio::time::timeout(LOOKUP_TIMEOUT, lookup).await {
+                    Ok(Ok(a)) => a.collect(),
+                    _ => return Err(Verdict::Unresolved),
+                }
+            }
         };
-        if addrs.is_empty() {
-            return Err(Verdict::Unresolved);
-        }
         // Any private answer refuses the name: a name that points inside once
         // may do so on the next lookup too.
         if addrs.iter().any(|a| !self.is_public(a.ip())) {
             return Err(Verdict::PrivateAddress);
         }
-        Ok(addrs)
+        // IPv4 only, as for `internet` tasks: the refused set (the host's own
+        // networks, the Redis host, TASK_BLOCKED_CIDRS) is IPv4, and the host's
+        // IPv6 networks are not in it.
+        let v4: Vec<SocketAddr> = addrs.into_iter().filter(SocketAddr::is_ipv4).collect();
+        if v4.is_empty() {
+            return Err(Verdict::Unresolved);
+        }
+        Ok(v4)
     }
 
     /// Whether the proxy may connect to `ip`.
@@ -85,7 +98,7 @@ impl Policy {
 /// multicast, documentation, NAT64 (which reaches IPv4 behind it), 6to4 or
 /// Teredo (likewise), or discard-only.
 fn is_global_v6(ip: Ipv6Addr) -> bool {
-    const NOT_GLOBAL: [(&str, u8); 9] = [
+    const NOT_GLOBAL: [(&str, u8); 11] = [
         ("::", 128),
         ("::1", 128),
         ("fc00::", 7),
@@ -95,6 +108,9 @@ fn is_global_v6(ip: Ipv6Addr) -> bool {
         ("64:ff9b::", 96),
         ("2002::", 16),
         ("2001::", 32),
+        // IPv4-compatible (deprecated), and NAT64 for local use (RFC 8215).
+        ("::", 96),
+        ("64:ff9b:1::", 48),
     ];
     let blocked = NOT_GLOBAL.iter().any(|(net, len)| {
         net.parse::<Ipv6Addr>()
@@ -132,7 +148,7 @@ mod tests {
             ports: vec![80, 443],
             blocked: crate::firewall::BLOCKED.to_vec(),
             test_resolve: parse_test_resolve(
-                "pkgs.test=127.0.0.1,rebind.test=10.1.2.3,mixed.test=127.0.0.1|192.168.1.1",
+                "pkgs.test=127.0.0.1,rebind.test=10.1.2.3,mixed.test=127.0.0.1|192.168.1.1,six.test=2a04:4e42::223",
             )
             .unwrap(),
             test_public: vec!["127.0.0.1/32".parse().unwrap()],

@@ -12,9 +12,9 @@ use std::time::Duration;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{HOST, HeaderValue};
+use hyper::header::{CONNECTION, HOST, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use shared::egress::{Verdict, fold_host};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,10 +26,27 @@ type Body = BoxBody<Bytes, hyper::Error>;
 
 /// How long the proxy tries to reach an allowed host.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a tunnel waits for the client's first bytes (a TLS ClientHello).
-const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
-/// A ClientHello larger than this is not read for its server name.
-const MAX_HELLO_BYTES: usize = 16 * 1024;
+/// How long a tunnel waits for the client's whole TLS ClientHello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A ClientHello larger than this is refused (real ones are a few KiB).
+const MAX_HELLO_BYTES: usize = 64 * 1024;
+/// How long a client may take to send a request's headers (and a kept-alive
+/// connection may sit idle).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a host may take to answer a forwarded request's headers.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Headers that describe one hop, not the request (RFC 9110, 7.6.1): never
+/// forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
 
 pub(super) async fn serve(proxy: EgressProxy, listener: TcpListener, stop: CancellationToken) {
     loop {
@@ -60,28 +77,49 @@ fn canonical(ip: IpAddr) -> IpAddr {
 async fn connection(proxy: EgressProxy, mut stream: TcpStream, peer: SocketAddr) {
     let Some(entry) = proxy.entry(canonical(peer.ip())) else {
         // No task holds this address (any more): nothing is served.
-        let body = "script-runner egress proxy: no task at this address\n";
-        let head = format!(
-            "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain\r\nconnection: close\r\n\
-             content-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let _ = stream.write_all(head.as_bytes()).await;
+        let answer = raw_answer("403 Forbidden", "no task at this address");
+        let _ = stream.write_all(answer.as_bytes()).await;
         return;
     };
+    let Ok(_permit) = entry.slots.clone().try_acquire_owned() else {
+        entry.record(&proxy.0.metrics, "-", 0, Verdict::TooManyConnections);
+        let why = format!(
+            "the task has {} connections open, the most it may",
+            super::MAX_CONNECTIONS_PER_TASK
+        );
+        let _ = stream
+            .write_all(raw_answer("429 Too Many Requests", &why).as_bytes())
+            .await;
+        return;
+    };
+    let ended = entry.ended.clone();
     let service = hyper::service::service_fn(move |req| {
         let (proxy, entry) = (proxy.clone(), entry.clone());
         async move { Ok::<_, Infallible>(handle(proxy, entry, req).await) }
     });
     let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
         .preserve_header_case(true)
         .title_case_headers(true)
         .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades()
-        .await;
-    if let Err(e) = served {
-        tracing::debug!(%peer, error = %e, "egress proxy connection ended");
+        .with_upgrades();
+    tokio::select! {
+        served = served => if let Err(e) = served {
+            tracing::debug!(%peer, error = %e, "egress proxy connection ended");
+        },
+        () = ended.cancelled() => {}
     }
+}
+
+/// A whole HTTP/1.1 answer, for a connection the proxy serves nothing on.
+fn raw_answer(status: &str, why: &str) -> String {
+    let body = format!("script-runner egress proxy: {why}\n");
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 async fn handle(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) -> Response<Body> {
@@ -116,6 +154,10 @@ async fn connect(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
             return refusal(&proxy, v, &host, port);
         }
     };
+    let Ok(permit) = entry.slots.clone().try_acquire_owned() else {
+        entry.record(metrics, &host, port, Verdict::TooManyConnections);
+        return refusal(&proxy, Verdict::TooManyConnections, &host, port);
+    };
     let upstream = match reach(&addrs).await {
         Some(s) => s,
         None => {
@@ -123,8 +165,10 @@ async fn connect(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
             return refusal(&proxy, Verdict::Unreachable, &host, port);
         }
     };
-    entry.record(metrics, &host, port, Verdict::Allowed);
+    // Logged as allowed once the tunnel's ClientHello passes (`tunnel`).
+    let open = entry.opened();
     tokio::spawn(async move {
+        let (_permit, _open) = (permit, open);
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
                 tunnel(proxy, entry, TokioIo::new(upgraded), upstream, host, port).await
@@ -135,65 +179,99 @@ async fn connect(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
     Response::new(empty())
 }
 
-/// Connects to the first of `addrs` that answers.
+/// Connects to the first of `addrs` that answers, within `CONNECT_TIMEOUT` in all.
 async fn reach(addrs: &[SocketAddr]) -> Option<TcpStream> {
-    for a in addrs {
-        if let Ok(Ok(s)) = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(a)).await {
-            return Some(s);
+    let first = async {
+        for a in addrs {
+            if let Ok(s) = TcpStream::connect(a).await {
+                return Some(s);
+            }
         }
-    }
-    None
+        None
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, first)
+        .await
+        .ok()
+        .flatten()
 }
 
-/// Relays a CONNECT tunnel. If the client opens with a TLS ClientHello, its
-/// server name must be the CONNECT host or another allowed one: a name
-/// fronted by an allowed address (domain fronting) is refused.
+/// Relays a CONNECT tunnel, which carries TLS only: nothing of the client's
+/// goes to the host until its ClientHello has been read whole (within
+/// `HELLO_TIMEOUT`, at most `MAX_HELLO_BYTES`) and names the CONNECT host or
+/// another allowed one. A ClientHello naming another host (domain fronting
+/// through an allowed address), naming none, or not coming at all, closes
+/// the tunnel.
 async fn tunnel<C: AsyncRead + AsyncWrite + Unpin>(
     proxy: EgressProxy,
     entry: Arc<Entry>,
     mut client: C,
-    mut upstream: TcpStream,
+    upstream: TcpStream,
     host: String,
     port: u16,
 ) {
+    let metrics = &proxy.0.metrics;
+    let (first, name) = match tokio::time::timeout(HELLO_TIMEOUT, client_hello(&mut client)).await {
+        Ok(Some(hello)) => hello,
+        _ => {
+            entry.record(metrics, &host, port, Verdict::NotTls);
+            return;
+        }
+    };
+    if name != host && !entry.allow.allows(&name) {
+        entry.record(metrics, &name, port, Verdict::ServerName);
+        return;
+    }
+    entry.record(metrics, &host, port, Verdict::Allowed);
+    let mut upstream = Counted::new(upstream);
+    let (sent, received) = (upstream.sent.clone(), upstream.received.clone());
+    let relay = async {
+        upstream.write_all(&first).await?;
+        tokio::io::copy_bidirectional(&mut client, &mut upstream).await
+    };
+    tokio::select! {
+        _ = relay => {}
+        () = entry.ended.cancelled() => {}
+    }
+    // Counted as they passed, so a connection reset or cut keeps its bytes.
+    entry.add_bytes(
+        &host,
+        port,
+        Verdict::Allowed,
+        sent.load(Ordering::Relaxed),
+        received.load(Ordering::Relaxed),
+    );
+}
+
+/// Reads a TLS ClientHello whole: the bytes read, and the server name it
+/// asks for. `None`: not TLS, malformed, too large, without a server name,
+/// or the client closed first.
+async fn client_hello<C: AsyncRead + Unpin>(client: &mut C) -> Option<(Vec<u8>, String)> {
     let mut first = Vec::new();
     let mut acceptor = rustls::server::Acceptor::default();
     let mut chunk = [0u8; 4096];
-    let server_name = loop {
-        let n = match tokio::time::timeout(FIRST_BYTES_TIMEOUT, client.read(&mut chunk)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(n)) => n,
-            // A protocol whose server speaks first: nothing to read a name from.
-            Err(_) => break None,
-        };
+    loop {
+        let n = client.read(&mut chunk).await.ok().filter(|n| *n > 0)?;
         first.extend_from_slice(&chunk[..n]);
         // 0x16: a TLS handshake record.
         if first[0] != 0x16 || first.len() > MAX_HELLO_BYTES {
-            break None;
+            return None;
         }
-        if acceptor.read_tls(&mut &chunk[..n]).is_err() {
-            break None;
+        let mut rest = &chunk[..n];
+        while !rest.is_empty() {
+            match acceptor.read_tls(&mut rest) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
         }
         match acceptor.accept() {
-            Ok(Some(accepted)) => break accepted.client_hello().server_name().map(fold_host),
+            Ok(Some(accepted)) => {
+                let name = accepted.client_hello().server_name().map(fold_host)?;
+                return Some((first, name));
+            }
             Ok(None) => continue,
-            Err(_) => break None,
+            Err(_) => return None,
         }
-    };
-    if let Some(name) = &server_name
-        && *name != host
-        && !entry.allow.allows(name)
-    {
-        entry.record(&proxy.0.metrics, name, port, Verdict::ServerName);
-        return;
     }
-    if upstream.write_all(&first).await.is_err() {
-        return;
-    }
-    let (out, inb) = tokio::io::copy_bidirectional(&mut client, &mut upstream)
-        .await
-        .unwrap_or((0, 0));
-    entry.add_bytes(&host, port, Verdict::Allowed, out + first.len() as u64, inb);
 }
 
 /// A plain HTTP request in absolute form (`GET http://host/path`), sent on to
@@ -225,22 +303,34 @@ async fn forward(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
             return refusal(&proxy, v, &host, port);
         }
     };
-    let Some(stream) = reach(&addrs).await else {
-        entry.record(metrics, &host, port, Verdict::Unreachable);
-        return refusal(&proxy, Verdict::Unreachable, &host, port);
+    let Ok(permit) = entry.slots.clone().try_acquire_owned() else {
+        entry.record(metrics, &host, port, Verdict::TooManyConnections);
+        return refusal(&proxy, Verdict::TooManyConnections, &host, port);
     };
-    entry.record(metrics, &host, port, Verdict::Allowed);
+    let unreachable = || {
+        entry.record(metrics, &host, port, Verdict::Unreachable);
+        refusal(&proxy, Verdict::Unreachable, &host, port)
+    };
+    let Some(stream) = reach(&addrs).await else {
+        return unreachable();
+    };
     let counted = Counted::new(stream);
     let (sent, received) = (counted.sent.clone(), counted.received.clone());
     let (mut sender, conn) =
         match hyper::client::conn::http1::handshake(TokioIo::new(counted)).await {
             Ok(pair) => pair,
-            Err(_) => return refusal(&proxy, Verdict::Unreachable, &host, port),
+            Err(_) => return unreachable(),
         };
     {
         let (entry, host) = (entry.clone(), host.clone());
+        let open = entry.opened();
         tokio::spawn(async move {
-            let _ = conn.await;
+            let (_permit, _open) = (permit, open);
+            tokio::select! {
+                _ = conn => {}
+                () = entry.ended.cancelled() => {}
+            }
+            // Counted as they passed, so a cut connection keeps its bytes.
             entry.add_bytes(
                 &host,
                 port,
@@ -260,16 +350,43 @@ async fn forward(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
         Ok(uri) => uri,
         Err(_) => return refusal(&proxy, Verdict::BadRequest, &host, port),
     };
-    parts.headers.remove("proxy-authorization");
-    parts.headers.remove("proxy-connection");
-    if !parts.headers.contains_key(HOST)
-        && let Ok(v) = HeaderValue::from_str(&host)
+    // What `Connection` names is hop-by-hop too.
+    let named: Vec<String> = parts
+        .headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    for h in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
     {
-        parts.headers.insert(HOST, v);
+        parts.headers.remove(h);
     }
-    match sender.send_request(Request::from_parts(parts, body)).await {
-        Ok(resp) => resp.map(BodyExt::boxed),
-        Err(_) => refusal(&proxy, Verdict::Unreachable, &host, port),
+    // The host is the one checked, whatever `Host` the client sent: another
+    // name there would reach another site behind the same address (RFC 9112,
+    // 3.2.2: a proxy replaces it with the target's).
+    let authority = if port == 80 {
+        host.clone()
+    } else {
+        format!("{host}:{port}")
+    };
+    match HeaderValue::from_str(&authority) {
+        Ok(v) => {
+            parts.headers.insert(HOST, v);
+        }
+        Err(_) => return refusal(&proxy, Verdict::BadRequest, &host, port),
+    }
+    let sent = sender.send_request(Request::from_parts(parts, body));
+    match tokio::time::timeout(RESPONSE_TIMEOUT, sent).await {
+        Ok(Ok(resp)) => {
+            entry.record(metrics, &host, port, Verdict::Allowed);
+            resp.map(BodyExt::boxed)
+        }
+        _ => unreachable(),
     }
 }
 
@@ -294,12 +411,18 @@ fn refusal(proxy: &EgressProxy, v: Verdict, host: &str, port: u16) -> Response<B
         Verdict::Unresolved => "the name does not resolve".to_owned(),
         Verdict::Unreachable => "the host did not answer".to_owned(),
         Verdict::ServerName => "the TLS server name is not allowed".to_owned(),
+        Verdict::NotTls => "a tunnel carries TLS naming its host only".to_owned(),
+        Verdict::TooManyConnections => format!(
+            "the task has {} connections open, the most it may",
+            super::MAX_CONNECTIONS_PER_TASK
+        ),
         Verdict::BadRequest => "the request could not be forwarded".to_owned(),
         Verdict::Allowed => String::new(),
     };
     let status = match v {
         Verdict::Unreachable => StatusCode::BAD_GATEWAY,
         Verdict::BadRequest => StatusCode::BAD_REQUEST,
+        Verdict::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
         _ => StatusCode::FORBIDDEN,
     };
     text(status, v, format!("refused {host}:{port}: {why}"))

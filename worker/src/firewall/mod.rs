@@ -68,10 +68,12 @@ pub enum FirewallError {
 }
 
 /// The egress bridge and the address its proxies listen on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EgressDoor<'a> {
     pub bridge: &'a str,
     pub gateway: Ipv4Addr,
+    /// `EGRESS_PROXY_PORTS`.
+    pub ports: std::ops::RangeInclusive<u16>,
 }
 
 /// Every IPv4 network the task firewall refuses tasks (special-purpose ranges,
@@ -115,7 +117,7 @@ pub async fn install(
     extra.extend(extra_blocked.iter().cloned());
     let mut wanted = vec![Wanted::new(bridge, &dns, &subnets, &extra)];
     if let Some(door) = egress {
-        wanted.push(Wanted::egress(door.bridge, door.gateway));
+        wanted.push(Wanted::egress(door.bridge, door.gateway, &door.ports));
     }
     // A worker of an older version jumped from this bridge into chains every
     // worker shared; ours replace those jumps (the shared chains stay for

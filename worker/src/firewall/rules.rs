@@ -109,18 +109,32 @@ impl Wanted {
     /// these refuse at once rather than let a probe hang, and keep the host's
     /// own services closed, which internal alone does not).
     ///
-    /// The one door: TCP to the bridge's gateway address where a socket is
-    /// bound to that address itself (`-m socket` ignores sockets bound to the
-    /// wildcard address, so a host service listening on 0.0.0.0 stays shut).
-    /// Only egress proxies bind there; every worker on the host has its own
-    /// port, and this one rule, the same for all, opens each of them.
-    pub fn egress(bridge: &str, gateway: Ipv4Addr) -> Wanted {
+    /// The one door: TCP to the bridge's gateway address, on the proxies'
+    /// ports (`EGRESS_PROXY_PORTS`), where a socket is bound to that address
+    /// itself (`-m socket` ignores sockets bound to the wildcard address, so a
+    /// host service listening on 0.0.0.0 stays shut even on those ports).
+    /// Every worker on the host has its own port in the range, and this one
+    /// rule, the same for all, opens each of them.
+    pub fn egress(
+        bridge: &str,
+        gateway: Ipv4Addr,
+        ports: &std::ops::RangeInclusive<u16>,
+    ) -> Wanted {
+        let (lo, hi) = (ports.start(), ports.end());
+        // As iptables-save prints it: one port alone, a range with ':'.
+        let dport = if lo == hi {
+            lo.to_string()
+        } else {
+            format!("{lo}:{hi}")
+        };
         let chain_in = format!("{IN_PREFIX}{bridge}");
         let chain_fwd = format!("{FWD_PREFIX}{bridge}");
         Wanted {
             bridge: bridge.to_owned(),
             input: vec![
-                format!("-A {chain_in} -d {gateway}/32 -p tcp -m socket -j ACCEPT"),
+                format!(
+                    "-A {chain_in} -d {gateway}/32 -p tcp -m tcp --dport {dport} -m socket -j ACCEPT"
+                ),
                 format!("-A {chain_in} -p tcp -j REJECT --reject-with tcp-reset"),
                 format!("-A {chain_in} -j REJECT --reject-with icmp-port-unreachable"),
             ],

@@ -222,6 +222,9 @@ async fn execute(
         Ok(launched) => {
             let container = launched.container.clone();
             let (ended, reading) = supervise(ctx, task_id, spec, launched).await;
+            if let (_, Some(tails)) = &ended {
+                tails.end_egress().await;
+            }
             if let Some(lease) = &inputs.cache {
                 ctx.caches.returning(lease);
             }

@@ -65,6 +65,17 @@ impl Tails {
         Ok(reply)
     }
 
+    /// Once the task has ended, before its container is removed: waits (a
+    /// second at most) for its last connections through the egress proxy to
+    /// close by themselves, then ends its standing there (closing what is
+    /// left), so the engine's next owner of its address gets nothing of it.
+    pub(super) async fn end_egress(&self) {
+        if let Some(lease) = &self.egress {
+            lease.settled(Duration::from_secs(1)).await;
+            lease.revoke();
+        }
+    }
+
     /// Publishes the tails as they are; the reply carries the task's state.
     pub(super) async fn send(
         &self,

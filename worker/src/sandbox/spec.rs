@@ -14,6 +14,9 @@ use shared::options::Network;
 use super::prelude::{COLLECT_MOUNT, SOURCE_MOUNT, container_command, task_env};
 use super::{Attached, LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
 use crate::cache::CACHE_MOUNT;
+
+/// Where an allow-list task's Docker DNS server forwards: nowhere that answers.
+const NO_DNS_UPSTREAM: &str = "192.0.2.1";
 use crate::metrics::Op;
 
 /// Mount flags of /workspace and /tmp (`HOME`), before their size and mode.
@@ -248,6 +251,11 @@ impl Sandbox {
                     hard: Some(0),
                 },
             ]),
+            // An allow-list task's Docker DNS server forwards to an address
+            // that answers nothing (TEST-NET-1), not to the host's resolvers:
+            // engines before 26.0 forwarded from internal networks when the
+            // host's resolver was on loopback (CVE-2024-29018).
+            dns: (network == Network::Allow).then(|| vec![NO_DNS_UPSTREAM.to_owned()]),
             network_mode: Some(match network {
                 Network::Internet => l.network.clone(),
                 // Docker's "none": a loopback interface and nothing else.
