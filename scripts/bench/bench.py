@@ -14,6 +14,9 @@ worker names unique to the run, the task firewall on as by default) and measures
           worker is idle and its pool full.
   onecall `echo hi` in one run_script call with wait_seconds (the answer is the
           result), interleaved the same way (with e2e: in the same rotation).
+  egress  the same one call with network {"allow": ["pypi.org"]}: an allow-list
+          task, which never takes a pool container (docs/egress.md), on the
+          egress network with its proxy lease; interleaved in the same rotation.
   shapes  ComputeSDK's shapes, each --shapes-n one-call `echo hi` tasks per
           configuration: sequential, staggered (--stagger-ms apart) and burst
           (all at once); time to first command (call to result, client) and
@@ -75,9 +78,9 @@ from harness.stack import CTL_BIN, LABEL_WORKER, Api, Stack, Worker, containers_
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
 ECHO_HI = "echo hi"
-SECTIONS = ("e2e", "onecall", "shapes", "burst", "api", "growth")
+SECTIONS = ("e2e", "onecall", "egress", "shapes", "burst", "api", "growth")
 # The sections that run tasks (workers, the floor, the image).
-SERVICE_SECTIONS = {"e2e", "onecall", "shapes", "burst"}
+SERVICE_SECTIONS = {"e2e", "onecall", "egress", "shapes", "burst"}
 # run_script's and get_task_status's wait_seconds cap (api/src/config.rs MAX_WAIT_SECONDS).
 WAIT_CAP = 30
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -621,7 +624,7 @@ async def e2e_service(cfg: Config, redis: Redis, runtime: str, poll_s: float) ->
     return E2eSample(total * 1000, submit * 1000, status_ms, task_id, t0_ms, seen_ms, at, sdk)
 
 
-async def e2e_onecall(cfg: Config, redis: Redis, runtime: str) -> E2eSample:
+async def e2e_onecall(cfg: Config, redis: Redis, runtime: str, network: Any = None) -> E2eSample:
     """`echo hi` in one `run_script` call with `wait_seconds`: the answer is the
     result. Should the task outlast the wait (a busy machine), waiting
     `get_task_status` calls follow until it is final, and count."""
@@ -629,7 +632,7 @@ async def e2e_onecall(cfg: Config, redis: Redis, runtime: str) -> E2eSample:
     t0_ms = time.time() * 1000
     t0 = time.perf_counter()
     mark = cfg.http_times.mark()
-    sc, _ = await one_call(cfg, runtime)
+    sc, _ = await one_call(cfg, runtime, network)
     total = time.perf_counter() - t0
     seen_ms = time.time() * 1000
     calls = sc.pop("_calls")
@@ -642,7 +645,7 @@ async def e2e_onecall(cfg: Config, redis: Redis, runtime: str) -> E2eSample:
     return E2eSample(total * 1000, total * 1000 if calls == 1 else 0.0, [0.0] * (calls - 1), task_id, t0_ms, seen_ms, at, sdk)
 
 
-async def one_call(cfg: Config, runtime: str) -> tuple[dict[str, Any], float]:
+async def one_call(cfg: Config, runtime: str, network: Any = None) -> tuple[dict[str, Any], float]:
     """`run_script` of `echo hi` with `wait_seconds` at its cap; then, only if
     the task outlasted it, waiting `get_task_status` calls until it is final.
     Returns the final status (with `_calls`: how many calls it took) and the
@@ -651,7 +654,10 @@ async def one_call(cfg: Config, runtime: str) -> tuple[dict[str, Any], float]:
     client = cfg.client
     command = base64.b64encode(ECHO_HI.encode()).decode()
     t0 = time.perf_counter()
-    r = await client.call_tool("run_script", {"runtime": runtime, "command_base64": command, "wait_seconds": WAIT_CAP})
+    args: dict[str, Any] = {"runtime": runtime, "command_base64": command, "wait_seconds": WAIT_CAP}
+    if network is not None:
+        args["network"] = network
+    r = await client.call_tool("run_script", args)
     first = time.perf_counter() - t0
     if r.is_error or not r.structured_content:
         raise BenchError(f"{cfg.label}: run_script failed: {r.content}")
@@ -685,6 +691,8 @@ def docker_run(image: str, command: str, label: str = "", network: str = "") -> 
 
 POLLED = "polled"
 ONE_CALL = "one call"
+ALLOW_CALL = "one call, allow-list"
+ALLOW_LIST = {"allow": ["pypi.org"]}
 
 
 async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep: Report, modes: list[str]) -> None:
@@ -694,6 +702,7 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
     how = {
         POLLED: f"run_script until a get_task_status poll sees succeeded (poll every {args.poll_ms} ms)",
         ONE_CALL: f"one run_script call with wait_seconds={WAIT_CAP} until its answer",
+        ALLOW_CALL: f"the same with network {json.dumps(ALLOW_LIST)}",
     }
     rep.section(
         f"end to end: `{ECHO_HI}`, " + "; ".join(how[m] for m in modes)
@@ -715,6 +724,8 @@ async def e2e(configs: list[Config], args: argparse.Namespace, redis: Redis, rep
                 floor.append(await asyncio.to_thread(docker_run, args.image, ECHO_HI, label))
             elif t[1] == POLLED:
                 samples[(t[0].label, POLLED)].append(await e2e_service(t[0], redis, args.runtime, args.poll_ms / 1000))
+            elif t[1] == ALLOW_CALL:
+                samples[(t[0].label, ALLOW_CALL)].append(await e2e_onecall(t[0], redis, args.runtime, ALLOW_LIST))
             else:
                 samples[(t[0].label, ONE_CALL)].append(await e2e_onecall(t[0], redis, args.runtime))
     after = {c.label: scrape(c.worker) for c in configs if c.worker}
@@ -1278,7 +1289,7 @@ def main() -> int:
                     )
 
             async def services() -> None:
-                modes = [m for sec, m in (("e2e", POLLED), ("onecall", ONE_CALL)) if sec in sections]
+                modes = [m for sec, m in (("e2e", POLLED), ("onecall", ONE_CALL), ("egress", ALLOW_CALL)) if sec in sections]
                 if modes:
                     await e2e(configs, args, redis, rep, modes)
                 if "shapes" in sections:
