@@ -99,7 +99,7 @@ class Filler:
                 call("claim", task, {"worker": self.worker, "entry": entry}, client=pipe)
                 call("started", task, {"worker": self.worker, "container": secrets.token_hex(32)}, client=pipe)
                 progress = {"worker": self.worker, "stdout_tail": STDOUT, "stderr_tail": "", "stdout_bytes": len(STDOUT),
-                            "stderr_bytes": 0, "milliseconds_since_output": 1}  # fmt: skip
+                            "stderr_bytes": 0, "milliseconds_since_output": 1, "egress_log": ""}  # fmt: skip
                 call("progress", task, progress, client=pipe)
                 finish = {"worker": self.worker, "state": "succeeded", "reason_kind": "exited", "reason": "exited with code 0",
                           "exit_code": 0, "retention_seconds": RETENTION_SECONDS, "files_zip": "", "listing": "",

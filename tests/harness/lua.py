@@ -44,7 +44,8 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "started": (("task", "events"), ("worker", "container")),
     "progress": (
         ("task", "events"),
-        ("worker", "stdout_tail", "stderr_tail", "stdout_bytes", "stderr_bytes", "milliseconds_since_output"),
+        ("worker", "stdout_tail", "stderr_tail", "stdout_bytes", "stderr_bytes", "milliseconds_since_output",
+         "egress_log"),
     ),
     "finish": (
         ("task", "zip", "stats", "stdin", "files", "owner_cpu", "owner_usage", "owners", "totals", "events"),
