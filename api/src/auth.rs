@@ -193,8 +193,7 @@ fn grant_of(g: OAuthGrant) -> Grant {
             max_queued: g.limits.max_queued,
             max_running: g.limits.max_running,
             cpu_seconds_per_day: g.limits.cpu_seconds_per_day,
-            // OAuth subjects may ask for every policy (docs/egress.md).
-            networks: None,
+            networks: g.limits.networks,
         },
     }
 }

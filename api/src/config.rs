@@ -203,7 +203,7 @@ const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
 /// The api's own variables with literal defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 29] = [
+pub const VARS: [Var; 30] = [
     EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
@@ -231,6 +231,7 @@ pub const VARS: [Var; 29] = [
     oauth::OAUTH_MAX_QUEUED,
     oauth::OAUTH_MAX_RUNNING,
     oauth::OAUTH_CPU_SECONDS_PER_DAY,
+    oauth::OAUTH_NETWORKS,
     oauth::OAUTH_JWKS_REFRESH_SECONDS,
     oauth::OAUTH_ALGORITHMS,
 ];

@@ -41,8 +41,9 @@ use keys::{CachedKey, FetchState, KeyCache, usable_key};
 use settings::is_loopback;
 pub use settings::{
     METADATA_ROOT, OAUTH_ALGORITHMS, OAUTH_CPU_SECONDS_PER_DAY, OAUTH_ISSUER,
-    OAUTH_JWKS_REFRESH_SECONDS, OAUTH_MAX_QUEUED, OAUTH_MAX_RUNNING, OAUTH_RESOURCE, OAUTH_SCOPES,
-    OAuthConfigError, OAuthGrant, OAuthLimits, OAuthScope, OAuthSettings,
+    OAUTH_JWKS_REFRESH_SECONDS, OAUTH_MAX_QUEUED, OAUTH_MAX_RUNNING, OAUTH_NETWORKS,
+    OAUTH_RESOURCE, OAUTH_SCOPES, OAuthConfigError, OAuthGrant, OAuthLimits, OAuthScope,
+    OAuthSettings,
 };
 
 /// A token naming a key id the cache lacks makes the api fetch the keys again,

@@ -19,6 +19,8 @@ pub const OAUTH_SCOPES: Var = Var::new("OAUTH_SCOPES", "run,read,kill");
 pub const OAUTH_MAX_QUEUED: Var = Var::new("OAUTH_MAX_QUEUED", "");
 pub const OAUTH_MAX_RUNNING: Var = Var::new("OAUTH_MAX_RUNNING", "");
 pub const OAUTH_CPU_SECONDS_PER_DAY: Var = Var::new("OAUTH_CPU_SECONDS_PER_DAY", "");
+/// Empty: every egress policy.
+pub const OAUTH_NETWORKS: Var = Var::new("OAUTH_NETWORKS", "");
 pub const OAUTH_JWKS_REFRESH_SECONDS: Var = Var::new("OAUTH_JWKS_REFRESH_SECONDS", "3600");
 pub const OAUTH_ALGORITHMS: Var = Var::new("OAUTH_ALGORITHMS", "RS256,PS256,ES256,EdDSA");
 
@@ -56,6 +58,8 @@ pub struct OAuthLimits {
     pub max_queued: Option<u64>,
     pub max_running: Option<u64>,
     pub cpu_seconds_per_day: Option<u64>,
+    /// `OAUTH_NETWORKS`: the egress policies their tasks may ask for.
+    pub networks: Option<shared::options::Networks>,
 }
 
 /// Who a valid token speaks for: `owner` is `oauth:<sub>`.
@@ -115,6 +119,16 @@ impl OAuthSettings {
             max_queued: optional_count(var, OAUTH_MAX_QUEUED)?,
             max_running: optional_count(var, OAUTH_MAX_RUNNING)?,
             cpu_seconds_per_day: optional_count(var, OAUTH_CPU_SECONDS_PER_DAY)?,
+            networks: match var(OAUTH_NETWORKS.name) {
+                None => None,
+                Some(raw) => Some(shared::options::Networks::parse(&raw).map_err(|_| {
+                    VarError::new(
+                        OAUTH_NETWORKS.name,
+                        &raw,
+                        "internet, none and allow, comma-separated",
+                    )
+                })?),
+            },
         };
         let jwks_refresh =
             Duration::from_secs(OAUTH_JWKS_REFRESH_SECONDS.range(var, 60, 7 * 86_400)?);
@@ -297,6 +311,21 @@ pub(super) mod tests {
                 Algorithm::EdDSA
             ]
         );
+    }
+
+    #[test]
+    fn oauth_users_can_be_limited_to_some_networks() {
+        let s = load(&[ISSUER, RESOURCE, ("OAUTH_NETWORKS", "none, allow")])
+            .ok()
+            .flatten()
+            .expect("on");
+        let networks = s.limits.networks.expect("limited");
+        assert_eq!(networks.to_string(), "none,allow");
+        let e = load(&[ISSUER, RESOURCE, ("OAUTH_NETWORKS", "wifi")])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.starts_with("OAUTH_NETWORKS="), "{e}");
     }
 
     #[test]

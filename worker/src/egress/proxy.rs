@@ -33,6 +33,10 @@ const MAX_HELLO_BYTES: usize = 64 * 1024;
 /// How long a client may take to send a request's headers (and a kept-alive
 /// connection may sit idle).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// A tunnel or forwarded connection through which nothing passed for this
+/// long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+const IDLE_CHECK: Duration = Duration::from_secs(15);
 /// How long a host may take to answer a forwarded request's headers.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Headers that describe one hop, not the request (RFC 9110, 7.6.1): never
@@ -231,6 +235,7 @@ async fn tunnel<C: AsyncRead + AsyncWrite + Unpin>(
     tokio::select! {
         _ = relay => {}
         () = entry.ended.cancelled() => {}
+        () = idle(&sent, &received) => {}
     }
     // Counted as they passed, so a connection reset or cut keeps its bytes.
     entry.add_bytes(
@@ -240,6 +245,26 @@ async fn tunnel<C: AsyncRead + AsyncWrite + Unpin>(
         sent.load(Ordering::Relaxed),
         received.load(Ordering::Relaxed),
     );
+}
+
+/// Resolves once no byte has passed either way for `IDLE_TIMEOUT` (checked
+/// every `IDLE_CHECK`): an idle connection holds one of its task's slots and
+/// the worker's descriptors for nothing.
+async fn idle(sent: &AtomicU64, received: &AtomicU64) {
+    let total = || sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed);
+    let (mut last, mut still) = (total(), Duration::ZERO);
+    loop {
+        tokio::time::sleep(IDLE_CHECK).await;
+        let now = total();
+        if now == last {
+            still += IDLE_CHECK;
+            if still >= IDLE_TIMEOUT {
+                return;
+            }
+        } else {
+            (last, still) = (now, Duration::ZERO);
+        }
+    }
 }
 
 /// Reads a TLS ClientHello whole: the bytes read, and the server name it
@@ -329,6 +354,7 @@ async fn forward(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
             tokio::select! {
                 _ = conn => {}
                 () = entry.ended.cancelled() => {}
+                () = idle(&sent, &received) => {}
             }
             // Counted as they passed, so a cut connection keeps its bytes.
             entry.add_bytes(
