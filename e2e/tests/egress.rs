@@ -374,25 +374,25 @@ async fn pip_and_npm_install_through_the_allow_list() {
     );
     assert!(attempt(&s, "pkgs.test", "allowed").is_some(), "{s}");
 
+    // npm, then Node's own fetch over HTTPS (with the flag that makes it read
+    // the proxy variables, as docs/egress.md says).
     let npm = format!(
-        "npm install --no-audit --no-fund --registry http://pkgs.test:{}/ srdemo && node -e 'console.log(\"value\", require(\"srdemo\"))'",
-        server.http
+        "npm install --no-audit --no-fund --registry http://pkgs.test:{}/ srdemo && node -e 'console.log(\"value\", require(\"srdemo\"))' \
+         && printf '%s' \"$CA_PEM\" > /tmp/ca.pem && NODE_USE_ENV_PROXY=1 NODE_EXTRA_CA_CERTS=/tmp/ca.pem \
+         node -e 'fetch(\"https://pkgs.test:{}/hello\").then(r => r.text()).then(t => console.log(\"fetch\", t.trim()))'",
+        server.http, server.https
     );
     let s = run_to_end(
         &client,
         "node24",
         &npm,
-        json!({ "network": { "allow": ["pkgs.test"] }, "timeout_seconds": 120 }),
+        json!({ "network": { "allow": ["pkgs.test"] }, "env": { "CA_PEM": server.ca }, "timeout_seconds": 120 }),
     )
     .await;
     assert_eq!(s["state"], "succeeded", "{s}");
-    assert!(
-        s["stdout_tail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("value 42"),
-        "{s}"
-    );
+    let out = s["stdout_tail"].as_str().unwrap_or_default();
+    assert!(out.contains("value 42"), "{s}");
+    assert!(out.contains("fetch hello from pkgs.test"), "{s}");
     stack.shutdown().await;
 }
 
