@@ -18,6 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use shared::egress::{Verdict, fold_host};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use super::{EgressProxy, Entry};
@@ -151,23 +152,9 @@ async fn connect(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
             "CONNECT needs host:port".to_owned(),
         );
     };
-    let addrs = match proxy.policy().decide(&entry.allow, &host, port).await {
-        Ok(addrs) => addrs,
-        Err(v) => {
-            entry.record(metrics, &host, port, v);
-            return refusal(&proxy, v, &host, port);
-        }
-    };
-    let Ok(permit) = entry.slots.clone().try_acquire_owned() else {
-        entry.record(metrics, &host, port, Verdict::TooManyConnections);
-        return refusal(&proxy, Verdict::TooManyConnections, &host, port);
-    };
-    let upstream = match reach(&addrs).await {
-        Some(s) => s,
-        None => {
-            entry.record(metrics, &host, port, Verdict::Unreachable);
-            return refusal(&proxy, Verdict::Unreachable, &host, port);
-        }
+    let (permit, upstream) = match admit(&proxy, &entry, &host, port).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     // Logged as allowed once the tunnel's ClientHello passes (`tunnel`).
     let open = entry.opened();
@@ -181,6 +168,35 @@ async fn connect(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
         }
     });
     Response::new(empty())
+}
+
+/// Lets an attempt at `host:port` through, or says why not (recorded in the
+/// task's log): the task's list and the policy, one of the task's connection
+/// slots, and a connection to one of the addresses the policy checked.
+async fn admit(
+    proxy: &EgressProxy,
+    entry: &Entry,
+    host: &str,
+    port: u16,
+) -> Result<(OwnedSemaphorePermit, TcpStream), Response<Body>> {
+    let refuse = |v: Verdict| {
+        entry.record(&proxy.0.metrics, host, port, v);
+        refusal(proxy, v, host, port)
+    };
+    let addrs = proxy
+        .policy()
+        .decide(&entry.allow, host, port)
+        .await
+        .map_err(refuse)?;
+    let permit = entry
+        .slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| refuse(Verdict::TooManyConnections))?;
+    let stream = reach(&addrs)
+        .await
+        .ok_or_else(|| refuse(Verdict::Unreachable))?;
+    Ok((permit, stream))
 }
 
 /// Connects to the first of `addrs` that answers, within `CONNECT_TIMEOUT` in all.
@@ -321,23 +337,13 @@ async fn forward(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
             "the request names no host".to_owned(),
         );
     };
-    let addrs = match proxy.policy().decide(&entry.allow, &host, port).await {
-        Ok(addrs) => addrs,
-        Err(v) => {
-            entry.record(metrics, &host, port, v);
-            return refusal(&proxy, v, &host, port);
-        }
-    };
-    let Ok(permit) = entry.slots.clone().try_acquire_owned() else {
-        entry.record(metrics, &host, port, Verdict::TooManyConnections);
-        return refusal(&proxy, Verdict::TooManyConnections, &host, port);
+    let (permit, stream) = match admit(&proxy, &entry, &host, port).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     let unreachable = || {
         entry.record(metrics, &host, port, Verdict::Unreachable);
         refusal(&proxy, Verdict::Unreachable, &host, port)
-    };
-    let Some(stream) = reach(&addrs).await else {
-        return unreachable();
     };
     let counted = Counted::new(stream);
     let (sent, received) = (counted.sent.clone(), counted.received.clone());
