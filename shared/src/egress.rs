@@ -231,23 +231,24 @@ impl Egress {
     /// `{"allow": [...]}`.
     pub fn from_json(v: &serde_json::Value) -> Result<Egress, EgressError> {
         use serde_json::Value;
+        // What the client sent, shortened: the message must not echo a
+        // request-sized value back.
+        let shape = || EgressError::Shape(cut(&v.to_string()));
         match v {
             Value::String(s) => match s.as_str() {
                 "internet" => Ok(Egress::Internet),
                 "none" => Ok(Egress::None),
-                _ => Err(EgressError::Shape(v.to_string())),
+                _ => Err(shape()),
             },
             Value::Object(o) if o.len() == 1 => match o.get("allow") {
                 Some(Value::Array(items)) => {
                     let names: Option<Vec<&str>> = items.iter().map(Value::as_str).collect();
-                    match names {
-                        Some(names) => Ok(Egress::Allow(AllowList::parse(&names)?)),
-                        None => Err(EgressError::Shape(v.to_string())),
-                    }
+                    let names = names.ok_or_else(shape)?;
+                    Ok(Egress::Allow(AllowList::parse(&names)?))
                 }
-                _ => Err(EgressError::Shape(v.to_string())),
+                _ => Err(shape()),
             },
-            _ => Err(EgressError::Shape(cut(&v.to_string()))),
+            _ => Err(shape()),
         }
     }
 
@@ -521,6 +522,9 @@ mod tests {
                 "{bad}"
             );
         }
+        let long = json!({ "allow": vec![1; 10_000] });
+        let e = Egress::from_json(&long).unwrap_err().to_string();
+        assert!(e.len() < 600, "{} bytes", e.len());
         assert!(matches!(
             Egress::from_json(&json!({"allow": ["a.org", "*"]})),
             Err(EgressError::Everything(_))
