@@ -29,9 +29,8 @@ pub struct Ctx {
     /// The task firewall, checked before each task starts (None with
     /// `TASK_FIREWALL=off`).
     pub firewall: Option<Firewall>,
-    /// The egress proxy of allow-list tasks (None: this worker runs none,
-    /// and such a task fails to start, saying so).
-    pub egress: Option<EgressProxy>,
+    /// The egress proxy of allow-list tasks.
+    pub egress: EgressProxy,
     /// Removals of ended tasks' containers and files, waited for at shutdown.
     pub cleanups: TaskTracker,
 }

@@ -142,10 +142,10 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     // bridge's gateway, and lives as long as tasks may run.
     let abort = CancellationToken::new();
     let gateway = sandbox.ensure_egress_network().await?;
+    let refused = firewall::Refused::read(&config.limits.blocked_cidrs, &config.redis_url).await?;
     let policy = egress::Policy {
         ports: config.egress.ports.clone(),
-        blocked: firewall::refused_networks(&config.limits.blocked_cidrs, &config.redis_url)
-            .await?,
+        blocked: refused.networks(),
         test_resolve: config.egress.test_resolve.clone(),
         test_public: config.egress.test_public.clone(),
     };
@@ -166,8 +166,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         };
         let firewall = firewall::install(
             &config.limits.bridge,
-            &config.limits.blocked_cidrs,
-            &config.redis_url,
+            &refused,
             Some(door),
             sandbox.metrics().clone(),
         )
@@ -232,7 +231,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         pool,
         caches,
         firewall,
-        egress: Some(egress),
+        egress,
         cleanups: TaskTracker::new(),
     })
 }

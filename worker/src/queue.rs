@@ -9,7 +9,7 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig};
 use shared::cache::Generations;
-use shared::egress::{AllowList, Egress};
+use shared::egress::Egress;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::options::{CacheUse, Network};
 use shared::scripts::{Ended, ScriptCall};
@@ -123,9 +123,8 @@ pub struct TaskSpec {
     pub has_stdin: bool,
     /// Extra environment variables, as checked by the api.
     pub env: Vec<(String, String)>,
-    pub network: Network,
-    /// An allow-list task's hosts (`network` is then `Network::Allow`).
-    pub allow: Option<AllowList>,
+    /// What it may reach: the internet, nothing, or its allow-list.
+    pub egress: Egress,
     /// `collect`: paths or globs under /workspace to keep after the run.
     pub collect: Vec<String>,
     /// Who submitted it (`None`: the admin key): its usage is counted to them.
@@ -357,12 +356,6 @@ impl Queue {
             return Ok(None);
         };
         let need = |v, f| RecordError::required(v, f).map_err(corrupt);
-        // Records written before the field existed ran with the internet; an
-        // allow task whose list is gone may reach nothing.
-        let egress = Egress::from_record(
-            r.network.unwrap_or(Network::Internet),
-            r.egress_allow.as_ref(),
-        );
         Ok(Some(TaskSpec {
             runtime: need(r.runtime, Field::Runtime)?,
             image: need(r.image, Field::Image)?,
@@ -373,8 +366,12 @@ impl Queue {
             has_stdin: r.has_stdin.unwrap_or(false),
             env: r.env.unwrap_or_default().into_iter().collect(),
             collect: r.collect.unwrap_or_default(),
-            network: egress.network(),
-            allow: egress.allow_list().cloned(),
+            // Records written before the field existed ran with the internet;
+            // an allow task whose list is gone may reach nothing.
+            egress: Egress::from_record(
+                r.network.unwrap_or(Network::Internet),
+                r.egress_allow.as_ref(),
+            ),
             owner: r.owner,
             // Records written before the field existed: the default.
             cache: r.cache.unwrap_or_default(),

@@ -3,7 +3,8 @@
 //! Such a task's container sits on the egress network, an internal Docker
 //! bridge (no route out, no DNS forwarding, inter-container traffic off) whose
 //! only open door is this proxy, on the bridge's gateway address, opened by the
-//! host firewall for its port alone (`firewall`). The proxy runs inside the
+//! host firewall for the proxies' ports and sockets bound to that address
+//! alone (`firewall::rules`, `Wanted::egress`). The proxy runs inside the
 //! worker: it knows each task's container address, so it tells tasks apart by
 //! their source address (a task holds no capability to forge one) and applies
 //! each its own list, and it writes what it saw into each task's record.
@@ -96,11 +97,6 @@ impl EgressProxy {
         tokio::spawn(proxy::serve(proxy.clone(), listener, stop));
         tracing::info!(addr = %proxy.0.addr, "egress proxy listening");
         Ok(proxy)
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.0.addr
     }
 
     /// `http://<address>:<port>`, what a task's `HTTP_PROXY` holds.

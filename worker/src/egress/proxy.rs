@@ -248,14 +248,27 @@ async fn tunnel<C: AsyncRead + AsyncWrite + Unpin>(
         upstream.write_all(&first).await?;
         tokio::io::copy_bidirectional(&mut client, &mut upstream).await
     };
+    carry(&entry, &host, port, (&sent, &received), relay).await;
+}
+
+/// Runs `relay` (a tunnel, or a forwarded request's connection) until it
+/// ends, the task ends, or nothing passed either way for `IDLE_TIMEOUT`; then
+/// adds its bytes to the task's log. They were counted as they passed
+/// (`Counted`), so a connection reset or cut keeps them.
+async fn carry<F: std::future::Future>(
+    entry: &Entry,
+    host: &str,
+    port: u16,
+    (sent, received): (&AtomicU64, &AtomicU64),
+    relay: F,
+) {
     tokio::select! {
         _ = relay => {}
         () = entry.ended.cancelled() => {}
-        () = idle(&sent, &received) => {}
+        () = idle(sent, received) => {}
     }
-    // Counted as they passed, so a connection reset or cut keeps its bytes.
     entry.add_bytes(
-        &host,
+        host,
         port,
         Verdict::Allowed,
         sent.load(Ordering::Relaxed),
@@ -357,19 +370,7 @@ async fn forward(proxy: EgressProxy, entry: Arc<Entry>, req: Request<Incoming>) 
         let open = entry.opened();
         tokio::spawn(async move {
             let (_permit, _open) = (permit, open);
-            tokio::select! {
-                _ = conn => {}
-                () = entry.ended.cancelled() => {}
-                () = idle(&sent, &received) => {}
-            }
-            // Counted as they passed, so a cut connection keeps its bytes.
-            entry.add_bytes(
-                &host,
-                port,
-                Verdict::Allowed,
-                sent.load(Ordering::Relaxed),
-                received.load(Ordering::Relaxed),
-            );
+            carry(&entry, &host, port, (&sent, &received), conn).await;
         });
     }
     let (mut parts, body) = req.into_parts();

@@ -76,46 +76,56 @@ pub struct EgressDoor<'a> {
     pub ports: std::ops::RangeInclusive<u16>,
 }
 
-/// Every IPv4 network the task firewall refuses tasks (special-purpose ranges,
-/// this host's networks, the Redis host, `TASK_BLOCKED_CIDRS`): what the
-/// egress proxy, which connects from the host, must refuse too.
-pub async fn refused_networks(
-    extra_blocked: &[String],
-    redis_url: &str,
-) -> Result<Vec<ipnet::Ipv4Net>, FirewallError> {
-    let mut out = BLOCKED.to_vec();
-    let mut named = host::host_subnets().await?;
-    named.extend(host::redis_addresses(redis_url).await?);
-    named.extend(extra_blocked.iter().cloned());
-    for n in named {
-        match n
-            .parse::<ipnet::Ipv4Net>()
-            .or_else(|_| n.parse::<Ipv4Addr>().map(ipnet::Ipv4Net::from))
-        {
-            Ok(net) => out.push(net),
-            Err(_) => {
-                tracing::warn!(network = %n, "not an IPv4 network; the egress proxy skips it")
-            }
-        }
-    }
-    Ok(out)
+/// What tasks may not reach besides `BLOCKED`, read from the host once at
+/// start: this host's subnets, and the Redis host's addresses with
+/// `TASK_BLOCKED_CIDRS`. The firewall's rules and the egress proxy (which
+/// connects from the host, where the rules do not apply) both refuse it.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    subnets: Vec<String>,
+    extra: Vec<String>,
 }
 
-/// Installs the rules for tasks on bridge interface `bridge` and returns the
-/// guard that keeps them. `redis_url` names the Redis this worker uses: its
-/// addresses are refused too.
+impl Refused {
+    /// `redis_url` names the Redis this worker uses: its addresses are
+    /// refused too.
+    pub async fn read(extra_blocked: &[String], redis_url: &str) -> Result<Refused, FirewallError> {
+        let subnets = host::host_subnets().await?;
+        let mut extra = host::redis_addresses(redis_url).await?;
+        extra.extend(extra_blocked.iter().cloned());
+        Ok(Refused { subnets, extra })
+    }
+
+    /// Everything refused, `BLOCKED` included, as IPv4 networks (an entry of
+    /// `TASK_BLOCKED_CIDRS` that is not one is skipped, with a warning).
+    pub fn networks(&self) -> Vec<ipnet::Ipv4Net> {
+        let mut out = BLOCKED.to_vec();
+        for n in self.subnets.iter().chain(&self.extra) {
+            match n
+                .parse::<ipnet::Ipv4Net>()
+                .or_else(|_| n.parse::<Ipv4Addr>().map(ipnet::Ipv4Net::from))
+            {
+                Ok(net) => out.push(net),
+                Err(_) => {
+                    tracing::warn!(network = %n, "not an IPv4 network; the egress proxy skips it")
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Installs the rules for tasks on bridge interface `bridge` (refusing
+/// `refused` besides `BLOCKED`) and returns the guard that keeps them.
 pub async fn install(
     bridge: &str,
-    extra_blocked: &[String],
-    redis_url: &str,
+    refused: &Refused,
     egress: Option<EgressDoor<'_>>,
     metrics: Metrics,
 ) -> Result<Firewall, FirewallError> {
     let dns = host::nameservers().await;
-    let subnets = host::host_subnets().await?;
-    let mut extra = host::redis_addresses(redis_url).await?;
-    extra.extend(extra_blocked.iter().cloned());
-    let mut wanted = vec![Wanted::new(bridge, &dns, &subnets, &extra)];
+    let Refused { subnets, extra } = refused;
+    let mut wanted = vec![Wanted::new(bridge, &dns, subnets, extra)];
     if let Some(door) = egress {
         wanted.push(Wanted::egress(door.bridge, door.gateway, &door.ports));
     }

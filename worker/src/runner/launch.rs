@@ -37,16 +37,12 @@ pub(super) async fn launch_cold(
         .create(spec)
         .await
         .map_err(|e| (Outcome::start_failed(e), None))?;
-    let egress = match (allow, &ctx.egress) {
-        (None, _) => None,
-        (Some(list), Some(proxy)) => match sandbox.egress_address(&container).await {
-            Ok(ip) => Some(proxy.lease(ip, spec.task_id, list.clone())),
+    let egress = match allow {
+        None => None,
+        Some(list) => match sandbox.egress_address(&container).await {
+            Ok(ip) => Some(ctx.egress.lease(ip, spec.task_id, list.clone())),
             Err(e) => return Err((Outcome::start_failed(e), Some(container))),
         },
-        (Some(_), None) => {
-            let why = "this worker runs no egress proxy for allow-list tasks";
-            return Err((Outcome::start_failed(why), Some(container)));
-        }
     };
     match sandbox
         .hand_off(&container, attached, spec, stdin, false)

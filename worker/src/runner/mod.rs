@@ -127,7 +127,7 @@ async fn execute(
     // A task without a network must not run where a network was set up.
     // Pool containers sit on the task bridge: an allow-list task gets a cold
     // one on the egress network.
-    let mut warm = match spec.network {
+    let mut warm = match spec.egress.network() {
         Network::Internet => ctx.pool.take(&spec.runtime),
         Network::None | Network::Allow => None,
     };
@@ -153,10 +153,8 @@ async fn execute(
         };
         let mut env = inputs.env(spec);
         // The proxy's variables win over the task's own: they are its only way out.
-        if spec.allow.is_some()
-            && let Some(proxy) = &ctx.egress
-        {
-            let ours = proxy.env();
+        if spec.egress.allow_list().is_some() {
+            let ours = ctx.egress.env();
             env.retain(|(k, _)| !ours.iter().any(|(o, _)| o == k));
             env.extend(ours);
         }
@@ -167,7 +165,7 @@ async fn execute(
             source: inputs.source.as_deref(),
             timeout_seconds: spec.timeout_seconds,
             env: &env,
-            network: spec.network,
+            network: spec.egress.network(),
             collect: inputs
                 .collector
                 .as_ref()
@@ -210,7 +208,8 @@ async fn execute(
                 }
             },
             None => {
-                let launched = launch_cold(ctx, &container_spec, stdin, spec.allow.as_ref()).await;
+                let launched =
+                    launch_cold(ctx, &container_spec, stdin, spec.egress.allow_list()).await;
                 break (launched, inputs);
             }
         }
