@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from redis import Redis
+from redis import Redis, RedisError
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
 
 from . import REPO_ROOT
 from .keys import Keys
@@ -44,6 +46,15 @@ LABEL_WORKER = "script-runner.worker"
 IDLE_POOL_PREFIX = "sr-pool-"
 
 STARTUP_DEADLINE = 60.0  # seconds for a process to become ready
+
+# The service name the sentinels watch (the binaries' REDIS_SENTINEL_MASTER default).
+SENTINEL_MASTER = "mymaster"
+# Sentinel's timers, shortened with `SENTINEL DEBUG` (runtime only, not written to
+# its file): the primary's INFO every second instead of 10 s, so a restarted old
+# primary is seen, and demoted, within a second or two of answering; hellos every
+# 250 ms instead of 2 s, so the sentinels find each other, and the new primary's
+# configuration spreads, at once.
+SENTINEL_DEBUG = {"info-period": 1000, "publish-period": 250}
 
 
 def bin_dir(profile: str = "debug") -> Path:
@@ -120,7 +131,13 @@ class Api:
 @dataclass
 class Stack:
     """Everything one run starts. `prefix` defaults to `<label>-<run id>`;
-    `common_env` goes to every worker and api."""
+    `common_env` goes to every worker and api.
+
+    With `sentinel`, Redis is a primary with one replica, watched by three
+    sentinels (quorum 2) that fail over a second after the primary stops
+    answering: every worker and api (and `ctl`) is given REDIS_SENTINELS and
+    REDIS_SENTINEL_MASTER, and the harness's own clients (`redis`, `aredis`)
+    follow the primary through the sentinels too (redis-py's Sentinel)."""
 
     bin_dir: Path = field(default_factory=bin_dir)
     label: str = "sr"
@@ -131,14 +148,20 @@ class Stack:
     token: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
     prefix: str = ""
     tmp_dir: Path = field(init=False)
-    redis_port: int = 0
+    sentinel: bool = False
+    redis_port: int = 0  # the first primary's (with `sentinel`, not necessarily the primary now)
     redis_proc: Proc | None = None
+    replica_port: int = 0
+    replica_proc: Proc | None = None
+    sentinel_ports: list[int] = field(default_factory=list)
+    sentinel_procs: list[Proc] = field(default_factory=list)
     workers: dict[str, Worker] = field(default_factory=dict)
     apis: dict[str, Api] = field(default_factory=dict)
     proxy: Proc | None = None
     proxy_port: int = 0
     _redis: Redis | None = field(default=None, repr=False)
     _aredis: AsyncRedis | None = field(default=None, repr=False)
+    _asentinel: AsyncSentinel | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.bin_dir = self.bin_dir.resolve()  # the children run in the temporary directory
@@ -159,52 +182,186 @@ class Stack:
 
     @property
     def redis(self) -> Redis:
-        """A client of the run's Redis (pooled, thread-safe, replies as str)."""
-        self._redis = self._redis or Redis(**self._client_options())
+        """A client of the run's Redis (pooled, thread-safe, replies as str);
+        with `sentinel`, of whichever node the sentinels name the primary."""
+        if self._redis is None:
+            if self.sentinel:
+                self._redis = self._sentinels(Sentinel).master_for(SENTINEL_MASTER, **self._client_options())
+            else:
+                self._redis = Redis(port=self._first_port(), **self._client_options())
         return self._redis
 
     @property
     def aredis(self) -> AsyncRedis:
         """The same for asyncio code; made on first use, inside the event loop."""
-        self._aredis = self._aredis or AsyncRedis(**self._client_options())
+        if self._aredis is None:
+            if self.sentinel:
+                self._asentinel = self._sentinels(AsyncSentinel)
+                self._aredis = self._asentinel.master_for(SENTINEL_MASTER, **self._client_options())
+            else:
+                self._aredis = AsyncRedis(port=self._first_port(), **self._client_options())
         return self._aredis
 
-    def _client_options(self) -> dict[str, Any]:
+    def _first_port(self) -> int:
         if not self.redis_port:
             raise HarnessError("Redis is not started yet (Stack.start_redis)")
+        return self.redis_port
+
+    @staticmethod
+    def _client_options() -> dict[str, Any]:
         # Replies as str, as every caller reads them; an odd byte must not raise.
-        return {"port": self.redis_port, "decode_responses": True, "encoding_errors": "replace",
-                "socket_timeout": 10, "socket_connect_timeout": 2}  # fmt: skip
+        return {"decode_responses": True, "encoding_errors": "replace", "socket_timeout": 10, "socket_connect_timeout": 2}
+
+    def _sentinels(self, kind: Any) -> Any:
+        """redis-py's Sentinel (sync or asyncio `kind`) over the run's sentinels."""
+        if not self.sentinel_ports:
+            raise HarnessError("the sentinels are not started yet (Stack.start_redis with sentinel=True)")
+        quick = {"socket_timeout": 1, "socket_connect_timeout": 1}
+        return kind([("127.0.0.1", p) for p in self.sentinel_ports], sentinel_kwargs=quick, **quick)
+
+    def redis_env(self) -> dict[str, str]:
+        """How a binary reaches the run's Redis: REDIS_URL, and with `sentinel`
+        the sentinels to ask for the primary (REDIS_URL's host and port are
+        then unused)."""
+        env = {"REDIS_URL": f"redis://127.0.0.1:{self._first_port()}"}
+        if self.sentinel:
+            env["REDIS_SENTINELS"] = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+            env["REDIS_SENTINEL_MASTER"] = SENTINEL_MASTER
+        return env
 
     def start_redis(self, appendfsync: str = "everysec") -> Proc:
         """redis-server persisting as production runs it (deploy/redis: an
         append-only file, fsync `appendfsync`, no RDB snapshots, noeviction): the
         api and the worker refuse a Redis that would lose tasks on a restart.
-        Started again after a stop or kill, it keeps its port and its data."""
+        Started again after a stop or kill, it keeps its port and its data.
+
+        With `sentinel`, the first start also starts a replica (the same
+        settings, `--replicaof` the primary) and three sentinels, and returns
+        once the replica is in sync and every sentinel knows the replica and
+        the two other sentinels (so a failover can be agreed). Started again,
+        the first primary comes back from its append-only file as a primary,
+        until the sentinels, if another node was promoted meanwhile, make it
+        a replica of the new one: see `restart_redis_node`."""
         if self.redis_proc is not None:
-            self.redis_proc.start()
-            self._wait_redis(self.redis_port, self.redis_proc)
-            return self.redis_proc
+            return self.restart_redis_node(self.redis_proc)
+        self.redis_port, self.redis_proc = self._start_redis_node("redis", appendfsync)
+        if self.sentinel:
+            replica_of = ["--replicaof", "127.0.0.1", str(self.redis_port)]
+            self.replica_port, self.replica_proc = self._start_redis_node("redis-replica", appendfsync, replica_of)
+            self._start_sentinels()
+        return self.redis_proc
+
+    def restart_redis_node(self, proc: Proc) -> Proc:
+        """Starts a stopped or killed redis-server again, same port and data,
+        and waits until it answers PING."""
+        proc.start()
+        self._wait_redis(self._port_of(proc), proc)
+        return proc
+
+    def _start_redis_node(self, name: str, appendfsync: str, extra: list[str] | None = None) -> tuple[int, Proc]:
         last: Exception | None = None
         for attempt in range(5):  # a port free_port() picked can be taken before redis binds it
             port = free_port()
-            data = self.tmp_dir / f"redis-{attempt}"
+            data = self.tmp_dir / f"{name}-{attempt}"
             data.mkdir()
             argv = [
                 "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
                 "--save", "", "--appendonly", "yes", "--appendfsync", appendfsync,
-                "--maxmemory-policy", "noeviction",
+                "--maxmemory-policy", "noeviction", *(extra or []),
             ]  # fmt: skip
-            proc = Proc(f"redis-{attempt}", argv, self.env({}), self.tmp_dir / f"redis-{attempt}.log").start()
+            proc = Proc(f"{name}-{attempt}", argv, self.env({}), self.tmp_dir / f"{name}-{attempt}.log").start()
             try:
                 self._wait_redis(port, proc)
             except (HarnessError, TimeoutError) as e:
                 proc.stop()
                 last = e
                 continue
-            self.redis_port, self.redis_proc = port, proc
-            return proc
-        raise HarnessError(f"could not start redis-server: {last}")
+            return port, proc
+        raise HarnessError(f"could not start redis-server ({name}): {last}")
+
+    def _start_sentinels(self) -> None:
+        """Three sentinels watching the primary (quorum 2, down after 1 s of
+        silence, failover timeout 10 s), each with the file it rewrites."""
+        assert self.replica_proc is not None
+        replica = Redis(port=self.replica_port, socket_timeout=1, socket_connect_timeout=1, decode_responses=True)
+        try:
+            wait_until("the replica to be in sync with the primary",
+                       lambda: replica.info("replication").get("master_link_status") == "up", self.replica_proc, 30)  # fmt: skip
+        finally:
+            replica.close()
+        for k in range(1, 4):
+            for attempt in range(5):
+                port = free_port()
+                data = self.tmp_dir / f"sentinel-{k}"
+                data.mkdir(exist_ok=True)
+                conf = data / "sentinel.conf"
+                conf.write_text(
+                    f"port {port}\nbind 127.0.0.1\ndir {data}\n"
+                    f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {self.redis_port} 2\n"
+                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
+                    f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
+                )
+                proc = Proc(f"sentinel-{k}", ["redis-sentinel", str(conf)], self.env({}), self.tmp_dir / f"sentinel-{k}.log").start()
+                try:
+                    self._wait_redis(port, proc)
+                except (HarnessError, TimeoutError):
+                    proc.stop()
+                    if attempt == 4:
+                        raise
+                    continue
+                self.sentinel_ports.append(port)
+                self.sentinel_procs.append(proc)
+                break
+        clients = [Redis(port=p, socket_timeout=1, socket_connect_timeout=1, decode_responses=True) for p in self.sentinel_ports]
+        try:
+            for s in clients:
+                s.execute_command("SENTINEL", "DEBUG", *(str(x) for kv in SENTINEL_DEBUG.items() for x in kv))
+            for s, proc in zip(clients, self.sentinel_procs):
+
+                def ready(s: Redis = s) -> bool:
+                    m = _as_dict(s.execute_command("SENTINEL", "MASTER", SENTINEL_MASTER))
+                    return int(m["num-slaves"]) >= 1 and int(m["num-other-sentinels"]) >= 2
+
+                wait_until(f"{proc.name} to know the replica and the other sentinels", ready, proc, 30)
+        finally:
+            for s in clients:
+                s.close()
+
+    def primary_port(self) -> int:
+        """The port of the node the sentinels name the primary now (the most
+        recent configuration, as the binaries pick it); without `sentinel`, the
+        one Redis's."""
+        if not self.sentinel:
+            return self._first_port()
+        best: tuple[int, int] | None = None
+        errors = []
+        for port in self.sentinel_ports:
+            s = Redis(port=port, socket_timeout=1, socket_connect_timeout=1, decode_responses=True)
+            try:
+                m = _as_dict(s.execute_command("SENTINEL", "MASTER", SENTINEL_MASTER))
+            except RedisError as e:  # a sentinel that does not answer has no say
+                errors.append(f":{port}: {e}")
+                continue
+            finally:
+                s.close()
+            epoch = int(m.get("config-epoch", 0))
+            if best is None or epoch > best[0]:
+                best = (epoch, int(m["port"]))
+        if best is None:
+            raise HarnessError(f"no sentinel answered SENTINEL MASTER: {errors}")
+        return best[1]
+
+    def redis_nodes(self) -> dict[int, Proc]:
+        """Every redis-server of the run (not the sentinels), by port."""
+        nodes = {self.redis_port: self.redis_proc, self.replica_port: self.replica_proc}
+        return {port: proc for port, proc in nodes.items() if port and proc is not None}
+
+    def primary_proc(self) -> Proc:
+        """The redis-server the sentinels name the primary now."""
+        return self.redis_nodes()[self.primary_port()]
+
+    def _port_of(self, proc: Proc) -> int:
+        return next(port for port, p in self.redis_nodes().items() if p is proc)
 
     @staticmethod
     def _wait_redis(port: int, proc: Proc) -> None:
@@ -233,8 +390,7 @@ class Stack:
         name = name or f"{prefix}-{short}"
         tasks_dir = tasks_dir or self.tmp_dir / "tasks"
         tasks_dir.mkdir(exist_ok=True)
-        settings = {
-            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}",
+        settings = self.redis_env() | {
             "REDIS_KEY_PREFIX": prefix,
             "WORKER_NAME": name,
             "TASKS_DIR": str(tasks_dir),
@@ -276,9 +432,8 @@ class Stack:
         e.g. to give the api its own public URL (OAUTH_RESOURCE)."""
         port = port or free_port()
         prefix = prefix or self.prefix
-        settings = {
+        settings = self.redis_env() | {
             "SCRIPT_RUNNER_TOKEN": self.token,
-            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}",
             "REDIS_KEY_PREFIX": prefix,
             "LISTEN_ADDR": f"127.0.0.1:{port}",
             "RUNTIME_IMAGES": self.runtime_images,
@@ -339,6 +494,14 @@ class Stack:
     def mcp_url(self) -> str:
         return f"{self.base_url}/mcp"
 
+    # -- script-runner-ctl
+
+    def ctl(self, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Runs `script-runner-ctl args...` against the run's Redis and prefix
+        (through the sentinels with `sentinel`); its output as text."""
+        ctl_env = self.env(self.redis_env() | {"REDIS_KEY_PREFIX": self.prefix} | (env or {}))
+        return subprocess.run([self.binary(CTL_BIN), *args], env=ctl_env, capture_output=True, text=True, timeout=timeout, check=False)
+
     # -- Docker
 
     def containers(self, idle_pool: bool = True) -> list[str]:
@@ -380,7 +543,7 @@ class Stack:
 
     def all_procs(self) -> list[Proc]:
         procs = [w.proc for w in self.workers.values()] + [a.proc for a in self.apis.values()]
-        return procs + [p for p in (self.redis_proc, self.proxy) if p is not None]
+        return procs + [p for p in (self.redis_proc, self.replica_proc, *self.sentinel_procs, self.proxy) if p is not None]
 
     def stop_worker(self, short: str) -> list[str]:
         """Stops a worker; removes (and returns) the containers it left."""
@@ -389,16 +552,20 @@ class Stack:
         return remove_containers(containers_of(worker.name))
 
     def stop_all(self) -> list[str]:
-        """Stops the proxy, the apis, the workers, then Redis; removes (and
-        returns) the containers the workers left behind."""
+        """Stops the proxy, the apis, the workers, then the sentinels (so none
+        fails over meanwhile) and Redis; removes (and returns) the containers the
+        workers left behind."""
         if self.proxy:
             self.proxy.stop(5)
         for a in self.apis.values():
             a.proc.stop(10)
         for w in self.workers.values():
             w.proc.stop(30)
-        if self.redis_proc:
-            self.redis_proc.stop(10)
+        for s in self.sentinel_procs:
+            s.stop(5)
+        for p in (self.replica_proc, self.redis_proc):
+            if p:
+                p.stop(10)
         if self._redis is not None:
             self._redis.close()
         return remove_containers(self.containers())
@@ -408,6 +575,9 @@ class Stack:
         if self._aredis is not None:
             await self._aredis.aclose()
             self._aredis = None
+        if self._asentinel is not None:
+            await self._asentinel.aclose()
+            self._asentinel = None
 
     def logs(self) -> list[tuple[str, str]]:
         return [(f"{p.name} log ({p.log_path})", p.log_tail(200)) for p in self.all_procs()]
@@ -418,6 +588,11 @@ class Stack:
             print(f"script-runner logs and data kept in {self.tmp_dir}", flush=True)
         else:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+def _as_dict(reply: Any) -> dict[str, str]:
+    """A SENTINEL MASTER reply (a flat list of names and values over RESP2)."""
+    return dict(zip(reply[::2], reply[1::2])) if isinstance(reply, list) else dict(reply)
 
 
 def wait_healthy(proc: Proc, url: str, deadline: float = STARTUP_DEADLINE) -> None:
