@@ -300,7 +300,9 @@ write_env() {
         env_set SCRIPT_RUNNER_TOKEN "$token_created"
     fi
     local name
-    for name in REDIS_API_PASSWORD REDIS_WORKER_PASSWORD REDIS_ADMIN_PASSWORD REDIS_OPS_PASSWORD; do
+    # The last three serve deploy/redis-sentinel.yml only (docs/redis-ha.md); harmless without it.
+    for name in REDIS_API_PASSWORD REDIS_WORKER_PASSWORD REDIS_ADMIN_PASSWORD REDIS_OPS_PASSWORD \
+        REDIS_REPLICA_PASSWORD REDIS_SENTINEL_PASSWORD REDIS_SENTINEL_CLIENT_PASSWORD; do
         [[ -n "$(env_get "$name")" ]] || env_set "$name" "$(secret 24)"
     done
     [[ -n "$(env_get TASKS_DIR)" ]] || env_set TASKS_DIR /var/lib/script-runner/tasks

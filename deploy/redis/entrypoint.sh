@@ -10,6 +10,34 @@
 #                      certificate signed by /tls/ca.crt (mutual TLS); the plain port
 #                      (the local api and worker, on the internal network) is unchanged
 #
+# Replication and Sentinel (deploy/redis-sentinel.yml, docs/redis-ha.md), all optional:
+#   REDIS_REPLICA_PASSWORD   adds the user `replica` (replication only) and makes this node
+#                      log in as it when it replicates (masteruser/masterauth); set it on
+#                      every node, since Sentinel may turn any of them into a replica
+#   REDIS_SENTINEL_PASSWORD  adds the user `sentinel`, what Sentinel sends to a node
+#   REDIS_ANNOUNCE_HOST  the name this node is known by (replica-announce-ip), so Sentinel
+#                      names it by that name and not by an address
+#   REDIS_REPLICAOF    "HOST PORT": start as a replica of it, unless the sentinels say
+#                      otherwise (below)
+#   REDIS_SENTINEL_HOSTS  "HOST:PORT ...": asked at start which node is the primary
+#                      (SENTINEL GET-MASTER-ADDR-BY-NAME REDIS_SENTINEL_MASTER, default
+#                      mymaster); a node the sentinels name is a primary, any other starts
+#                      as that one's replica; when none answers, REDIS_REPLICAOF decides
+#   REDIS_MIN_REPLICAS_TO_WRITE, REDIS_MIN_REPLICAS_MAX_LAG  (default 0 and 10): as
+#                      Redis's min-replicas-to-write/-max-lag (docs/redis-ha.md says when)
+#
+# `redis-entrypoint.sh sentinel` starts a Redis Sentinel instead (redis-server --sentinel),
+# configured from the environment: REDIS_SENTINEL_PASSWORD (required: the `sentinel`
+# user's password on the nodes, and the sentinels' own user among themselves),
+# REDIS_SENTINEL_CLIENT_PASSWORD (required: the user `client`, which may only ask where
+# the primary is: what api, worker and ctl send), REDIS_SENTINEL_MONITOR ("HOST PORT" of
+# the first primary), REDIS_SENTINEL_MASTER (mymaster), REDIS_SENTINEL_QUORUM (2),
+# REDIS_ANNOUNCE_HOST (this sentinel's name), REDIS_SENTINEL_DOWN_AFTER_MS (5000),
+# REDIS_SENTINEL_FAILOVER_TIMEOUT_MS (60000). Sentinel rewrites its own configuration
+# (the current primary, the replicas and sentinels it knows, the epoch), so it lives in
+# /data/sentinel.conf, written on the first start only; later starts renew only the
+# users and passwords in it from the environment.
+#
 # Users (the `default` user is off, so every client must log in):
 #   api     what script-runner-api sends, on keys under the prefix only
 #   worker  what script-runner-worker sends, on keys under the prefix only (the local worker)
@@ -30,6 +58,67 @@
 # scripts) would be silently dropped at restart. See redis/redis#14541.
 set -eu
 
+hash() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
+
+# What Sentinel sends to a node (the Redis ACL documentation's list, "ACL rules for Sentinel
+# and Replicas"; REPLICAOF beside its old name SLAVEOF), on its hello channel only.
+sentinel_node_rules="resetkeys resetchannels &__sentinel__:hello -@all +multi +exec +slaveof +replicaof +ping +subscribe +config|rewrite +role +publish +info +client|setname +client|setinfo +client|kill +script|kill"
+
+# --- sentinel: a Redis Sentinel, its configuration kept in /data ----------------------
+# As the redis user throughout (/data is its; root here may not write there).
+if [ "${1:-}" = sentinel ] && [ "$(id -u)" = 0 ]; then
+    chown redis:redis /data
+    exec setpriv --reuid=redis --regid=redis --init-groups "$0" "$@"
+fi
+if [ "${1:-}" = sentinel ]; then
+    : "${REDIS_SENTINEL_PASSWORD:?REDIS_SENTINEL_PASSWORD is not set (see .env)}"
+    : "${REDIS_SENTINEL_CLIENT_PASSWORD:?REDIS_SENTINEL_CLIENT_PASSWORD is not set (see .env)}"
+    : "${REDIS_SENTINEL_MONITOR:?REDIS_SENTINEL_MONITOR (HOST PORT of the first primary) is not set}"
+    master="${REDIS_SENTINEL_MASTER:-mymaster}"
+    case "$master" in
+    *[!A-Za-z0-9._-]* | "") echo "sentinel: REDIS_SENTINEL_MASTER must be letters, digits, '.', '-', '_'" >&2; exit 1 ;;
+    esac
+    conf=/data/sentinel.conf
+    umask 077
+    if [ ! -s "$conf" ]; then
+        {
+            echo "port 26379"
+            echo "bind 0.0.0.0 -::"
+            echo "protected-mode no"
+            echo "dir /tmp"
+            # Names, not addresses: compose's service names here, the hosts' DNS names
+            # (the ones in their TLS certificates) across hosts.
+            echo "sentinel resolve-hostnames yes"
+            echo "sentinel announce-hostnames yes"
+            [ -z "${REDIS_ANNOUNCE_HOST:-}" ] || echo "sentinel announce-ip ${REDIS_ANNOUNCE_HOST}"
+            echo "sentinel monitor $master ${REDIS_SENTINEL_MONITOR} ${REDIS_SENTINEL_QUORUM:-2}"
+            echo "sentinel down-after-milliseconds $master ${REDIS_SENTINEL_DOWN_AFTER_MS:-5000}"
+            echo "sentinel failover-timeout $master ${REDIS_SENTINEL_FAILOVER_TIMEOUT_MS:-60000}"
+            echo "sentinel parallel-syncs $master 1"
+        } >"$conf.new"
+        mv "$conf.new" "$conf"
+        echo "sentinel: wrote $conf, monitoring $master at ${REDIS_SENTINEL_MONITOR}" >&2
+    fi
+    # Users and passwords come from the environment on every start (a password changed in
+    # .env takes effect at the next start); the rest is Sentinel's own state. Passwords
+    # are stored as SHA-256 but for the two Sentinel itself must send.
+    grep -v -e '^user ' -e "^sentinel auth-user " -e "^sentinel auth-pass " \
+        -e '^sentinel sentinel-user ' -e '^sentinel sentinel-pass ' "$conf" >"$conf.new" || true
+    {
+        echo "user default off resetpass -@all"
+        # The sentinels among themselves, and operators (SENTINEL FAILOVER, SENTINEL SET).
+        echo "user sentinel on #$(hash "$REDIS_SENTINEL_PASSWORD") allchannels +@all"
+        # api, worker and ctl: where the primary is, nothing that changes anything.
+        echo "user client on #$(hash "$REDIS_SENTINEL_CLIENT_PASSWORD") resetchannels -@all +auth +hello +ping +role +command +client|setname +client|setinfo +client|getname +client|id +sentinel|master +sentinel|get-master-addr-by-name +sentinel|replicas +sentinel|sentinels +sentinel|myid"
+        echo "sentinel sentinel-user sentinel"
+        echo "sentinel sentinel-pass ${REDIS_SENTINEL_PASSWORD}"
+        echo "sentinel auth-user $master sentinel"
+        echo "sentinel auth-pass $master ${REDIS_SENTINEL_PASSWORD}"
+    } >>"$conf.new"
+    mv "$conf.new" "$conf"
+    exec redis-server "$conf" --sentinel
+fi
+
 : "${REDIS_API_PASSWORD:?REDIS_API_PASSWORD is not set (see .env)}"
 : "${REDIS_WORKER_PASSWORD:?REDIS_WORKER_PASSWORD is not set (see .env)}"
 : "${REDIS_ADMIN_PASSWORD:?REDIS_ADMIN_PASSWORD is not set (see .env)}"
@@ -37,8 +126,6 @@ prefix="${REDIS_KEY_PREFIX:-sr}"
 case "$prefix" in
 *[!A-Za-z0-9._-]* | "") echo "redis: REDIS_KEY_PREFIX must be letters, digits, '.', '-', '_'" >&2; exit 1 ;;
 esac
-
-hash() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 
 # Sent by redis-rs and deadpool-redis on every connection or pool checkout; INFO is read
 # once at start by api and worker, to check that nothing is evicted and AOF is on
@@ -150,8 +237,41 @@ if [ -n "${REDIS_OPS_PASSWORD:-}" ]; then
     echo "user ops on #$(hash "$REDIS_OPS_PASSWORD") resetkeys ~${prefix}:* resetchannels -@all +@read +time +ping +client|setinfo" \
         >>/run/redis/users.acl
 fi
+[ -z "${REDIS_REPLICA_PASSWORD:-}" ] \
+    || echo "user replica on #$(hash "$REDIS_REPLICA_PASSWORD") resetkeys resetchannels -@all +psync +replconf +ping" >>/run/redis/users.acl
+[ -z "${REDIS_SENTINEL_PASSWORD:-}" ] \
+    || echo "user sentinel on #$(hash "$REDIS_SENTINEL_PASSWORD") $sentinel_node_rules" >>/run/redis/users.acl
 
-set -- redis-server \
+# Replication: in a configuration file (mode 600 on /run), so the password is not in the
+# process's arguments. CONFIG REWRITE (which Sentinel sends after REPLICAOF) writes there.
+: >/run/redis/node.conf
+if [ -n "${REDIS_REPLICA_PASSWORD:-}" ]; then
+    printf 'masteruser replica\nmasterauth %s\n' "$REDIS_REPLICA_PASSWORD" >>/run/redis/node.conf
+fi
+[ -z "${REDIS_ANNOUNCE_HOST:-}" ] || echo "replica-announce-ip ${REDIS_ANNOUNCE_HOST}" >>/run/redis/node.conf
+# Which node is the primary is the sentinels' to say once they run: a node that was
+# demoted while it was down comes back as a replica, not as a second primary.
+replicaof="${REDIS_REPLICAOF:-}"
+if [ -n "${REDIS_SENTINEL_HOSTS:-}" ] && [ -n "${REDIS_SENTINEL_PASSWORD:-}" ]; then
+    for s in $(echo "$REDIS_SENTINEL_HOSTS" | tr ',' ' '); do
+        answer="$(REDISCLI_AUTH="$REDIS_SENTINEL_PASSWORD" timeout 3 redis-cli --no-auth-warning \
+            --user sentinel -h "${s%:*}" -p "${s##*:}" \
+            SENTINEL GET-MASTER-ADDR-BY-NAME "${REDIS_SENTINEL_MASTER:-mymaster}" 2>/dev/null | tr '\n' ' ')" || continue
+        read -r host port rest <<EOT || true
+$answer
+EOT
+        case "$port" in '' | *[!0-9]*) continue ;; esac
+        [ -z "$rest" ] || continue
+        if [ "$host" = "${REDIS_ANNOUNCE_HOST:-}" ]; then replicaof=""; else replicaof="$host $port"; fi
+        echo "redis: sentinel $s names $host $port the primary" >&2
+        break
+    done
+fi
+[ -z "$replicaof" ] || echo "replicaof $replicaof" >>/run/redis/node.conf
+echo "min-replicas-to-write ${REDIS_MIN_REPLICAS_TO_WRITE:-0}" >>/run/redis/node.conf
+echo "min-replicas-max-lag ${REDIS_MIN_REPLICAS_MAX_LAG:-10}" >>/run/redis/node.conf
+
+set -- redis-server /run/redis/node.conf \
     --bind "0.0.0.0 -::" --port 6379 --protected-mode no \
     --aclfile /run/redis/users.acl \
     --dir /data --appendonly yes --appendfsync everysec \

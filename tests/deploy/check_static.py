@@ -6,7 +6,9 @@ root, with Compose v2 as `docker compose`).
                                 rebuilds; no job outside that environment reads a secret
     check_static.py compose     `docker compose config` of every compose file: every service
                                 has the hardening (docs/security.md#compose-hardening), no
-                                password in Prometheus's environment, no CA key in Redis
+                                password in Prometheus's environment, no CA key in Redis;
+                                with deploy/redis-sentinel.yml, api, worker and functions
+                                find Redis through the three sentinels
 
 Exits 1 with one line per finding.
 """
@@ -32,6 +34,11 @@ HARDENING = {
     "functions": (set(), True),
     "caddy": (set(), True),
     "redis": ({"CHOWN", "SETUID", "SETGID"}, True),
+    # deploy/redis-sentinel.yml: the same image and entrypoint as redis.
+    "redis-replica": ({"CHOWN", "SETUID", "SETGID"}, True),
+    "sentinel-1": ({"CHOWN", "SETUID", "SETGID"}, True),
+    "sentinel-2": ({"CHOWN", "SETUID", "SETGID"}, True),
+    "sentinel-3": ({"CHOWN", "SETUID", "SETGID"}, True),
     "worker": ({"NET_ADMIN", "NET_RAW", "SYS_PTRACE", "CHOWN", "FOWNER", "DAC_OVERRIDE"}, False),
     "prometheus": (set(), False),
     "grafana": (set(), False),
@@ -180,6 +187,29 @@ def check_service(where: str, name: str, service: dict) -> None:
         problem(f"{where}: {name}'s root file system is not read-only")
 
 
+def check_sentinel_overlay(services: dict) -> None:
+    """deploy/redis-sentinel.yml: every client of Redis goes through the three sentinels,
+    and the host-network worker can resolve every name they may answer."""
+    where = "docker-compose.yml + redis-sentinel.yml"
+    for name in ("api", "worker", "functions"):
+        env = (services.get(name) or {}).get("environment") or {}
+        hosts = re.findall(r"@([^:,]+):26379", env.get("REDIS_SENTINELS") or "")
+        if hosts != ["sentinel-1", "sentinel-2", "sentinel-3"]:
+            problem(f"{where}: {name}'s REDIS_SENTINELS does not name the three sentinels: {hosts}")
+        if not env.get("REDIS_SENTINEL_MASTER"):
+            problem(f"{where}: {name} has no REDIS_SENTINEL_MASTER")
+    names = {"redis", "redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
+    extra = services.get("worker", {}).get("extra_hosts") or {}
+    resolved = set(extra) if isinstance(extra, dict) else {h.split("=")[0].split(":")[0] for h in extra}
+    if not names <= resolved:
+        problem(f"{where}: the worker (host network) cannot resolve {sorted(names - resolved)}")
+    for node in ("redis", "redis-replica"):
+        env = (services.get(node) or {}).get("environment") or {}
+        for var in ("REDIS_REPLICA_PASSWORD", "REDIS_SENTINEL_PASSWORD", "REDIS_ANNOUNCE_HOST"):
+            if not env.get(var):
+                problem(f"{where}: {node} has no {var}")
+
+
 def check_compose() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # TLS material as make-redis-tls.sh leaves it, CA key included.
@@ -193,6 +223,8 @@ def check_compose() -> None:
             "REDIS_API_PASSWORD=password-api\nREDIS_WORKER_PASSWORD=password-worker\n"
             "REDIS_ADMIN_PASSWORD=password-admin\nREDIS_OPS_PASSWORD=password-ops\n"
             "GRAFANA_ADMIN_PASSWORD=password-grafana\nDOMAIN=mcp.example.test\n"
+            "REDIS_REPLICA_PASSWORD=password-replica\nREDIS_SENTINEL_PASSWORD=password-sentinel\n"
+            "REDIS_SENTINEL_CLIENT_PASSWORD=password-client\n"
             f"REDIS_TLS_DIR={tls}\n"
         )
         worker_env = Path(tmp, "worker.env")
@@ -210,11 +242,17 @@ def check_compose() -> None:
             ),
             "docker-compose.yml": compose_config(str(env_file), "docker-compose.yml"),
             "deploy/worker-host.yml": compose_config(str(worker_env), "deploy/worker-host.yml"),
+            "docker-compose.yml + redis-sentinel.yml": compose_config(
+                str(env_file), "docker-compose.yml", "deploy/redis-sentinel.yml"
+            ),
         }
+        sentinel_services = {"redis-replica", "sentinel-1", "sentinel-2", "sentinel-3"}
         expected = {
-            "docker-compose.yml + remote-workers.yml + monitoring": set(HARDENING),
+            "docker-compose.yml + remote-workers.yml + monitoring": set(HARDENING) - sentinel_services,
             "docker-compose.yml": {"api", "caddy", "functions", "redis", "worker"},
             "deploy/worker-host.yml": {"worker"},
+            "docker-compose.yml + redis-sentinel.yml": {"api", "caddy", "functions", "redis", "worker"}
+            | sentinel_services,
         }
         for where, config in stacks.items():
             services = config.get("services") or {}
@@ -228,6 +266,8 @@ def check_compose() -> None:
                 for n, s in sorted(services.items())
             )
             print(f"{where}: {seen}")
+
+        check_sentinel_overlay(stacks["docker-compose.yml + redis-sentinel.yml"]["services"])
 
         full = stacks["docker-compose.yml + remote-workers.yml + monitoring"]["services"]
         prometheus_env = (full.get("prometheus") or {}).get("environment") or {}
