@@ -80,11 +80,9 @@ pub enum ConfigError {
 pub struct Config {
     /// `SCRIPT_RUNNER_TOKEN`: the bearer token every `/mcp` request must carry.
     pub token: String,
-    /// `REDIS_URL`: where tasks and the job stream live.
-    pub redis_url: String,
-    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate for a
-    /// Redis that requires mutual TLS (both or neither; `rediss://` only).
-    pub redis_client_cert: Option<shared::envvar::ClientCertFiles>,
+    /// `REDIS_URL` or `REDIS_SENTINELS`, the client certificate, and
+    /// `REDIS_MIN_REPLICAS_ACK`: where Redis is and what counts as acknowledged.
+    pub redis: shared::envvar::RedisSettings,
     /// `REDIS_KEY_PREFIX`: prefix of every Redis key (default `sr`).
     pub keys: Keys,
     /// `LISTEN_ADDR`: the HTTP listen address.
@@ -162,9 +160,9 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field(
                 "redis_url",
-                &support::redis_pool::redacted_url(&self.redis_url),
+                &support::redis_pool::redacted_url(&self.redis.url),
             )
-            .field("redis_client_cert", &self.redis_client_cert)
+            .field("redis", &self.redis)
             .field("listen_addr", &self.listen_addr)
             .field("health_addr", &self.health_addr)
             .field("allowed_hosts", &self.allowed_hosts)
@@ -264,8 +262,7 @@ impl Config {
         let http = http_limits(&var, needed)?;
         Ok(Config {
             token,
-            redis_url: common.redis_url,
-            redis_client_cert: common.redis_client_cert,
+            redis: common.redis,
             keys: common.keys,
             listen_addr: LISTEN_ADDR.parse(&var, "an address and port such as 0.0.0.0:8080")?,
             health_addr: health_addr(&var)?,
@@ -463,7 +460,7 @@ mod tests {
     #[test]
     fn defaults_match_the_spec() {
         let c = load(&[TOKEN]).expect("config");
-        assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
+        assert_eq!(c.redis.url, "redis://127.0.0.1:6379");
         assert_eq!(c.listen_addr.to_string(), "0.0.0.0:8080");
         assert_eq!(c.allowed_hosts, ["localhost", "127.0.0.1", "::1"]);
         assert_eq!(
@@ -476,7 +473,7 @@ mod tests {
     #[test]
     fn blank_values_mean_the_default_and_an_empty_host_list_is_refused() {
         let c = load(&[TOKEN, ("REDIS_URL", ""), ("LISTEN_ADDR", " ")]).expect("config");
-        assert_eq!(c.redis_url, "redis://127.0.0.1:6379");
+        assert_eq!(c.redis.url, "redis://127.0.0.1:6379");
         assert!(matches!(
             load(&[("SCRIPT_RUNNER_TOKEN", "")]),
             Err(ConfigError::MissingToken)

@@ -69,18 +69,18 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
-    let redis = support::redis_pool::target(&config.redis_url, config.redis_client_cert.as_ref())
+    let redis = support::redis_pool::target(&config.redis)
         .await
         .map_err(StoreError::from)?;
     let (url, mode) = (redis.clone(), config.redis_setup_check);
     let refused = CancellationToken::new();
-    let late_check = match redis_setup::check(url.clone(), mode).await {
+    let late_check = match redis_setup::check(&url, mode).await {
         Err(e) if e.is_transient() => {
             tracing::warn!(error = %e, "serving; Redis's setup is checked once it answers");
             let refused = refused.clone();
             Some(tokio::spawn(async move {
                 let result =
-                    redis_setup::check_until_answered(url, mode, Duration::from_secs(2)).await;
+                    redis_setup::check_until_answered(&url, mode, Duration::from_secs(2)).await;
                 if result.is_err() {
                     refused.cancel();
                 }
@@ -99,7 +99,7 @@ pub async fn run(
             let listener = TcpListener::bind(addr)
                 .await
                 .map_err(|source| ApiError::HealthListen { addr, source })?;
-            let store = Store::new(redis.clone(), config.keys.clone())?;
+            let store = Store::new(&redis, config.keys.clone(), config.redis.replica_ack)?;
             Some((listener, store))
         }
         None => None,
@@ -116,7 +116,7 @@ pub async fn run(
             rmcp_cancel.cancel();
         }
     });
-    let app = router(config, redis, cancel.clone(), rmcp_cancel)?;
+    let app = router(config, &redis, cancel.clone(), rmcp_cancel)?;
     tracing::info!(addr = %listener.local_addr()?, "api listening");
     if let Some((listener, store)) = health {
         tracing::info!(addr = %listener.local_addr()?, "health details listening (loopback)");
@@ -162,17 +162,16 @@ const WAITERS_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// The axum app: `/mcp` (authenticated), `/healthz` (open), and with OAuth on
 /// the Protected Resource Metadata (open).
-/// `redis` is where `config.redis_url` leads, with its client certificate
-/// (`support::redis_pool::target`). `cancel`: the shutdown, which waiting calls
+/// `redis` is where `config.redis` leads (`support::redis_pool::target`). `cancel`: the shutdown, which waiting calls
 /// answer at once; `rmcp_cancel`: rmcp's token, which ends what is left.
 pub fn router(
     config: Config,
-    redis: redis::ConnectionInfo,
+    redis: &support::redis_pool::RedisTarget,
     cancel: CancellationToken,
     rmcp_cancel: CancellationToken,
 ) -> Result<Router, ApiError> {
     let config = Arc::new(config);
-    let store = Store::new(redis, config.keys.clone())?;
+    let store = Store::new(redis, config.keys.clone(), config.redis.replica_ack)?;
     // `http::mcp_body` enforces the limit before rmcp reads anything; rmcp's own
     // is the same number, as a second fence.
     let mcp_config = StreamableHttpServerConfig::default()

@@ -8,21 +8,23 @@ use std::time::Duration;
 use deadpool_redis::redis::{self, AsyncCommands};
 use shared::apikey::{ApiKeyRecord, Limits};
 use shared::egress::Egress;
+use shared::envvar::ReplicaAck;
 use shared::keys::{STAT_FINISHED_PREFIX, STAT_SUBMITTED, parse_heartbeat};
 use shared::options::CacheUse;
 use shared::record::RecordError;
 use shared::scripts::{KillReply, ScriptCall, Submit, SubmitReply};
 use shared::task::KILLED_BY_USER_REASON;
+use shared::task::NOT_REPLICATED_REASON;
 use shared::time::redis_time_ms;
 use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskState};
-use support::redis_pool::LeanPool;
+use support::redis_pool::{LeanConnection, LeanPool, RedisTarget, ReplicationError};
 use support::scripts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the task store (Redis) is unreachable: {0}")]
-    Pool(#[from] deadpool_redis::PoolError),
+    Pool(#[from] support::redis_pool::GetError),
     #[error("the task store (Redis) failed: {0}")]
     Redis(#[from] redis::RedisError),
     /// A stored task record does not read as its type (the error names the field).
@@ -40,6 +42,9 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     BuildPool(#[from] support::redis_pool::PoolError),
+    /// `REDIS_MIN_REPLICAS_ACK` replicas did not confirm a write in time.
+    #[error("the task store (Redis) is failing over or its replicas lag: {0}")]
+    NotReplicated(#[from] support::redis_pool::NotReplicated),
     /// An API key record that does not read as one.
     #[error("{0}")]
     ApiKey(#[from] shared::apikey::KeyError),
@@ -197,6 +202,7 @@ pub struct Store {
     /// until the read returns), so waiters never take `pool`'s.
     waits: LeanPool,
     keys: Keys,
+    replica_ack: Option<ReplicaAck>,
 }
 
 /// Blocking reads in flight at once per replica (`WAIT_CONNECTIONS`
@@ -247,13 +253,18 @@ impl Drop for Blocking {
 }
 
 impl Store {
-    pub fn new(redis: impl redis::IntoConnectionInfo, keys: Keys) -> Result<Store, StoreError> {
+    /// `replica_ack`: submits and kills are answered only once that many
+    /// replicas have them (`REDIS_MIN_REPLICAS_ACK`).
+    pub fn new(
+        redis: &RedisTarget,
+        keys: Keys,
+        replica_ack: Option<ReplicaAck>,
+    ) -> Result<Store, StoreError> {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
         // bounded time instead of hanging on the pool. Lean: most requests send
         // one command, and a checked checkout would double their round trips.
-        let redis = redis.into_connection_info()?;
         let pool = support::redis_pool::build_lean(
-            redis.clone(),
+            redis,
             32,
             Duration::from_secs(2),
             support::redis_pool::TRUSTED_FOR,
@@ -264,7 +275,12 @@ impl Store {
             WAIT_CHECKOUT,
             support::redis_pool::TRUSTED_FOR,
         )?;
-        Ok(Store { pool, waits, keys })
+        Ok(Store {
+            pool,
+            waits,
+            keys,
+            replica_ack,
+        })
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
@@ -367,10 +383,58 @@ impl Store {
         // The stream entry's id, the backlog that refused the task, or the
         // owner's quota that did.
         let reply: redis::Value = scripts::invoke(&mut conn, &call).await?;
-        scripts::read_submit(reply).map_err(|reply| StoreError::Reply {
+        let submitted = scripts::read_submit(reply).map_err(|reply| StoreError::Reply {
             script: call.script.name(),
             reply,
-        })
+        })?;
+        if submitted == SubmitReply::Queued {
+            self.confirm_submit(&mut conn, t).await?;
+        }
+        Ok(submitted)
+    }
+
+    /// A submit is acknowledged (its id handed out) only once the replicas
+    /// `REDIS_MIN_REPLICAS_ACK` asks for have it: a failover could otherwise
+    /// lose a task its client was told exists. One that could not be confirmed
+    /// is withdrawn (killed, so no worker runs it if it survives) and the client
+    /// is told to try again.
+    async fn confirm_submit(
+        &self,
+        conn: &mut LeanConnection,
+        t: &NewTask<'_>,
+    ) -> Result<(), StoreError> {
+        let error = match support::redis_pool::replicated(conn, self.replica_ack).await {
+            Ok(()) => return Ok(()),
+            Err(ReplicationError::Short(short)) => StoreError::NotReplicated(short),
+            Err(ReplicationError::Redis(e)) => StoreError::Redis(e),
+        };
+        let withdraw = ScriptCall::kill(
+            &self.keys,
+            t.id,
+            NOT_REPLICATED_REASON,
+            ReasonKind::NotReplicated,
+            // Nobody was given its id: kept only long enough for an operator to see it.
+            shared::envvar::MIN_RETENTION_SECONDS,
+            None,
+        );
+        let withdrawn = match self.pool.get().await {
+            Ok(mut c) => scripts::invoke::<(String, i64)>(&mut c, &withdraw)
+                .await
+                .map(|_| ()),
+            Err(e) => Err(redis::RedisError::from(std::io::Error::other(
+                e.to_string(),
+            ))),
+        };
+        match withdrawn {
+            Ok(()) => {
+                tracing::warn!(task_id = %t.id, error = %error, "submit withdrawn: not replicated")
+            }
+            Err(e) => tracing::warn!(
+                task_id = %t.id, error = %error, withdraw_error = %e,
+                "submit not replicated, and could not be withdrawn (if it survives, it runs)"
+            ),
+        }
+        Err(error)
     }
 
     /// The record of the API key presented (hashed before it reaches Redis),
@@ -617,6 +681,13 @@ impl Store {
             owner,
         );
         let reply: (String, i64) = scripts::invoke(&mut conn, &call).await?;
+        // A kill acknowledged and then lost in a failover would let the task run on.
+        if let Err(e) = support::redis_pool::replicated(&mut conn, self.replica_ack).await {
+            return Err(match e {
+                ReplicationError::Short(short) => StoreError::NotReplicated(short),
+                ReplicationError::Redis(e) => StoreError::Redis(e),
+            });
+        }
         match KillReply::parse(reply) {
             Ok(KillReply::Missing) => Ok(None),
             Ok(KillReply::State(state, killed)) => Ok(Some((state, killed))),

@@ -810,7 +810,8 @@ async fn gets_served(c: &mut redis::aio::MultiplexedConnection) -> u64 {
 async fn another_owners_files_are_never_read() {
     let redis = Redis::start().await;
     let keys = shared::Keys::new("sr");
-    let store = script_runner_api::store::Store::new(redis.url(), keys.clone()).expect("store");
+    let target = support::redis_pool::RedisTarget::url(&redis.url()).expect("url");
+    let store = script_runner_api::store::Store::new(&target, keys.clone(), None).expect("store");
     let mut c = redis.conn().await;
     let id = "6f1c2a52-8d0e-4c3b-9a51-0d6a2f7e9b10";
     let () = c

@@ -16,7 +16,7 @@ pub struct LibraryView {
 }
 
 pub struct FunctionsAdmin {
-    pool: deadpool_redis::Pool,
+    pool: support::redis_pool::Pool,
 }
 
 impl FunctionsAdmin {

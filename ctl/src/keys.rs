@@ -56,7 +56,7 @@ pub struct IssuedKey<'a> {
 
 /// The ctl's handle on the key store.
 pub struct KeyAdmin {
-    pool: deadpool_redis::Pool,
+    pool: support::redis_pool::Pool,
     keys: shared::Keys,
 }
 

@@ -36,9 +36,9 @@ use shared::envvar::{Common, VarError, non_blank};
 /// the workers, read and checked the same way (`shared::envvar::Common`).
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub redis_url: String,
-    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`, for a Redis that requires mutual TLS.
-    pub redis_client_cert: Option<shared::envvar::ClientCertFiles>,
+    /// `REDIS_URL` (or `REDIS_SENTINELS`), with the client certificate for a
+    /// Redis that requires mutual TLS.
+    pub redis: shared::envvar::RedisSettings,
     pub keys: Keys,
 }
 
@@ -50,19 +50,17 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, CtlError> {
         let common = Common::from_lookup(non_blank(get))?;
         Ok(Config {
-            redis_url: common.redis_url,
-            redis_client_cert: common.redis_client_cert,
+            redis: common.redis,
             keys: common.keys,
         })
     }
 
     /// A pool of at most `size` connections to this Redis, with the client
     /// certificate if one is set.
-    pub async fn pool(&self, size: usize) -> Result<deadpool_redis::Pool, CtlError> {
-        let redis =
-            support::redis_pool::target(&self.redis_url, self.redis_client_cert.as_ref()).await?;
+    pub async fn pool(&self, size: usize) -> Result<support::redis_pool::Pool, CtlError> {
+        let redis = support::redis_pool::target(&self.redis).await?;
         Ok(support::redis_pool::build(
-            redis,
+            &redis,
             size,
             std::time::Duration::from_secs(3),
         )?)
@@ -76,7 +74,7 @@ pub enum CtlError {
     #[error(transparent)]
     BuildPool(#[from] support::redis_pool::PoolError),
     #[error("Redis is unreachable: {0}")]
-    Pool(#[from] deadpool_redis::PoolError),
+    Pool(#[from] support::redis_pool::GetError),
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("no task {0} (never submitted under this REDIS_KEY_PREFIX, or its record expired)")]

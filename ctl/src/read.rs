@@ -2,7 +2,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use deadpool_redis::Pool;
 use redis::AsyncCommands;
 use redis::streams::StreamRangeReply;
 use serde::Serialize;
@@ -11,6 +10,7 @@ use shared::time::{redis_time_ms, rfc3339_ms, task_clock};
 use shared::usage::UsageView;
 use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskRecord, TaskState};
+use support::redis_pool::Pool;
 
 use crate::{Config, CtlError};
 
@@ -156,7 +156,7 @@ impl Reader {
         })
     }
 
-    async fn now_ms(conn: &mut deadpool_redis::Connection) -> Result<i64, CtlError> {
+    async fn now_ms(conn: &mut support::redis_pool::Connection) -> Result<i64, CtlError> {
         let time: (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
         Ok(redis_time_ms(time))
     }
@@ -193,7 +193,7 @@ impl Reader {
     /// Registered workers (`SSCAN`, bounded) and their heartbeats.
     async fn workers(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut support::redis_pool::Connection,
         held: &HashMap<String, u64>,
     ) -> Result<Vec<WorkerView>, CtlError> {
         let mut names: Vec<String> = Vec::new();
@@ -250,7 +250,7 @@ impl Reader {
     /// round trips; the longest silent first.
     async fn running(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut support::redis_pool::Connection,
         now_ms: i64,
     ) -> Result<(Vec<RunningTask>, bool), CtlError> {
         let jobs = self.keys.jobs();
@@ -305,7 +305,7 @@ impl Reader {
 
     async fn finished_last_hour(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut support::redis_pool::Connection,
         now_ms: i64,
     ) -> Result<Vec<FinishedCount>, CtlError> {
         let minute = (now_ms.max(0) as u64) / 60_000;

@@ -105,9 +105,13 @@ pub const ZIP_MAX_ENTRIES: Var = Var::new("ZIP_MAX_ENTRIES", "10000");
 pub const ZIP_MAX_EXPANDED_BYTES: Var = Var::new("ZIP_MAX_EXPANDED_BYTES", "268435456");
 pub const REDIS_CLIENT_CERT: Var = Var::new("REDIS_CLIENT_CERT", "");
 pub const REDIS_CLIENT_KEY: Var = Var::new("REDIS_CLIENT_KEY", "");
+pub const REDIS_SENTINELS: Var = Var::new("REDIS_SENTINELS", "");
+pub const REDIS_SENTINEL_MASTER: Var = Var::new("REDIS_SENTINEL_MASTER", "mymaster");
+pub const REDIS_MIN_REPLICAS_ACK: Var = Var::new("REDIS_MIN_REPLICAS_ACK", "0");
+pub const REDIS_REPLICA_ACK_TIMEOUT_MS: Var = Var::new("REDIS_REPLICA_ACK_TIMEOUT_MS", "1000");
 
 /// The variables both binaries read, with literal defaults.
-pub const COMMON_VARS: [Var; 7] = [
+pub const COMMON_VARS: [Var; 11] = [
     REDIS_URL,
     REDIS_KEY_PREFIX,
     TASK_RETENTION_SECONDS,
@@ -115,6 +119,10 @@ pub const COMMON_VARS: [Var; 7] = [
     ZIP_MAX_EXPANDED_BYTES,
     REDIS_CLIENT_CERT,
     REDIS_CLIENT_KEY,
+    REDIS_SENTINELS,
+    REDIS_SENTINEL_MASTER,
+    REDIS_MIN_REPLICAS_ACK,
+    REDIS_REPLICA_ACK_TIMEOUT_MS,
 ];
 
 /// `raw` parsed as `T`, or `default` when unset or blank.
@@ -177,18 +185,136 @@ pub fn non_blank(get: impl Fn(&str) -> Option<String>) -> impl Fn(&str) -> Optio
 /// The settings api and worker must agree on, read the same way by both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Common {
-    /// `REDIS_URL` (default `redis://127.0.0.1:6379`).
-    pub redis_url: String,
+    /// Where Redis is and how to reach it.
+    pub redis: RedisSettings,
     /// `REDIS_KEY_PREFIX` (default `sr`).
     pub keys: crate::Keys,
     /// `TASK_RETENTION_SECONDS`: how long a finished task's record is kept
     /// (default a day, 60 s to a year).
     pub retention_seconds: u64,
+}
+
+/// Where Redis is, how to reach it, and what counts as a write it acknowledged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    /// `REDIS_URL` (default `redis://127.0.0.1:6379`). With sentinels, only its
+    /// scheme (TLS or not), user, password and database are used: the sentinels
+    /// name the host.
+    pub url: String,
     /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate (PEM, with
     /// any intermediates) and its private key presented on a `rediss://` connection,
     /// for a Redis that requires mutual TLS. Both or neither; read at start by
     /// `support::redis_pool::target`.
-    pub redis_client_cert: Option<ClientCertFiles>,
+    pub client_cert: Option<ClientCertFiles>,
+    /// `REDIS_SENTINELS` and `REDIS_SENTINEL_MASTER`: follow the primary Redis
+    /// Sentinel names instead of `REDIS_URL`'s host (`None`: no sentinels).
+    pub sentinels: Option<Sentinels>,
+    /// `REDIS_MIN_REPLICAS_ACK` and `REDIS_REPLICA_ACK_TIMEOUT_MS` (`None`: 0,
+    /// a write counts once the primary has it).
+    pub replica_ack: Option<ReplicaAck>,
+}
+
+/// Leaves `url` out (its password): a binary's `Config` shows it redacted.
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("client_cert", &self.client_cert)
+            .field("sentinels", &self.sentinels)
+            .field("replica_ack", &self.replica_ack)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The sentinels to ask, as URLs (`redis://host:port` for a bare `host:port`),
+/// and the name of the primary they watch. `Debug` hides their passwords.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Sentinels {
+    pub addrs: Vec<String>,
+    pub master: String,
+}
+
+impl std::fmt::Debug for Sentinels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hosts: Vec<&str> = self
+            .addrs
+            .iter()
+            .map(|a| a.rsplit_once('@').map_or(a.as_str(), |(_, h)| h))
+            .collect();
+        f.debug_struct("Sentinels")
+            .field("hosts", &hosts)
+            .field("master", &self.master)
+            .finish()
+    }
+}
+
+/// Writes whose loss would lose a task or run it twice are acknowledged only
+/// once `replicas` replicas have them (Redis `WAIT`), waiting at most `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAck {
+    pub replicas: u32,
+    pub timeout: std::time::Duration,
+}
+
+impl Sentinels {
+    /// `REDIS_SENTINELS` and `REDIS_SENTINEL_MASTER`; `None` when no sentinel is set.
+    pub fn from_lookup(
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Sentinels>, VarError> {
+        let raw = REDIS_SENTINELS.get(var);
+        let entries = parse_list(Some(&raw), "");
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let expected = "comma-separated sentinel addresses, each host:port, or \
+                        redis://[user:password@]host:port or rediss://... for a sentinel \
+                        with ACL credentials or TLS";
+        let mut addrs = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let (scheme, rest) = match entry.split_once("://") {
+                Some((s @ ("redis" | "rediss"), rest)) => (s, rest),
+                Some(_) => return Err(VarError::new(REDIS_SENTINELS.name, &entry, expected)),
+                None => ("redis", entry.as_str()),
+            };
+            let hostport = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            let ok = hostport.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            }) && !hostport.contains('/');
+            if !ok {
+                return Err(VarError::new(REDIS_SENTINELS.name, &entry, expected));
+            }
+            addrs.push(format!("{scheme}://{rest}"));
+        }
+        let master = REDIS_SENTINEL_MASTER.get(var);
+        let valid_master = !master.is_empty()
+            && master.len() <= 128
+            && master
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid_master {
+            return Err(VarError::new(
+                REDIS_SENTINEL_MASTER.name,
+                &master,
+                "the name the sentinels monitor the primary under: 1 to 128 characters from \
+                 letters, digits, '.', '_' and '-'",
+            ));
+        }
+        Ok(Some(Sentinels { addrs, master }))
+    }
+}
+
+impl ReplicaAck {
+    /// `REDIS_MIN_REPLICAS_ACK` and `REDIS_REPLICA_ACK_TIMEOUT_MS`; `None` for 0 replicas.
+    pub fn from_lookup(
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<ReplicaAck>, VarError> {
+        let replicas = REDIS_MIN_REPLICAS_ACK.range(var, 0, 16)?;
+        // Below the connections' 10 s reply timeout, which would cut a longer WAIT.
+        let timeout_ms = REDIS_REPLICA_ACK_TIMEOUT_MS.range(var, 10, 5_000)?;
+        Ok((replicas > 0).then(|| ReplicaAck {
+            replicas: replicas as u32,
+            timeout: std::time::Duration::from_millis(timeout_ms),
+        }))
+    }
 }
 
 /// The files of a TLS client certificate: paths only (`shared` reads no file).
@@ -231,8 +357,12 @@ impl Common {
             }
         };
         Ok(Common {
-            redis_client_cert,
-            redis_url,
+            redis: RedisSettings {
+                url: redis_url,
+                client_cert: redis_client_cert,
+                sentinels: Sentinels::from_lookup(&var)?,
+                replica_ack: ReplicaAck::from_lookup(&var)?,
+            },
             // Every key is `<prefix>:...`: a ':' or a glob character in the
             // prefix would let two deployments' keys (and SCANs) meet.
             keys: crate::Keys::new(REDIS_KEY_PREFIX.name_value(&var, 64)?),
@@ -278,13 +408,13 @@ mod tests {
             ("REDIS_CLIENT_KEY", "/c.key"),
         ];
         assert_eq!(
-            load(&both).map(|c| c.redis_client_cert),
+            load(&both).map(|c| c.redis.client_cert),
             Ok(Some(ClientCertFiles {
                 cert: "/c.crt".into(),
                 key: "/c.key".into()
             }))
         );
-        assert_eq!(load(&[tls]).map(|c| c.redis_client_cert), Ok(None));
+        assert_eq!(load(&[tls]).map(|c| c.redis.client_cert), Ok(None));
         let half = load(&[tls, ("REDIS_CLIENT_CERT", "/c.crt")]);
         assert!(half.is_err_and(|e| e.expected.contains("set both or neither")));
         let plain = load(&[
@@ -293,6 +423,69 @@ mod tests {
             ("REDIS_CLIENT_KEY", "/c.key"),
         ]);
         assert!(plain.is_err_and(|e| e.expected.contains("rediss://")));
+    }
+
+    #[test]
+    fn sentinels_are_host_port_or_urls_and_a_bad_one_is_named() {
+        let load = |pairs: &[(&str, &str)]| Common::from_lookup(lookup_of(pairs)).map(|c| c.redis);
+        assert_eq!(load(&[]).map(|r| r.sentinels), Ok(None));
+        let s = load(&[(
+            "REDIS_SENTINELS",
+            "10.0.0.1:26379, rediss://sent:pw@s2.example:26380",
+        )]);
+        assert_eq!(
+            s.map(|r| r.sentinels),
+            Ok(Some(Sentinels {
+                addrs: vec![
+                    "redis://10.0.0.1:26379".into(),
+                    "rediss://sent:pw@s2.example:26380".into()
+                ],
+                master: "mymaster".into()
+            }))
+        );
+        for bad in [
+            "s1",
+            "s1:0",
+            "s1:port",
+            "http://s1:26379",
+            ":26379",
+            "s1:26379/0",
+        ] {
+            let e = load(&[("REDIS_SENTINELS", bad)]).err();
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.name == "REDIS_SENTINELS" && e.value == bad),
+                "{bad}: {e:?}"
+            );
+        }
+        let e = load(&[
+            ("REDIS_SENTINELS", "s1:26379"),
+            ("REDIS_SENTINEL_MASTER", "a b"),
+        ])
+        .err();
+        assert!(e.is_some_and(|e| e.name == "REDIS_SENTINEL_MASTER"));
+        let shown = format!(
+            "{:?}",
+            load(&[("REDIS_SENTINELS", "redis://u:secret@s1:1")])
+        );
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+
+    #[test]
+    fn replica_acks_are_off_by_default_and_bounded() {
+        let load = |pairs: &[(&str, &str)]| Common::from_lookup(lookup_of(pairs)).map(|c| c.redis);
+        assert_eq!(load(&[]).map(|r| r.replica_ack), Ok(None));
+        assert_eq!(
+            load(&[("REDIS_MIN_REPLICAS_ACK", "1")]).map(|r| r.replica_ack),
+            Ok(Some(ReplicaAck {
+                replicas: 1,
+                timeout: std::time::Duration::from_millis(1000)
+            }))
+        );
+        assert!(load(&[("REDIS_MIN_REPLICAS_ACK", "17")]).is_err());
+        assert!(load(&[("REDIS_REPLICA_ACK_TIMEOUT_MS", "5")]).is_err());
+        let shown = format!("{:?}", load(&[("REDIS_URL", "redis://w:hunter2@r:6379")]));
+        assert!(!shown.contains("hunter2"), "{shown}");
     }
 
     #[test]

@@ -106,9 +106,17 @@ pub enum ReasonKind {
     /// The worker refused the task's record: its runtime or image is not in the
     /// worker's catalogue (nothing was pulled or run).
     ImageRefused,
+    /// The api withdrew the submit: Redis could not confirm it on
+    /// `REDIS_MIN_REPLICAS_ACK` replicas in time, and the client was told to try
+    /// again instead of being given the task's id.
+    NotReplicated,
 }
 
 stored_names!(ReasonKind, parse "reason kind");
+
+/// The reason recorded on a submit the api withdrew (`ReasonKind::NotReplicated`).
+pub const NOT_REPLICATED_REASON: &str = "withdrawn before it was acknowledged: Redis could not confirm the submit on enough \
+     replicas (REDIS_MIN_REPLICAS_ACK); the client was told to try again";
 
 /// The sentence shown to clients for a kill requested through `kill_task`.
 pub const KILLED_BY_USER_REASON: &str = "killed by kill_task";
@@ -485,6 +493,7 @@ mod tests {
                 "disk-full",
                 "process-limit",
                 "image-refused",
+                "not-replicated",
             ]
         );
     }

@@ -11,6 +11,7 @@ pub mod exposition;
 pub mod jobs;
 pub mod redis_pool;
 pub mod redis_setup;
+pub mod redis_target;
 pub mod scripts;
 pub mod usage;
 

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use backon::{ConstantBuilder, Retryable};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+
+use crate::redis_target::RedisTarget;
 use shared::envvar::{Var, VarError};
 
 /// What to do when Redis can lose data: `refuse` (the default) stops the binary
@@ -191,24 +193,12 @@ fn unreachable(e: &RedisError) -> bool {
 
 /// One short-lived connection for a check. `Ok(None)`: a URL or a login that
 /// the binary's own Redis use refuses with its own message.
-async fn connect(
-    redis: impl IntoConnectionInfo,
-) -> Result<Option<MultiplexedConnection>, SetupError> {
-    let client = match redis::Client::open(redis) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot check Redis's setup");
-            return Ok(None);
-        }
-    };
+async fn connect(redis: &RedisTarget) -> Result<Option<MultiplexedConnection>, SetupError> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(2)))
         .set_response_timeout(Some(Duration::from_secs(5)));
-    match client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-    {
-        Ok(c) => Ok(Some(c)),
+    match redis.connect(&config).await {
+        Ok((c, _)) => Ok(Some(c)),
         Err(e) if unreachable(&e) => Err(SetupError::Unreachable(e)),
         // A wrong password and the like: the binary's own Redis use reports it.
         Err(e) => {
@@ -220,7 +210,7 @@ async fn connect(
 
 /// Reads the setup over one short-lived connection. `Ok(None)`: Redis answered
 /// but refused `INFO` (an ACL user without `+info`), so nothing can be said.
-pub async fn inspect(redis: impl IntoConnectionInfo) -> Result<Option<Setup>, SetupError> {
+pub async fn inspect(redis: &RedisTarget) -> Result<Option<Setup>, SetupError> {
     let Some(mut conn) = connect(redis).await? else {
         return Ok(None);
     };
@@ -265,8 +255,8 @@ pub async fn inspect(redis: impl IntoConnectionInfo) -> Result<Option<Setup>, Se
 /// `Err(Unreachable)` when it did not answer, `Err(Functions)` (whatever the
 /// mode) when this build's Lua functions are missing and this user may not load
 /// them (`crate::scripts::ensure_loaded`). Every finding is logged.
-pub async fn check(redis: impl IntoConnectionInfo + Clone, mode: Mode) -> Result<(), SetupError> {
-    check_setup(redis.clone(), mode).await?;
+pub async fn check(redis: &RedisTarget, mode: Mode) -> Result<(), SetupError> {
+    check_setup(redis, mode).await?;
     let Some(mut conn) = connect(redis).await? else {
         return Ok(());
     };
@@ -286,7 +276,7 @@ pub async fn check(redis: impl IntoConnectionInfo + Clone, mode: Mode) -> Result
 }
 
 /// The eviction and persistence half of [`check`].
-async fn check_setup(redis: impl IntoConnectionInfo, mode: Mode) -> Result<(), SetupError> {
+async fn check_setup(redis: &RedisTarget, mode: Mode) -> Result<(), SetupError> {
     let Some(setup) = inspect(redis).await? else {
         return Ok(());
     };
@@ -322,11 +312,11 @@ async fn check_setup(redis: impl IntoConnectionInfo, mode: Mode) -> Result<(), S
 /// `check`, again every `every` for as long as Redis does not answer; an answer
 /// (safe, unsafe or refused) ends it. Cancel by dropping the future.
 pub async fn check_until_answered(
-    redis: impl IntoConnectionInfo + Clone,
+    redis: &RedisTarget,
     mode: Mode,
     every: Duration,
 ) -> Result<(), SetupError> {
-    (|| check(redis.clone(), mode))
+    (|| check(redis, mode))
         .retry(ConstantBuilder::new().with_delay(every).without_max_times())
         .when(SetupError::is_transient)
         .notify(|e, _| tracing::warn!(error = %e, "Redis setup not checked yet; trying again"))

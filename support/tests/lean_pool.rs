@@ -8,7 +8,11 @@ use std::time::Duration;
 
 use common::Redis;
 use redis::RedisResult;
-use script_runner_support::redis_pool::{LeanPool, build_lean};
+use script_runner_support::redis_pool::{LeanPool, RedisTarget, build_lean};
+
+fn target(redis: &Redis) -> RedisTarget {
+    RedisTarget::url(&redis.url()).expect("a Redis URL")
+}
 
 async fn ping(pool: &LeanPool) -> RedisResult<String> {
     let mut conn = pool.get().await.expect("a connection from the pool");
@@ -20,7 +24,7 @@ async fn a_connection_whose_command_failed_is_replaced_even_when_trusted() {
     let mut redis = Redis::start().await;
     // Trusted for an hour: only the failure can keep the dead connection out.
     let pool = build_lean(
-        redis.url(),
+        &target(&redis),
         1,
         Duration::from_secs(2),
         Duration::from_secs(3600),
@@ -46,8 +50,9 @@ async fn a_connection_whose_command_failed_is_replaced_even_when_trusted() {
 #[tokio::test]
 async fn an_idle_connection_is_checked_before_it_is_handed_out() {
     let mut redis = Redis::start().await;
-    // Never trusted: every checkout is checked, as deadpool-redis does.
-    let pool = build_lean(redis.url(), 1, Duration::from_secs(2), Duration::ZERO).expect("pool");
+    // Never trusted: every checkout is checked (a PING).
+    let pool =
+        build_lean(&target(&redis), 1, Duration::from_secs(2), Duration::ZERO).expect("pool");
     assert_eq!(ping(&pool).await.expect("ping"), "PONG");
     redis.restart().await;
     // Nothing failed on it, but it idled: the check finds it dead and replaces it,
@@ -59,7 +64,7 @@ async fn an_idle_connection_is_checked_before_it_is_handed_out() {
 async fn a_trusted_connection_is_handed_out_without_a_check() {
     let redis = Redis::start().await;
     let pool = build_lean(
-        redis.url(),
+        &target(&redis),
         1,
         Duration::from_secs(2),
         Duration::from_secs(3600),

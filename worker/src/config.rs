@@ -75,11 +75,9 @@ pub struct SandboxLimits {
 
 #[derive(Clone)]
 pub struct Config {
-    /// `REDIS_URL`.
-    pub redis_url: String,
-    /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate for a
-    /// Redis that requires mutual TLS (a worker host's; both or neither).
-    pub redis_client_cert: Option<shared::envvar::ClientCertFiles>,
+    /// `REDIS_URL` or `REDIS_SENTINELS`, the client certificate, and
+    /// `REDIS_MIN_REPLICAS_ACK`: where Redis is and what counts as acknowledged.
+    pub redis: shared::envvar::RedisSettings,
     /// `REDIS_KEY_PREFIX` (default `sr`).
     pub keys: Keys,
     /// `WORKER_NAME`: this worker's consumer name; keep it stable across restarts so
@@ -236,9 +234,9 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field(
                 "redis_url",
-                &support::redis_pool::redacted_url(&self.redis_url),
+                &support::redis_pool::redacted_url(&self.redis.url),
             )
-            .field("redis_client_cert", &self.redis_client_cert)
+            .field("redis", &self.redis)
             .field("worker_name", &self.worker_name)
             .field("concurrency", &self.concurrency)
             .field("tasks_dir", &self.tasks_dir)
@@ -355,8 +353,7 @@ impl Config {
                 per_owner_bytes: per_owner_mib << 20,
                 total_bytes: total_mib << 20,
             },
-            redis_url: common.redis_url,
-            redis_client_cert: common.redis_client_cert,
+            redis: common.redis,
             keys: common.keys,
             worker_name,
             concurrency: parse_range(

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::RetryableWithContext;
-use redis::aio::MultiplexedConnection;
+use support::redis_pool::Pooled;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -119,13 +119,14 @@ pub async fn run(
 /// Redis, the Docker engine, the task network and firewall, the consumer group.
 async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, WorkerError> {
     config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
-    let redis = support::redis_pool::target(&config.redis_url, config.redis_client_cert.as_ref())
+    let redis = support::redis_pool::target(&config.redis)
         .await
         .map_err(QueueError::from)?;
     let queue = Queue::new(
-        redis.clone(),
+        &redis,
         config.keys.clone(),
         config.worker_name.clone(),
+        config.redis.replica_ack,
     )?;
     let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
     sandbox.ensure_network().await?;
@@ -142,7 +143,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     // bridge's gateway, and lives as long as tasks may run.
     let abort = CancellationToken::new();
     let gateway = sandbox.ensure_egress_network().await?;
-    let refused = firewall::Refused::read(&config.limits.blocked_cidrs, &config.redis_url).await?;
+    let refused = firewall::Refused::read(&config.limits.blocked_cidrs, &redis).await?;
     let policy = egress::Policy {
         ports: config.egress.ports.clone(),
         blocked: refused.networks(),
@@ -192,7 +193,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     // loses tasks (see support::redis_setup).
     tokio::select! {
         r = support::redis_setup::check_until_answered(
-            redis,
+            &redis,
             config.redis_setup_check,
             Duration::from_secs(2),
         ) => r?,
@@ -278,11 +279,8 @@ async fn take_jobs(ctx: &Ctx, slots: &Slots, stop: &CancellationToken) {
 /// lost (or someone deleted) is made again. Hands the connection back.
 async fn read_job(
     queue: &Queue,
-    conn: Option<MultiplexedConnection>,
-) -> (
-    Option<MultiplexedConnection>,
-    Result<Option<Job>, QueueError>,
-) {
+    conn: Option<Pooled>,
+) -> (Option<Pooled>, Result<Option<Job>, QueueError>) {
     let mut conn = match conn {
         Some(c) => c,
         None => match queue.blocking_connection(READ_BLOCK).await {

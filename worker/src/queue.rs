@@ -4,8 +4,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
-use redis::aio::MultiplexedConnection;
+use shared::envvar::ReplicaAck;
+use support::redis_pool::{Pool, Pooled, RedisTarget, ReplicationError};
+
+/// How many `WAIT`s a claim or finish sends on its connection before it gives
+/// up and is retried whole (see `Queue::replicated_script`).
+const REPLICA_WAITS: u32 = 30;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, AsyncConnectionConfig};
 use shared::cache::Generations;
@@ -21,11 +25,14 @@ use support::scripts;
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
     #[error("Redis is unreachable: {0}")]
-    Pool(#[from] deadpool_redis::PoolError),
+    Pool(#[from] support::redis_pool::GetError),
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
     #[error(transparent)]
     BuildPool(#[from] support::redis_pool::PoolError),
+    /// `REDIS_MIN_REPLICAS_ACK` replicas did not confirm a transition.
+    #[error("Redis did not replicate a transition in time: {0}")]
+    NotReplicated(support::redis_pool::NotReplicated),
     /// The task's record does not read as its type (the error names the field).
     #[error("task {0} has a malformed record: {1}")]
     Corrupt(String, #[source] RecordError),
@@ -142,25 +149,28 @@ pub struct Collected {
 #[derive(Clone)]
 pub struct Queue {
     pool: Pool,
-    client: redis::Client,
+    target: RedisTarget,
     keys: Keys,
     worker: String,
+    replica_ack: Option<ReplicaAck>,
 }
 
 impl Queue {
-    /// `redis`: a URL, or `support::redis_pool::target`'s (with a client certificate).
+    /// `redis`: `support::redis_pool::target`'s (`RedisTarget::url` in tests).
+    /// `replica_ack`: claims and finishes wait for that many replicas.
     pub fn new(
-        redis: impl redis::IntoConnectionInfo,
+        redis: &RedisTarget,
         keys: Keys,
         worker: String,
+        replica_ack: Option<ReplicaAck>,
     ) -> Result<Queue, QueueError> {
-        let redis = redis.into_connection_info()?;
-        let pool = support::redis_pool::build(redis.clone(), 64, Duration::from_secs(5))?;
+        let pool = support::redis_pool::build(redis, 64, Duration::from_secs(5))?;
         Ok(Queue {
             pool,
-            client: redis::Client::open(redis)?,
+            target: redis.clone(),
             keys,
             worker,
+            replica_ack,
         })
     }
 
@@ -171,17 +181,11 @@ impl Queue {
     /// A connection for blocking reads of up to `block`: the default response
     /// timeout (500 ms) would cut an `XREADGROUP ... BLOCK` short, and none at all
     /// would let a half-open connection stall the worker forever.
-    pub async fn blocking_connection(
-        &self,
-        block: Duration,
-    ) -> Result<MultiplexedConnection, QueueError> {
+    pub async fn blocking_connection(&self, block: Duration) -> Result<Pooled, QueueError> {
         let cfg = AsyncConnectionConfig::new()
             .set_response_timeout(Some(block + Duration::from_secs(5)))
             .set_connection_timeout(Some(Duration::from_secs(2)));
-        Ok(self
-            .client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await?)
+        Ok(Pooled::connect(&self.target, &cfg).await?)
     }
 
     /// Creates the consumer group (and stream) if missing. It starts at id 0 so
@@ -202,7 +206,7 @@ impl Queue {
     /// ones, blocking up to `block`.
     pub async fn read_jobs(
         &self,
-        conn: &mut MultiplexedConnection,
+        conn: &mut Pooled,
         count: usize,
         block: Duration,
         pending: bool,
@@ -261,10 +265,41 @@ impl Queue {
         parse_reply(task_id, Some(&s))
     }
 
+    /// Runs a transition whose loss in a failover would run a task twice (a
+    /// claim: the job would be read again) or lose its end (a finish), and
+    /// with `REDIS_MIN_REPLICAS_ACK` returns only once that many replicas have
+    /// it. `WAIT` counts the writes of the connection it is sent on, so a short
+    /// count is waited out on the same connection (a bounded number of times)
+    /// rather than by running the script again elsewhere: a retry that finds
+    /// the change made writes nothing, and its `WAIT` would prove nothing.
+    async fn replicated_script(
+        &self,
+        task_id: &str,
+        call: &ScriptCall,
+    ) -> Result<TaskStateReply, QueueError> {
+        let mut conn = self.pool.get().await?;
+        let s: String = scripts::invoke(&mut conn, call).await?;
+        let mut tries = 0;
+        loop {
+            match support::redis_pool::replicated(&mut conn, self.replica_ack).await {
+                Ok(()) => break,
+                Err(ReplicationError::Redis(e)) => return Err(e.into()),
+                Err(ReplicationError::Short(short)) => {
+                    tries += 1;
+                    tracing::warn!(task_id, script = call.script.name(), tries, error = %short, "waiting for replicas");
+                    if tries >= REPLICA_WAITS {
+                        return Err(QueueError::NotReplicated(short));
+                    }
+                }
+            }
+        }
+        parse_reply(task_id, Some(&s))
+    }
+
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::claim(&self.keys, &job.task_id, &self.worker, &job.entry_id);
-        self.state_script(&job.task_id, &call).await
+        self.replicated_script(&job.task_id, &call).await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
@@ -336,7 +371,7 @@ impl Queue {
             retention_seconds,
             ended,
         );
-        self.state_script(task_id, &call).await
+        self.replicated_script(task_id, &call).await
     }
 
     /// The task's current state, read without changing anything.
@@ -386,7 +421,7 @@ impl Queue {
             .arg(self.keys.cache_clears())
             .arg(owner_id)
             .arg(shared::cache::ALL_OWNERS)
-            .query_async(&mut *conn)
+            .query_async(&mut conn)
             .await?;
         Ok(Generations::from_values(owner.as_deref(), all.as_deref()))
     }

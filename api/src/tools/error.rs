@@ -174,9 +174,10 @@ pub enum ToolError {
 /// another try.
 fn retry_hint(e: &StoreError) -> &'static str {
     match e {
-        StoreError::Redis(_) | StoreError::Pool(_) | StoreError::BuildPool(_) => {
-            "; try again shortly"
-        }
+        StoreError::Redis(_)
+        | StoreError::Pool(_)
+        | StoreError::BuildPool(_)
+        | StoreError::NotReplicated(_) => "; try again shortly",
         StoreError::Record { .. }
         | StoreError::Reply { .. }
         | StoreError::Json(_)
@@ -239,7 +240,10 @@ impl ToolError {
                 C::Internal
             }
             ToolError::Store(
-                StoreError::Redis(_) | StoreError::Pool(_) | StoreError::BuildPool(_),
+                StoreError::Redis(_)
+                | StoreError::Pool(_)
+                | StoreError::BuildPool(_)
+                | StoreError::NotReplicated(_),
             ) => C::Unavailable,
             ToolError::Store(
                 StoreError::Record { .. }

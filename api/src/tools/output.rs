@@ -43,7 +43,7 @@ pub struct TaskStatus {
     /// Why it ended, for a program to branch on: exited, timed-out,
     /// killed-by-user, out-of-memory, start-failed, container-lost,
     /// workspace-failed, worker-lost, worker-restarted, worker-shutdown,
-    /// disk-full, process-limit or image-refused; null while queued or running.
+    /// disk-full, process-limit, image-refused or not-replicated; null while queued or running.
     pub reason_kind: Option<ReasonKind>,
     /// The runtime the task runs in.
     pub runtime: String,

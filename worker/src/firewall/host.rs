@@ -3,6 +3,7 @@
 //! kept (its name servers).
 
 use std::net::{IpAddr, Ipv4Addr};
+use support::redis_pool::RedisTarget;
 
 use ipnet::Ipv4Net;
 use tokio::process::Command;
@@ -93,30 +94,24 @@ pub async fn iptables(args: &[&str]) -> Result<String, FirewallError> {
     run("iptables", &[&["-w"], args].concat()).await
 }
 
-/// The IPv4 addresses of the Redis host in `redis_url`, as `/32` ranges (none for a
-/// Unix socket). Only the host is looked at: the URL's password is never logged.
-pub async fn redis_addresses(redis_url: &str) -> Result<Vec<String>, FirewallError> {
-    let Some(url) = redis::parse_redis_url(redis_url) else {
-        return Ok(Vec::new());
-    };
-    let Some(host) = url
-        .host_str()
-        .map(|h| h.trim_matches(['[', ']']).to_owned())
-    else {
-        return Ok(Vec::new());
-    };
-    let port = url.port().unwrap_or(6379);
-    let lookup = tokio::net::lookup_host((host.clone(), port)).await;
-    let addrs = match lookup {
-        Ok(addrs) => addrs,
-        Err(error) => return Err(FirewallError::Resolve { host, error }),
-    };
-    let mut nets: Vec<String> = addrs
-        .filter_map(|a| match a.ip() {
+/// The IPv4 addresses of the Redis hosts (`RedisTarget::hosts`: `REDIS_URL`'s,
+/// or the sentinels and every node they know), as `/32` ranges. Only host names
+/// are looked at: no password is ever logged.
+pub async fn redis_addresses(redis: &RedisTarget) -> Result<Vec<String>, FirewallError> {
+    let hosts = redis.hosts().await.map_err(FirewallError::RedisHosts)?;
+    let mut nets = Vec::new();
+    for (host, port) in hosts {
+        let host = host.trim_matches(['[', ']']).to_owned();
+        let lookup = tokio::net::lookup_host((host.clone(), port)).await;
+        let addrs = match lookup {
+            Ok(addrs) => addrs,
+            Err(error) => return Err(FirewallError::Resolve { host, error }),
+        };
+        nets.extend(addrs.filter_map(|a| match a.ip() {
             IpAddr::V4(v4) => Some(format!("{v4}/32")),
             IpAddr::V6(_) => None,
-        })
-        .collect();
+        }));
+    }
     nets.sort();
     nets.dedup();
     Ok(nets)
@@ -236,11 +231,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_redis_address_is_blocked_even_when_public() {
-        let nets = redis_addresses("rediss://worker:secret@203.0.113.7:6380").await;
+        let at = |url: &str| RedisTarget::url(url).expect("a Redis URL");
+        let nets = redis_addresses(&at("rediss://worker:secret@203.0.113.7:6380")).await;
         assert_eq!(nets.ok(), Some(vec!["203.0.113.7/32".to_owned()]));
-        let nets = redis_addresses("redis://127.0.0.1").await;
+        let nets = redis_addresses(&at("redis://127.0.0.1")).await;
         assert_eq!(nets.ok(), Some(vec!["127.0.0.1/32".to_owned()]));
-        let nets = redis_addresses("redis+unix:///run/redis.sock").await;
+        let nets = redis_addresses(&at("redis+unix:///run/redis.sock")).await;
         assert_eq!(nets.ok(), Some(vec![]));
     }
 }

@@ -32,6 +32,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+use support::redis_pool::RedisTarget;
 
 use tokio::sync::Mutex;
 
@@ -53,6 +54,8 @@ pub enum FirewallError {
     Spawn(&'static str, std::io::Error),
     #[error("{cmd} failed: {stderr}")]
     Failed { cmd: String, stderr: String },
+    #[error("cannot list the Redis hosts to block them for tasks: {0}")]
+    RedisHosts(redis::RedisError),
     #[error("cannot resolve the Redis host {host:?} to block it for tasks: {error}")]
     Resolve { host: String, error: std::io::Error },
     #[error("the rules are not in place and could not be reinstalled: {0}")]
@@ -87,11 +90,14 @@ pub struct Refused {
 }
 
 impl Refused {
-    /// `redis_url` names the Redis this worker uses: its addresses are
-    /// refused too.
-    pub async fn read(extra_blocked: &[String], redis_url: &str) -> Result<Refused, FirewallError> {
+    /// `redis` is the Redis this worker uses: its addresses (with sentinels,
+    /// theirs and every node's they know) are refused too.
+    pub async fn read(
+        extra_blocked: &[String],
+        redis: &RedisTarget,
+    ) -> Result<Refused, FirewallError> {
         let subnets = host::host_subnets().await?;
-        let mut extra = host::redis_addresses(redis_url).await?;
+        let mut extra = host::redis_addresses(redis).await?;
         extra.extend(extra_blocked.iter().cloned());
         Ok(Refused { subnets, extra })
     }
