@@ -257,12 +257,23 @@ impl Pooled {
         self.broken || !self.target.is_current(&self.node)
     }
 
-    fn note<T>(&mut self, result: &redis::RedisResult<T>) {
-        if let Err(e) = result
-            && breaks_connection(e)
-        {
-            self.broken = true;
-        }
+    /// Marks the connection broken after a connection-level failure, or a
+    /// reply saying its node is not the primary. redis-rs hands Redis's error
+    /// replies back as values (`Value::ServerError`), made errors only when
+    /// the caller reads them, so those are looked at here (in a pipeline's
+    /// replies and a transaction's too).
+    fn note(&mut self, result: &redis::RedisResult<Value>) {
+        self.broken |= match result {
+            Err(e) => breaks_connection(e),
+            Ok(v) => says_not_primary(v),
+        };
+    }
+
+    fn note_all(&mut self, result: &redis::RedisResult<Vec<Value>>) {
+        self.broken |= match result {
+            Err(e) => breaks_connection(e),
+            Ok(values) => values.iter().any(says_not_primary),
+        };
     }
 
     /// Refuses to send anything on a connection to a node the sentinels no
@@ -294,15 +305,27 @@ pub fn breaks_connection(e: &redis::RedisError) -> bool {
         || is_not_primary(e)
 }
 
+/// Whether a reply is (or, for a transaction's, holds) an error saying the
+/// node is not the primary (see `is_not_primary`).
+fn says_not_primary(v: &Value) -> bool {
+    match v {
+        Value::ServerError(e) => NOT_PRIMARY.contains(&e.code()),
+        Value::Array(items) => items
+            .iter()
+            .any(|i| matches!(i, Value::ServerError(e) if NOT_PRIMARY.contains(&e.code()))),
+        _ => false,
+    }
+}
+
+/// The error codes of a node that is not (or no longer) a writable primary.
+const NOT_PRIMARY: [&str; 4] = ["READONLY", "UNBLOCKED", "MASTERDOWN", "NOREPLICAS"];
+
 /// Whether Redis refused because the node is not (or no longer) a writable
 /// primary: `READONLY` (a replica), `-UNBLOCKED` (a blocked read ended by a
 /// demotion), `MASTERDOWN` (a replica cut off from its primary), `NOREPLICAS`
 /// (a primary with fewer replicas than `min-replicas-to-write`).
 pub fn is_not_primary(e: &redis::RedisError) -> bool {
-    matches!(
-        e.code(),
-        Some("READONLY" | "UNBLOCKED" | "MASTERDOWN" | "NOREPLICAS")
-    )
+    e.code().is_some_and(|c| NOT_PRIMARY.contains(&c))
 }
 
 impl ConnectionLike for Pooled {
@@ -324,7 +347,7 @@ impl ConnectionLike for Pooled {
         Box::pin(async move {
             self.check_current()?;
             let result = self.conn.req_packed_commands(pipeline, offset, count).await;
-            self.note(&result);
+            self.note_all(&result);
             result
         })
     }

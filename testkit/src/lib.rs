@@ -9,6 +9,7 @@
 mod mcp;
 pub mod process;
 mod redis_server;
+pub mod sentinel;
 
 use std::collections::HashMap;
 use std::future::Future;

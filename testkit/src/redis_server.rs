@@ -90,6 +90,33 @@ impl Redis {
         .await;
     }
 
+    /// A replica of `primary` (same durability), as Sentinel needs to promote one.
+    pub async fn start_replica_of(primary: &Redis) -> Redis {
+        let port = primary.port.to_string();
+        let mut config = DURABLE.to_vec();
+        config.extend(["--replicaof", "127.0.0.1", &port]);
+        let replica = Redis::start_with("127.0.0.1", &config).await;
+        let client = replica.client();
+        wait_until(
+            "the replica to sync with its primary",
+            Duration::from_secs(20),
+            || {
+                let client = client.clone();
+                async move {
+                    let mut c = client.get_multiplexed_async_connection().await.ok()?;
+                    let info: String = redis::cmd("INFO")
+                        .arg("replication")
+                        .query_async(&mut c)
+                        .await
+                        .ok()?;
+                    info.contains("master_link_status:up").then_some(())
+                }
+            },
+        )
+        .await;
+        replica
+    }
+
     /// Starts it again after `stop`, on the same port, with its data.
     pub async fn restart(&mut self) {
         self.stop();
