@@ -133,7 +133,7 @@ class Stack:
     """Everything one run starts. `prefix` defaults to `<label>-<run id>`;
     `common_env` goes to every worker and api.
 
-    With `sentinel`, Redis is a primary with one replica, watched by three
+    With `sentinel`, Redis is a primary with `replicas` replicas, watched by three
     sentinels (quorum 2) that fail over a second after the primary stops
     answering: every worker and api (and `ctl`) is given REDIS_SENTINELS and
     REDIS_SENTINEL_MASTER, and the harness's own clients (`redis`, `aredis`)
@@ -151,8 +151,9 @@ class Stack:
     sentinel: bool = False
     redis_port: int = 0  # the first primary's (with `sentinel`, not necessarily the primary now)
     redis_proc: Proc | None = None
-    replica_port: int = 0
-    replica_proc: Proc | None = None
+    replicas: int = 1  # with `sentinel`
+    replica_ports: list[int] = field(default_factory=list)
+    replica_procs: list[Proc] = field(default_factory=list)
     sentinel_ports: list[int] = field(default_factory=list)
     sentinel_procs: list[Proc] = field(default_factory=list)
     workers: dict[str, Worker] = field(default_factory=dict)
@@ -235,10 +236,10 @@ class Stack:
         api and the worker refuse a Redis that would lose tasks on a restart.
         Started again after a stop or kill, it keeps its port and its data.
 
-        With `sentinel`, the first start also starts a replica (the same
+        With `sentinel`, the first start also starts the replicas (the same
         settings, `--replicaof` the primary) and three sentinels, and returns
-        once the replica is in sync and every sentinel knows the replica and
-        the two other sentinels (so a failover can be agreed). Started again,
+        once the replicas are in sync and every sentinel knows them and the
+        two other sentinels (so a failover can be agreed). Started again,
         the first primary comes back from its append-only file as a primary,
         until the sentinels, if another node was promoted meanwhile, make it
         a replica of the new one: see `restart_redis_node`."""
@@ -247,7 +248,10 @@ class Stack:
         self.redis_port, self.redis_proc = self._start_redis_node("redis", appendfsync)
         if self.sentinel:
             replica_of = ["--replicaof", "127.0.0.1", str(self.redis_port)]
-            self.replica_port, self.replica_proc = self._start_redis_node("redis-replica", appendfsync, replica_of)
+            for k in range(1, self.replicas + 1):
+                port, proc = self._start_redis_node(f"redis-replica{k}", appendfsync, replica_of)
+                self.replica_ports.append(port)
+                self.replica_procs.append(proc)
             self._start_sentinels()
         return self.redis_proc
 
@@ -282,13 +286,13 @@ class Stack:
     def _start_sentinels(self) -> None:
         """Three sentinels watching the primary (quorum 2, down after 1 s of
         silence, failover timeout 10 s), each with the file it rewrites."""
-        assert self.replica_proc is not None
-        replica = Redis(port=self.replica_port, socket_timeout=1, socket_connect_timeout=1, decode_responses=True)
-        try:
-            wait_until("the replica to be in sync with the primary",
-                       lambda: replica.info("replication").get("master_link_status") == "up", self.replica_proc, 30)  # fmt: skip
-        finally:
-            replica.close()
+        for port, proc in zip(self.replica_ports, self.replica_procs):
+            replica = Redis(port=port, socket_timeout=1, socket_connect_timeout=1, decode_responses=True)
+            try:
+                wait_until(f"{proc.name} to be in sync with the primary",
+                           lambda r=replica: r.info("replication").get("master_link_status") == "up", proc, 30)  # fmt: skip
+            finally:
+                replica.close()
         for k in range(1, 4):
             for attempt in range(5):
                 port = free_port()
@@ -320,9 +324,9 @@ class Stack:
 
                 def ready(s: Redis = s) -> bool:
                     m = _as_dict(s.execute_command("SENTINEL", "MASTER", SENTINEL_MASTER))
-                    return int(m["num-slaves"]) >= 1 and int(m["num-other-sentinels"]) >= 2
+                    return int(m["num-slaves"]) >= self.replicas and int(m["num-other-sentinels"]) >= 2
 
-                wait_until(f"{proc.name} to know the replica and the other sentinels", ready, proc, 30)
+                wait_until(f"{proc.name} to know the replicas and the other sentinels", ready, proc, 30)
         finally:
             for s in clients:
                 s.close()
@@ -353,7 +357,7 @@ class Stack:
 
     def redis_nodes(self) -> dict[int, Proc]:
         """Every redis-server of the run (not the sentinels), by port."""
-        nodes = {self.redis_port: self.redis_proc, self.replica_port: self.replica_proc}
+        nodes = {self.redis_port: self.redis_proc} | dict(zip(self.replica_ports, self.replica_procs))
         return {port: proc for port, proc in nodes.items() if port and proc is not None}
 
     def primary_proc(self) -> Proc:
@@ -543,7 +547,7 @@ class Stack:
 
     def all_procs(self) -> list[Proc]:
         procs = [w.proc for w in self.workers.values()] + [a.proc for a in self.apis.values()]
-        return procs + [p for p in (self.redis_proc, self.replica_proc, *self.sentinel_procs, self.proxy) if p is not None]
+        return procs + [p for p in (self.redis_proc, *self.replica_procs, *self.sentinel_procs, self.proxy) if p is not None]
 
     def stop_worker(self, short: str) -> list[str]:
         """Stops a worker; removes (and returns) the containers it left."""
@@ -563,7 +567,7 @@ class Stack:
             w.proc.stop(30)
         for s in self.sentinel_procs:
             s.stop(5)
-        for p in (self.replica_proc, self.redis_proc):
+        for p in (*self.replica_procs, self.redis_proc):
             if p:
                 p.stop(10)
         if self._redis is not None:
