@@ -20,16 +20,30 @@ fault lands mid-run at any size):
      started again once it has exited;
   3. redis-server is SIGKILLed, left down for --redis-outage seconds, and started
      again from its append-only file;
-  4. api replica api1 is SIGKILLed and left dead: clients go on through the proxy.
+  4. (only with --faults primary-kill, not by default) Redis is a primary with one
+     replica (--replicas) and three sentinels (--sentinel, implied), the binaries
+     find the primary through the sentinels, and REDIS_MIN_REPLICAS_ACK=1 unless
+     --min-replicas-ack says otherwise: the primary is SIGKILLed, the sentinels
+     promote a replica, and once the new primary serves the old one is started
+     again from its append-only file (as a host that reboots) and the sentinels
+     make it a replica of the new one. With one replica and acks, the new primary
+     has no replica to acknowledge anything until then: submits are told to try
+     again meanwhile (--replicas 2 shows the failover alone). Not with redis-kill
+     in one run: that one restarts the one Redis in place, this one fails over;
+  5. api replica api1 is SIGKILLed and left dead: clients go on through the proxy.
 
 Then every task is waited for, and checked (exit status 1 if any check fails):
 every task_id handed out ends terminal; none is unknown afterwards (lost) or goes
 back to an earlier state; no task's container started twice (`docker events`);
 w1's running tasks end "worker lost" and its read-but-unclaimed job runs once
 elsewhere; w2 exits 0 and its running tasks succeed; submits during the Redis
-outage get the store's "try again shortly" error; api and workers recover by
+outage or the failover get the store's "try again shortly" error; /healthz says 503
+during the failover and 200 after; api and workers recover by
 themselves; no container or stream entry is left. A summary with the figures is
-printed (and written as JSON with --json).
+printed (and written as JSON with --json). With primary-kill and
+--min-replicas-ack 0, task_ids handed out and unknown after the failover are the
+loss window: counted and printed (with how long before the kill each was
+acknowledged), not a failure.
 """
 
 from __future__ import annotations
@@ -58,11 +72,17 @@ from harness.mcp_http import Mcp, ProtocolError, Unreachable  # noqa: E402
 from harness.procs import DEFAULT_RUST_LOG  # noqa: E402
 from harness.procs import wait_until_async as wait_for  # noqa: E402
 from harness.stack import IMAGE, Stack, containers_of, preflight  # noqa: E402
+from redis.asyncio import Redis as AsyncRedis  # noqa: E402
 
 STATE_RANK = {"queued": 0, "running": 1} | {s: 2 for s in FINAL_STATES}
-FAULTS = ("worker-kill", "worker-term", "redis-kill", "api-kill")
+FAULTS = ("worker-kill", "worker-term", "redis-kill", "primary-kill", "api-kill")
+# What runs without --faults: primary-kill needs the sentinels, and replaces redis-kill.
+DEFAULT_FAULTS = ("worker-kill", "worker-term", "redis-kill", "api-kill")
 # Where each fault lands, as a share of the tasks submitted.
-FAULT_AT = {"worker-kill": 0.15, "worker-term": 0.35, "redis-kill": 0.55, "api-kill": 0.75}
+FAULT_AT = {"worker-kill": 0.15, "worker-term": 0.35, "redis-kill": 0.55, "primary-kill": 0.65, "api-kill": 0.75}
+# The phases of a failover: from the SIGKILL until the sentinels name another
+# primary, then until api, workers and a submit work again on it.
+FAILOVER_PHASES = ("failover", "failover-recovery")
 
 
 def b64(s: str) -> str:
@@ -85,6 +105,7 @@ class Task:
     final: dict[str, Any] | None = None
     regressions: list[str] = field(default_factory=list)
     vanished: int = 0  # "no task with id" after it had been seen
+    acked_at: float = 0.0  # time.monotonic() when its submit answered with the task_id
 
 
 @dataclass
@@ -126,7 +147,9 @@ class FaultRun:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.n = args.tasks
-        self.stack = Stack(bin_dir=args.bin_dir, label="rel", rust_log=os.environ.get("RELIABILITY_RUST_LOG", DEFAULT_RUST_LOG))
+        self.stack = Stack(bin_dir=args.bin_dir, label="rel", rust_log=os.environ.get("RELIABILITY_RUST_LOG", DEFAULT_RUST_LOG), sentinel=args.sentinel, replicas=args.replicas)
+        if args.min_replicas_ack:
+            self.stack.common_env["REDIS_MIN_REPLICAS_ACK"] = str(args.min_replicas_ack)
         self.tasks: dict[str, Task] = {}
         self.by_index: dict[int, Task] = {}
         self.next_index = 0
@@ -152,12 +175,15 @@ class FaultRun:
         # When the first submit succeeded once Redis was being restarted: it can
         # answer before `start_redis` returns, so this is not measured from there.
         self.first_ok_in_redis_recovery: float | None = None
+        # The same for a submit sent once the primary was SIGKILLed.
+        self.first_ok_in_failover: float | None = None
+        self.t_primary_kill: float | None = None
 
     # ------------------------------------------------------------------ set-up
 
     async def start(self) -> None:
         a, st = self.args, self.stack
-        tools = ["redis-server", "docker"] + (["caddy"] if "api-kill" in self.faults else [])
+        tools = ["redis-server", "docker"] + (["caddy"] if "api-kill" in self.faults else []) + (["redis-sentinel"] if a.sentinel else [])
         preflight(st.bin_dir, tools, [IMAGE])  # every task here is python3.13's (a shell in that image)
         log(f"run {st.run_id}: logs in {st.tmp_dir}")
         await asyncio.to_thread(st.start_redis, a.appendfsync)
@@ -178,8 +204,12 @@ class FaultRun:
         if "api-kill" in self.faults:
             await asyncio.to_thread(st.start_proxy)
         self.mcp = Mcp(st.base_url, st.token, timeout=20.0, connections=a.clients + a.pollers + 4)
+        redis = f"redis :{st.redis_port}"
+        if a.sentinel:
+            redis = (f"redis primary :{st.redis_port}, replicas {st.replica_ports}, sentinels {st.sentinel_ports}, "
+                     f"REDIS_MIN_REPLICAS_ACK {a.min_replicas_ack}")  # fmt: skip
         log(
-            f"stack up: redis :{st.redis_port} (appendfsync {a.appendfsync}), {a.workers} workers x {a.concurrency} slots, "
+            f"stack up: {redis} (appendfsync {a.appendfsync}), {a.workers} workers x {a.concurrency} slots, "
             f"apis {({s: a.port for s, a in st.apis.items()})}, clients via {st.base_url}"
         )
 
@@ -219,11 +249,13 @@ class FaultRun:
                     self.failed_submits.append(f"#{index}: {res.text}")
                     break
                 assert res.structured is not None
-                task = Task(index, res.structured["task_id"], states=[res.structured["state"]])
+                task = Task(index, res.structured["task_id"], states=[res.structured["state"]], acked_at=time.monotonic())
                 self.tasks[task.task_id] = task
                 self.by_index[index] = task
                 if self.phase == "redis-recovery" and self.first_ok_in_redis_recovery is None:
                     self.first_ok_in_redis_recovery = time.monotonic()
+                if phase in FAILOVER_PHASES and self.first_ok_in_failover is None:
+                    self.first_ok_in_failover = time.monotonic()
                 break
             self.done_indices.add(index)
             if len(self.done_indices) == self.n:
@@ -471,6 +503,169 @@ class FaultRun:
             self.failures.append(f"/healthz during the Redis outage answered {dict(Counter(map(str, health)))} (expected 503)")
         log(f"redis back after {outage:.1f} s; api healthy {api_back:.1f} s and workers {workers_back:.1f} s later")
 
+    async def primary_kill(self) -> None:
+        """SIGKILLs the Redis primary and follows the failover: /healthz of every
+        live api every 0.2 s meanwhile; the sentinels' promotion; the old primary
+        started again (once the new one serves) and made a replica; every worker
+        writing its heartbeat to the new primary; every api healthy; the first
+        submit acknowledged. Times from the SIGKILL."""
+        st = self.stack
+        old_port = await asyncio.to_thread(st.primary_port)
+        old = st.redis_nodes()[old_port]
+        running = sum(1 for t in self.tasks.values() if t.final is None and t.states[-1] == "running")
+        old.kill()
+        t_kill = self.t_primary_kill = time.monotonic()
+        self.phase = "failover"
+        self.injected["primary-kill"].set()
+        log(f"SIGKILLed the Redis primary :{old_port} ({running} task(s) seen running); the sentinels fail over")
+
+        def since() -> float:
+            return round(time.monotonic() - t_kill, 2)
+
+        # /healthz of each live api, directly (not through the proxy), until the end.
+        health: dict[str, list[tuple[float, Any]]] = {}
+        healthy_at: dict[str, float] = {}
+        probing = True
+
+        async def probe(short: str, url: str) -> None:
+            import httpx2
+
+            seen = health.setdefault(short, [])
+            async with httpx2.AsyncClient(timeout=5.0) as c:
+                while probing:
+                    try:
+                        code: Any = (await c.get(url)).status_code
+                    except Exception as e:  # noqa: BLE001 - counted as what it is
+                        code = type(e).__name__
+                    seen.append((since(), code))
+                    if code == 200 and any(h == 503 for _, h in seen) and short not in healthy_at:
+                        healthy_at[short] = since()
+                    await asyncio.sleep(0.2)
+
+        probes = [asyncio.create_task(probe(a.short, f"{a.base_url}/healthz")) for a in st.apis.values() if a.proc.alive()]
+
+        async def promoted() -> int:
+            port = await asyncio.to_thread(st.primary_port)
+            return port if port != old_port else 0
+
+        failures_before = len(self.failures)
+
+        async def step(what: str, check: Callable[[], Awaitable[Any]], deadline: float = 60, every: float = 0.1) -> float | None:
+            """Seconds from the kill until `check`, or None (and a failure) if never."""
+            try:
+                await wait_for(what, check, deadline, every=every)
+            except TimeoutError as e:
+                self.failures.append(f"primary-kill: {e}")
+                return None
+            return since()
+
+        new_port = 0
+
+        async def named() -> bool:
+            nonlocal new_port
+            new_port = await promoted()
+            return bool(new_port)
+
+        promoted_s = await step("the sentinels to promote the replica", named)
+
+        async def harness_follows() -> bool:
+            return (await st.aredis.info("replication"))["role"] == "master" and await st.aredis.ping()
+
+        harness_s = await step("the harness's own client (redis-py Sentinel) to reach the new primary", harness_follows, 30)
+        self.phase = "failover-recovery"
+
+        # The old primary's host comes back: same port, its append-only file.
+        # Until the sentinels see it (INFO every second), it answers as a primary
+        # with what it had: no binary may write there. Measured alongside the rest.
+        back: dict[str, float | None] = {"restarted": None, "demoted": None, "in_sync": None}
+
+        async def old_primary_returns() -> None:
+            if not new_port:
+                return
+            await asyncio.to_thread(st.restart_redis_node, old)
+            back["restarted"] = since()
+            node = AsyncRedis(port=old_port, decode_responses=True, socket_timeout=2, socket_connect_timeout=1)
+            try:
+
+                async def demoted() -> bool:
+                    info = await node.info("replication")
+                    return info["role"] == "slave" and int(info["master_port"]) == new_port
+
+                async def in_sync() -> bool:
+                    return (await node.info("replication")).get("master_link_status") == "up"
+
+                back["demoted"] = await step("the old primary to be made a replica of the new one", demoted)
+                back["in_sync"] = await step("the old primary to be in sync with the new one", in_sync)
+            finally:
+                await node.aclose()
+
+        # Every worker writes its heartbeat (SET EX) to the new primary: its TTL
+        # only goes down between renewals, so a rise (or the key coming back)
+        # is a write. At most a third of a heartbeat period late.
+        last_ttl: dict[str, int] = {}
+        renewed_at: dict[str, float] = {}
+
+        def live_workers() -> list[str]:
+            return [w.name for w in st.workers.values() if w.proc.alive()]
+
+        async def all_renewed() -> bool:
+            for name in live_workers():
+                if name in renewed_at:
+                    continue
+                ttl = await st.aredis.pttl(st.keys.worker(name))
+                prev = last_ttl.get(name)
+                if prev is not None and ttl > 0 and (prev < 0 or ttl > prev):
+                    renewed_at[name] = since()
+                last_ttl[name] = ttl
+            return all(n in renewed_at for n in live_workers())
+
+        async def apis_healthy() -> bool:
+            return all(a.short in healthy_at or not a.proc.alive() for a in st.apis.values())
+
+        async def submit_ok() -> bool:
+            return self.first_ok_in_failover is not None
+
+        _, workers_s, apis_s, submit_s = await asyncio.gather(
+            old_primary_returns(),
+            step("every worker to renew its heartbeat on the new primary", all_renewed, 60, every=0.05),
+            step("every api's /healthz to answer 503 during the failover, then 200", apis_healthy),
+            step("a submit sent after the kill to be acknowledged", submit_ok),
+        )
+        probing = False
+        await asyncio.gather(*probes)
+        ctl = await asyncio.to_thread(st.ctl, "status")
+        self.phase = "normal"
+
+        first_ok = round(self.first_ok_in_failover - t_kill, 2) if self.first_ok_in_failover else None
+        self.figures["primary_kill"] = {
+            "old_primary_port": old_port,
+            "new_primary_port": new_port,
+            "running_at_kill": running,
+            "promoted_after_s": promoted_s,
+            "harness_client_followed_after_s": harness_s,
+            "old_primary_restarted_after_s": back["restarted"],
+            "old_primary_demoted_after_s": back["demoted"],
+            "old_primary_in_sync_after_s": back["in_sync"],
+            "every_worker_wrote_heartbeat_after_s": workers_s,
+            "worker_heartbeats_after_s": renewed_at,
+            "every_api_healthy_after_s": apis_s,
+            "apis_healthy_after_s": healthy_at,
+            # The unavailability window: from the SIGKILL to the first submit
+            # sent after it and acknowledged (with REDIS_MIN_REPLICAS_ACK, replicated).
+            "first_submit_ok_after_s": first_ok if submit_s is not None else None,
+            "healthz": {short: dict(Counter(str(code) for _, code in seen)) for short, seen in health.items()},
+            "healthz_first_503_s": {short: next((t for t, c in seen if c == 503), None) for short, seen in health.items()},
+            "ctl_status_exit": ctl.returncode,
+        }
+        for short, seen in health.items():
+            if not any(c == 503 for _, c in seen):
+                self.failures.append(f"{short}'s /healthz never answered 503 during the failover: {dict(Counter(str(c) for _, c in seen))}")
+        if ctl.returncode != 0:
+            self.failures.append(f"script-runner-ctl status after the failover exited {ctl.returncode}: {(ctl.stderr or ctl.stdout)[-500:]}")
+        ok = len(self.failures) == failures_before
+        log(f"failover {'done' if ok else 'INCOMPLETE'}: promoted {promoted_s} s, first submit {first_ok} s, workers {workers_s} s, "
+            f"apis {apis_s} s after the kill; old primary a replica in sync {back['in_sync']} s")  # fmt: skip
+
     async def api_kill(self) -> None:
         st = self.stack
         st.apis["api1"].proc.kill()
@@ -479,7 +674,13 @@ class FaultRun:
         log("SIGKILLed api1; clients go on through the proxy")
 
     async def controller(self) -> None:
-        run = {"worker-kill": self.worker_kill, "worker-term": self.worker_term, "redis-kill": self.redis_kill, "api-kill": self.api_kill}
+        run = {
+            "worker-kill": self.worker_kill,
+            "worker-term": self.worker_term,
+            "redis-kill": self.redis_kill,
+            "primary-kill": self.primary_kill,
+            "api-kill": self.api_kill,
+        }
         for f in self.faults:
             await self.wait_gate(f)
             await run[f]()
@@ -580,14 +781,34 @@ class FaultRun:
         if len(handed) != self.n:
             self.failures.append(f"{self.n - len(handed)} task(s) never got a task_id")
         not_terminal = [t.task_id for t in handed if t not in terminal]
-        if not_terminal:
-            self.failures.append(f"{len(not_terminal)} task(s) not terminal: {not_terminal[:5]}")
-        if lost:
-            self.failures.append(f"{len(lost)} task(s) lost (unknown after they had a task_id): {[t.task_id for t in lost[:5]]}")
-        if regressed:
-            self.failures.append(f"{len(regressed)} task(s) went back to an earlier state: {[(t.task_id, t.regressions) for t in regressed[:5]]}")
-        if twice:
-            self.failures.append(f"{len(twice)} task(s) started twice: {list(twice.items())[:5]}")
+        # Without replica acknowledgements a failover may lose what the old
+        # primary acknowledged and had not yet sent to the replica: a submit
+        # (the task unknown afterwards), a claim (the task queued again, maybe
+        # run twice) or an end (the task running again, then settled "lost
+        # track"). That is the loss window measured here: reported, each kind
+        # counted, not a failure. With acknowledgements, each is a failure.
+        loss_measured = "primary-kill" in self.faults and not self.args.min_replicas_ack
+        loss: dict[str, Any] = {}
+        if loss_measured:
+            kill = self.t_primary_kill or 0.0
+            loss["lost"] = len(lost)
+            loss["acknowledged_before_kill_ms"] = sorted(round((kill - t.acked_at) * 1000) for t in lost)
+            loss["task_ids"] = [t.task_id for t in lost]
+            lost_ids = {t.task_id for t in lost}
+            not_terminal = [tid for tid in not_terminal if tid not in lost_ids]
+            loss["not_terminal"] = not_terminal
+            loss["went_back"] = {t.task_id: t.regressions for t in regressed if t.task_id not in lost_ids}
+            loss["started_twice"] = dict(twice)
+            self.figures["loss_window"] = loss
+        else:
+            if lost:
+                self.failures.append(f"{len(lost)} task(s) lost (unknown after they had a task_id): {[t.task_id for t in lost[:5]]}")
+            if not_terminal:
+                self.failures.append(f"{len(not_terminal)} task(s) not terminal: {not_terminal[:5]}")
+            if regressed:
+                self.failures.append(f"{len(regressed)} task(s) went back to an earlier state: {[(t.task_id, t.regressions) for t in regressed[:5]]}")
+            if twice:
+                self.failures.append(f"{len(twice)} task(s) started twice: {list(twice.items())[:5]}")
         # The duplicate check only means something if every run is seen.
         unseen = [tid for tid, r in records.items() if r.get("state") == "succeeded" and not starts[tid]]
         if unseen:
@@ -643,7 +864,9 @@ class FaultRun:
             self.failures.append(f"live worker(s) taken for dead by a reaper: {dict(live_reaped)}")
         # Anything else must have succeeded: no fault but w1's death may end a task otherwise.
         for tid, r in records.items():
-            if tid not in expected_lost and r.get("state") != "succeeded":
+            if tid not in expected_lost and r.get("state") != "succeeded" and loss_measured:
+                loss.setdefault("ended_otherwise", {})[tid] = f"{r.get('state')} {r.get('reason_kind')} {r.get('reason')!r}"
+            elif tid not in expected_lost and r.get("state") != "succeeded":
                 self.failures.append(f"task {tid} ended {r.get('state')} {r.get('reason_kind')} {r.get('reason')!r}")
         if "redis-kill" in self.faults:
             during = self.errors.total(phase="redis-down", call="submit")
@@ -655,6 +878,17 @@ class FaultRun:
                 self.failures.append("no submit was tried during the Redis outage")
             if during != clear:
                 self.failures.append(f"{during - clear} submit(s) during the Redis outage got something other than the store's error")
+        if "primary-kill" in self.faults:
+            kinds = Counter({k: n for (p, c, k), n in self.errors.counts.items() if p in FAILOVER_PHASES and c == "submit"})
+            fig = self.figures.setdefault("primary_kill", {})
+            fig["submits_refused_during_failover"] = dict(kinds)
+            fig["try_again_answers"] = kinds["store-unavailable"]
+            fig["slowest_store_error_answer_s"] = round(self.errors.max_store_error_latency, 2)
+            if sum(kinds.values()) == 0:
+                self.failures.append("no submit was refused during the failover (none tried, or the failover went unseen)")
+            other = {k: n for k, n in kinds.items() if k not in ("store-unavailable", "at-capacity", "unreachable")}
+            if other:
+                self.failures.append(f"submits during the failover got something other than the store's 'try again' error: {other}")
         if "api-kill" in self.faults:
             self.figures["api_kill"] = {
                 "client_errors_after_kill": self.errors.total(phase="api-killed", kind="unreachable"),
@@ -693,6 +927,9 @@ class FaultRun:
                 "max_queued": self.args.max_queued,
                 "appendfsync": self.args.appendfsync,
                 "redis_outage_s": self.args.redis_outage,
+                "sentinel": self.args.sentinel,
+                "min_replicas_ack": self.args.min_replicas_ack,
+                "replicas": self.args.replicas if self.args.sentinel else 0,
                 "clients": self.args.clients,
                 "binaries": str(self.args.bin_dir),
                 "faults": self.faults,
@@ -703,6 +940,8 @@ class FaultRun:
     def summary(self) -> None:
         f = self.figures
         print()
+        if f["settings"]["sentinel"]:
+            print(f"Redis: a primary, {f['settings']['replicas']} replica(s), three sentinels; REDIS_MIN_REPLICAS_ACK {f['settings']['min_replicas_ack']}")
         print(f"faults under load: {f['tasks']} tasks, {f['settings']['workers']} workers x {f['settings']['concurrency']} slots, "
               f"POOL_SIZE {f['settings']['pool_size']}, "
               f"heartbeat {f['settings']['heartbeat_s']} s, appendfsync {f['settings']['appendfsync']}, "
@@ -731,6 +970,22 @@ class FaultRun:
             rows.append(("Redis SIGKILL: outage", f"{r['outage_s']} s (down {r['down_s']} s, then restart and AOF load {r['aof_load_s']} s); /healthz meanwhile {r['healthz_during_outage']}"))
             rows.append(("submits refused during outage", f"{r['submits_refused_during_outage']} ({r['of_which_store_error_text']} with the store's 'try again shortly' error; slowest answer {r['slowest_store_error_answer_s']} s)"))
             rows.append(("recovery after restart", f"api healthy {r['api_healthy_after_restart_s']} s, workers {r['workers_heartbeating_after_restart_s']} s, first submit {r['first_submit_ok_after_restart_s']} s"))
+        if "primary_kill" in f:
+            r = f["primary_kill"]
+            rows.append(("primary SIGKILL: unavailable for", f"{r.get('first_submit_ok_after_s')} s (to the first submit sent after the kill and acknowledged)"))
+            rows.append(("  sentinels promoted the replica", f"{r.get('promoted_after_s')} s; harness client followed {r.get('harness_client_followed_after_s')} s"))
+            rows.append(("  writing to the new primary", f"every worker {r.get('every_worker_wrote_heartbeat_after_s')} s {r.get('worker_heartbeats_after_s')}, every api healthy {r.get('every_api_healthy_after_s')} s {r.get('apis_healthy_after_s')}"))
+            rows.append(("  old primary restarted / a replica / in sync", f"{r.get('old_primary_restarted_after_s')} / {r.get('old_primary_demoted_after_s')} / {r.get('old_primary_in_sync_after_s')} s"))
+            rows.append(("  /healthz meanwhile", f"{r.get('healthz')} (first 503 at {r.get('healthz_first_503_s')} s)"))
+            rows.append(("  submits refused meanwhile", f"{r.get('submits_refused_during_failover')} ({r.get('try_again_answers')} 'try again'; slowest answer {r.get('slowest_store_error_answer_s')} s)"))
+            rows.append(("  tasks running at the kill", f"{r.get('running_at_kill')} (all must succeed)"))
+        if "loss_window" in f:
+            lw = f["loss_window"]
+            rows.append(("LOST without replica acks (loss window)", f"{lw['lost']} task_id(s) handed out and unknown after the failover"
+                         + (f", acknowledged {lw['acknowledged_before_kill_ms']} ms before the kill" if lw["lost"] else "")))
+            effects = (f"not terminal {len(lw['not_terminal'])}, went back {len(lw['went_back'])}, "
+                       f"started twice {len(lw['started_twice'])}, ended other than succeeded {len(lw.get('ended_otherwise', {}))}")
+            rows.append(("  other transitions lost", effects))
         if "api_kill" in f:
             rows.append(("api1 SIGKILL: client errors, retried", f["api_kill"]["client_errors_after_kill"]))
         rows.append(("client errors by phase/call/kind", ", ".join(f"{k} {v}" for k, v in f["client_errors"].items()) or "none"))
@@ -796,7 +1051,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pollers", type=int, default=3, help="concurrent status pollers (default 3)")
     p.add_argument("--redis-outage", type=float, default=5.0, help="seconds Redis stays down (default 5)")
     p.add_argument("--appendfsync", choices=("everysec", "always"), default="everysec", help="Redis AOF fsync policy (default everysec, as deployed)")
-    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
+    p.add_argument("--faults", default=",".join(DEFAULT_FAULTS), help=f"comma-separated subset of {','.join(FAULTS)} (default {','.join(DEFAULT_FAULTS)})")
+    p.add_argument("--sentinel", action="store_true", help="Redis as a primary, one replica and three sentinels (implied by primary-kill)")
+    p.add_argument("--replicas", type=int, default=1, help="replicas with --sentinel (default 1)")
+    p.add_argument("--min-replicas-ack", type=int, default=None,
+                   help="REDIS_MIN_REPLICAS_ACK of api and workers (default 1 with --sentinel, else unset); 0 with primary-kill measures the loss window")
     p.add_argument("--deadline", type=float, default=900, help="abort (and fail) after this many seconds (default 900)")
     p.add_argument("--json", help="write the figures to this file")
     a = p.parse_args(argv)
@@ -804,6 +1063,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     bad = [f for f in a.faults if f not in FAULTS]
     if bad:
         p.error(f"unknown fault(s) {bad}; known: {FAULTS}")
+    if "primary-kill" in a.faults and "redis-kill" in a.faults:
+        p.error("primary-kill and redis-kill do not go in one run: one fails over to the replica, the other restarts the one Redis in place")
+    a.sentinel = a.sentinel or "primary-kill" in a.faults
+    if a.min_replicas_ack is None:
+        a.min_replicas_ack = 1 if a.sentinel else 0
+    if a.min_replicas_ack and not a.sentinel:
+        p.error("--min-replicas-ack needs a replica: add --sentinel")
+    if a.sentinel and a.replicas < 1:
+        p.error("--replicas must be at least 1 (the one promoted)")
     if a.workers < 3:
         p.error("--workers must be at least 3 (w1 is killed, w2 stopped, w3 stays)")
     if a.max_queued <= 0:
