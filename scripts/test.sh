@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
-# Sets up what it needs, idempotently: redis-server, debootstrap, tmux, gcc, npm, caddy,
-# curl, wrk, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
+# Sets up what it needs, idempotently: redis-server, redis-sentinel, debootstrap, tmux, gcc,
+# npm, caddy, curl, wrk, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
 # Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
 # the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv), and the
 # runtime images the tasks run in (scripts/build-test-image.sh). Then, in stages:
@@ -30,7 +30,9 @@
 #      (the benchmark tools at a tiny size, so they keep working; their figures mean
 #      nothing), then
 #      tests/reliability/faults.py at a small size (40 tasks: workers, Redis and an api
-#      replica killed mid-run, nothing lost), with and without the pool
+#      replica killed mid-run, nothing lost), with and without the pool, and once more
+#      with a failover (--faults primary-kill: a primary, a replica and three sentinels,
+#      the primary SIGKILLed mid-run, REDIS_MIN_REPLICAS_ACK=1, nothing acknowledged lost)
 #
 # Each stage prints the seconds since the start, so a slow one shows. TEST_THREADS
 # (default 3) is the tests the main nextest run keeps in flight, NO_POOL_TEST_THREADS
@@ -43,6 +45,8 @@ stage() { echo "test.sh: [$((SECONDS - start)) s] $*"; }
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
+# The failover fault run watches its Redis primary with three sentinels.
+command -v redis-sentinel >/dev/null || need_apt+=(redis-sentinel)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 # e2e/tests/ops.rs drives `script-runner-ctl top` in a real terminal.
 command -v tmux >/dev/null || need_apt+=(tmux)
@@ -201,6 +205,8 @@ await pytest-no-pool
 # Faults under load, small: docs/evidence/faults.md has the full-size figures.
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300 --pool-size 0
+# A Redis failover under load, small: docs/recovery.md has the full-size command.
+.venv/bin/python tests/reliability/faults.py --faults primary-kill --tasks "${FAILOVER_TASKS:-40}" --deadline 300
 await worker-hosts
 [[ "${SKIP_DEPLOY_TEST:-0}" == 1 ]] || await deploy
 stage "all passed"
