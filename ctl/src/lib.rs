@@ -67,6 +67,18 @@ impl Config {
     }
 }
 
+impl CtlError {
+    /// Redis not answering, or answering from a node that is no longer the
+    /// primary (a failover under way): a later read may well succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            CtlError::Pool(_) => true,
+            CtlError::Redis(e) => support::redis_pool::breaks_connection(e),
+            _ => false,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
     #[error(transparent)]

@@ -364,7 +364,9 @@ async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<(
 
 /// Prints a task's output as it grows until it ends. Text: its stdout to
 /// stdout and its stderr to stderr as they grow, the rest to stderr. JSON: the
-/// record, one line each time it changes.
+/// record, one line each time it changes. A read that fails because Redis is
+/// down or failing over is said on stderr (once per outage) and tried again at
+/// the next interval: a follower rides out a failover, as `top` does.
 async fn follow_task(
     reader: &Reader,
     id: &str,
@@ -374,8 +376,22 @@ async fn follow_task(
 ) -> anyhow::Result<()> {
     let mut last: Option<TaskView> = None;
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut outage = false;
+    let mut shown: (u64, u64) = (0, 0);
     loop {
-        let t = reader.task(id, tail_bytes).await?;
+        let t = match reader.task(id, tail_bytes).await {
+            Ok(t) => t,
+            Err(e) if e.is_transient() => {
+                if !outage {
+                    writeln!(err, "cannot read Redis ({e}); trying again")?;
+                    outage = true;
+                }
+                tokio::time::sleep(every).await;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        outage = false;
         let changed = last.as_ref().is_none_or(|p| {
             (p.state.as_str(), p.stdout_bytes, p.stderr_bytes)
                 != (t.state.as_str(), t.stdout_bytes, t.stderr_bytes)
@@ -391,19 +407,24 @@ async fn follow_task(
                     out.write_all(t.stdout_tail.as_bytes())?;
                     err.write_all(t.stderr_tail.as_bytes())?;
                 }
-                Some(p) => {
+                Some(_) => {
                     write_growth(
                         &mut out,
                         &t.raw_stdout,
-                        t.stdout_bytes - p.stdout_bytes.min(t.stdout_bytes),
+                        t.stdout_bytes.saturating_sub(shown.0),
                     )?;
                     write_growth(
                         &mut err,
                         &t.raw_stderr,
-                        t.stderr_bytes - p.stderr_bytes.min(t.stderr_bytes),
+                        t.stderr_bytes.saturating_sub(shown.1),
                     )?;
                 }
             }
+            // The most ever shown: a read from a primary just demoted may show
+            // output the new one does not have yet (the worker writes the
+            // same bytes there again), and counting from the smaller figure
+            // would print them twice.
+            shown = (shown.0.max(t.stdout_bytes), shown.1.max(t.stderr_bytes));
             out.flush()?;
         }
         if t.is_terminal() {

@@ -272,13 +272,21 @@ impl Queue {
     /// count is waited out on the same connection (a bounded number of times)
     /// rather than by running the script again elsewhere: a retry that finds
     /// the change made writes nothing, and its `WAIT` would prove nothing.
+    ///
+    /// `protect` says whether a reply is worth waiting for: a claim that found
+    /// the task killed (or another's) changed nothing of ours.
     async fn replicated_script(
         &self,
         task_id: &str,
         call: &ScriptCall,
+        protect: fn(&TaskStateReply) -> bool,
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
         let s: String = scripts::invoke(&mut conn, call).await?;
+        let reply = parse_reply(task_id, Some(&s))?;
+        if !protect(&reply) {
+            return Ok(reply);
+        }
         let mut tries = 0;
         loop {
             match support::redis_pool::replicated(&mut conn, self.replica_ack).await {
@@ -293,13 +301,16 @@ impl Queue {
                 }
             }
         }
-        parse_reply(task_id, Some(&s))
+        Ok(reply)
     }
 
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::claim(&self.keys, &job.task_id, &self.worker, &job.entry_id);
-        self.replicated_script(&job.task_id, &call).await
+        self.replicated_script(&job.task_id, &call, |r| {
+            *r == TaskStateReply::State(shared::TaskState::Running)
+        })
+        .await
     }
 
     /// Records the container start; the reply says whether the task is still ours.
@@ -371,7 +382,7 @@ impl Queue {
             retention_seconds,
             ended,
         );
-        self.replicated_script(task_id, &call).await
+        self.replicated_script(task_id, &call, |_| true).await
     }
 
     /// The task's current state, read without changing anything.

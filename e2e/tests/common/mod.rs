@@ -26,6 +26,10 @@ pub struct Options {
     pub bind_all: bool,
     /// Start a worker in-process with the stack.
     pub start_worker: bool,
+    /// Give the Redis a replica and three sentinels, and point the api and the
+    /// workers at the sentinels (`REDIS_SENTINELS`) with a `REDIS_URL` whose
+    /// host is never reached (port 1), so they can only find Redis through them.
+    pub sentinels: bool,
 }
 
 impl Default for Options {
@@ -36,13 +40,23 @@ impl Default for Options {
             extra_env: Vec::new(),
             bind_all: false,
             start_worker: true,
+            sentinels: false,
         }
     }
+}
+
+/// A replica of the stack's Redis and the sentinels watching both
+/// (`Options::sentinels`).
+pub struct Ha {
+    pub replica: Redis,
+    pub sentinels: sentinel::Sentinels,
 }
 
 /// Redis + worker(s) + api, all real.
 pub struct Stack {
     pub redis: Redis,
+    /// With `Options::sentinels`: the replica and the sentinels.
+    pub ha: Option<Ha>,
     pub url: String,
     pub prefix: String,
     /// The name of the worker started with the stack.
@@ -79,6 +93,15 @@ impl Stack {
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
+        let ha = if opts.sentinels {
+            let replica = Redis::start_replica_of(&redis).await;
+            let sentinels = sentinel::Sentinels::start(&redis).await;
+            env.insert("REDIS_SENTINELS".into(), sentinels.env());
+            env.insert("REDIS_URL".into(), "redis://127.0.0.1:1".into());
+            Some(Ha { replica, sentinels })
+        } else {
+            None
+        };
         env.extend(
             opts.extra_env
                 .iter()
@@ -108,6 +131,7 @@ impl Stack {
         });
         let mut stack = Stack {
             redis,
+            ha,
             url,
             prefix,
             worker_name: worker_name.clone(),
