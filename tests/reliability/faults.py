@@ -24,9 +24,10 @@ fault lands mid-run at any size):
      replica (--replicas) and three sentinels (--sentinel, implied), the binaries
      find the primary through the sentinels, and REDIS_MIN_REPLICAS_ACK=1 unless
      --min-replicas-ack says otherwise: the primary is SIGKILLed, the sentinels
-     promote a replica, and once the new primary serves the old one is started
-     again from its append-only file (as a host that reboots) and the sentinels
-     make it a replica of the new one. With one replica and acks, the new primary
+     promote a replica, and once every worker and api writes to the new primary
+     the old one is started again from its append-only file (as a host that
+     reboots; --old-primary-back at-once: as soon as the sentinels name the new
+     one, as a restart policy would) and the sentinels make it a replica. With one replica and acks, the new primary
      has no replica to acknowledge anything until then: submits are told to try
      again meanwhile (--replicas 2 shows the failover alone). Not with redis-kill
      in one run: that one restarts the one Redis in place, this one fails over;
@@ -579,9 +580,13 @@ class FaultRun:
         # with what it had: no binary may write there. Measured alongside the rest.
         back: dict[str, float | None] = {"restarted": None, "demoted": None, "in_sync": None}
 
+        switched = asyncio.Event()  # every worker and api reached the new primary
+
         async def old_primary_returns() -> None:
             if not new_port:
                 return
+            if self.args.old_primary_back == "after-switch":
+                await switched.wait()
             await asyncio.to_thread(st.restart_redis_node, old)
             back["restarted"] = since()
             node = AsyncRedis(port=old_port, decode_responses=True, socket_timeout=2, socket_connect_timeout=1)
@@ -625,10 +630,17 @@ class FaultRun:
         async def submit_ok() -> bool:
             return self.first_ok_in_failover is not None
 
-        _, workers_s, apis_s, submit_s = await asyncio.gather(
+        async def binaries_switched() -> tuple[float | None, float | None]:
+            got = await asyncio.gather(
+                step("every worker to renew its heartbeat on the new primary", all_renewed, 60, every=0.05),
+                step("every api's /healthz to answer 503 during the failover, then 200", apis_healthy),
+            )
+            switched.set()
+            return got[0], got[1]
+
+        _, (workers_s, apis_s), submit_s = await asyncio.gather(
             old_primary_returns(),
-            step("every worker to renew its heartbeat on the new primary", all_renewed, 60, every=0.05),
-            step("every api's /healthz to answer 503 during the failover, then 200", apis_healthy),
+            binaries_switched(),
             step("a submit sent after the kill to be acknowledged", submit_ok),
         )
         probing = False
@@ -862,6 +874,14 @@ class FaultRun:
                     live_reaped[m.group(2)] += 1
         if live_reaped:
             self.failures.append(f"live worker(s) taken for dead by a reaper: {dict(live_reaped)}")
+        # A submit Redis could not confirm on enough replicas is withdrawn (killed
+        # "not-replicated", so no worker runs it) and its client told to try
+        # again: a record no client was given, never run.
+        withdrawn = {tid for tid in orphans if records[tid].get("reason_kind") == "not-replicated"}
+        for tid in withdrawn:
+            if records[tid].get("state") != "killed" or starts.get(tid):
+                self.failures.append(f"withdrawn submit {tid} ended {records[tid].get('state')} with {starts.get(tid, 0)} run(s), expected killed, never run")
+        expected_lost |= withdrawn
         # Anything else must have succeeded: no fault but w1's death may end a task otherwise.
         for tid, r in records.items():
             if tid not in expected_lost and r.get("state") != "succeeded" and loss_measured:
@@ -905,6 +925,7 @@ class FaultRun:
             "started_twice": len(twice),
             "records_in_redis": len(records),
             "orphan_tasks_from_retried_submits": len(orphans),
+            "withdrawn_submits": len(withdrawn),
             "duplicate_submissions": duplicate_submits,
             "never_started": len(never_started),
             "started_warm": warm,
@@ -930,6 +951,7 @@ class FaultRun:
                 "sentinel": self.args.sentinel,
                 "min_replicas_ack": self.args.min_replicas_ack,
                 "replicas": self.args.replicas if self.args.sentinel else 0,
+                "old_primary_back": self.args.old_primary_back,
                 "clients": self.args.clients,
                 "binaries": str(self.args.bin_dir),
                 "faults": self.faults,
@@ -955,7 +977,7 @@ class FaultRun:
             ("started warm (pool container) / cold (new container)", f"{f['started_warm']} / {f['started_cold']}"),
             ("handoffs never taken (died at once; run elsewhere)", f"{f['warm_starts_refused']} {f['warm_starts_refused_by']}"),
             ("never started (ended before a container)", f["never_started"]),
-            ("extra tasks from retried submits", f["orphan_tasks_from_retried_submits"]),
+            ("extra tasks from retried submits", f"{f['orphan_tasks_from_retried_submits']} ({f['withdrawn_submits']} withdrawn: not replicated, client told to try again)"),
             ("outcomes (state/reason_kind)", ", ".join(f"{k} {v}" for k, v in f["outcomes"].items())),
         ]
         if "worker_kill" in f:
@@ -975,7 +997,8 @@ class FaultRun:
             rows.append(("primary SIGKILL: unavailable for", f"{r.get('first_submit_ok_after_s')} s (to the first submit sent after the kill and acknowledged)"))
             rows.append(("  sentinels promoted the replica", f"{r.get('promoted_after_s')} s; harness client followed {r.get('harness_client_followed_after_s')} s"))
             rows.append(("  writing to the new primary", f"every worker {r.get('every_worker_wrote_heartbeat_after_s')} s {r.get('worker_heartbeats_after_s')}, every api healthy {r.get('every_api_healthy_after_s')} s {r.get('apis_healthy_after_s')}"))
-            rows.append(("  old primary restarted / a replica / in sync", f"{r.get('old_primary_restarted_after_s')} / {r.get('old_primary_demoted_after_s')} / {r.get('old_primary_in_sync_after_s')} s"))
+            rows.append((f"  old primary restarted ({f['settings']['old_primary_back']}) / a replica / in sync",
+                         f"{r.get('old_primary_restarted_after_s')} / {r.get('old_primary_demoted_after_s')} / {r.get('old_primary_in_sync_after_s')} s"))
             rows.append(("  /healthz meanwhile", f"{r.get('healthz')} (first 503 at {r.get('healthz_first_503_s')} s)"))
             rows.append(("  submits refused meanwhile", f"{r.get('submits_refused_during_failover')} ({r.get('try_again_answers')} 'try again'; slowest answer {r.get('slowest_store_error_answer_s')} s)"))
             rows.append(("  tasks running at the kill", f"{r.get('running_at_kill')} (all must succeed)"))
@@ -1054,6 +1077,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--faults", default=",".join(DEFAULT_FAULTS), help=f"comma-separated subset of {','.join(FAULTS)} (default {','.join(DEFAULT_FAULTS)})")
     p.add_argument("--sentinel", action="store_true", help="Redis as a primary, one replica and three sentinels (implied by primary-kill)")
     p.add_argument("--replicas", type=int, default=1, help="replicas with --sentinel (default 1)")
+    p.add_argument("--old-primary-back", choices=("after-switch", "at-once"), default="after-switch",
+                   help="primary-kill: start the old primary again once every worker and api write to the new one "
+                        "(default), or as soon as the sentinels name the new one (a restart policy; races the binaries' "
+                        "next look at the sentinels)")
     p.add_argument("--min-replicas-ack", type=int, default=None,
                    help="REDIS_MIN_REPLICAS_ACK of api and workers (default 1 with --sentinel, else unset); 0 with primary-kill measures the loss window")
     p.add_argument("--deadline", type=float, default=900, help="abort (and fail) after this many seconds (default 900)")
