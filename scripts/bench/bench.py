@@ -33,6 +33,11 @@ worker names unique to the run, the task firewall on as by default) and measures
           one Redis PING: the floor of any request) at the same connections; the
           api's resident memory idle and under load, and CPU time per request of
           api, Redis and wrk (they share the machine's cores).
+  replication  what REDIS_MIN_REPLICAS_ACK=1 costs run_script (wrk at 1 and 32
+          connections, an api with it and one without, alternating, against one
+          primary with a replica on this host), and Redis's own cost per task:
+          commands and CPU time of the task's whole life through the real Lua
+          scripts (fill.py), against one PING's.
   growth  Redis memory per finished task (real tasks from the burst, and tasks
           written through the real Lua scripts by fill.py) and get_task_status with
           --fill finished tasks stored, against the same with --fill-base stored.
@@ -72,13 +77,13 @@ from fill import Filler  # noqa: E402
 from harness.keys import FINAL_STATES as FINAL  # noqa: E402
 from harness.keys import STAT_SUBMITTED, Keys  # noqa: E402
 from harness.mcp_http import ProtocolError, Unreachable, call_once, tools_call  # noqa: E402
-from harness.procs import HarnessError, Proc, wait_until  # noqa: E402
+from harness.procs import HarnessError, Proc, free_port, wait_until  # noqa: E402
 from harness.stack import CTL_BIN, LABEL_WORKER, Api, Stack, Worker, containers_of, preflight  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WRK_LUA = HERE / "wrk.lua"
 ECHO_HI = "echo hi"
-SECTIONS = ("e2e", "onecall", "egress", "shapes", "burst", "api", "growth")
+SECTIONS = ("e2e", "onecall", "egress", "shapes", "burst", "api", "growth", "replication")
 # The sections that run tasks (workers, the floor, the image).
 SERVICE_SECTIONS = {"e2e", "onecall", "egress", "shapes", "burst"}
 # run_script's and get_task_status's wait_seconds cap (api/src/config.rs MAX_WAIT_SECONDS).
@@ -1139,6 +1144,97 @@ def api_and_growth(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Re
     rep.put("api", out)
 
 
+def replication(stack: Stack, args: argparse.Namespace, redis: Redis, rep: Report) -> None:
+    """run_script with and without REDIS_MIN_REPLICAS_ACK=1 against a primary
+    with one replica, alternating; and Redis's cost per task."""
+    assert stack.redis_proc is not None
+    port = free_port()
+    data = stack.tmp_dir / "replica"
+    data.mkdir()
+    replica = Proc(
+        "replica",
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "",
+         "--appendonly", "yes", "--appendfsync", "everysec", "--replicaof", "127.0.0.1", str(stack.redis_port)],
+        stack.env({}), stack.tmp_dir / "replica.log",
+    ).start()  # fmt: skip
+    try:
+        probe = Redis(port=port)
+        wait_until("the replica to sync", lambda: probe.info("replication").get("master_link_status") == "up", replica, 60)
+        secs = args.wrk_seconds
+        rep.section(
+            f"replication: run_script with REDIS_MIN_REPLICAS_ACK=1 (WAIT 1) against without, a replica on this host, "
+            f"wrk {secs:g} s per row, alternating"
+        )
+        run_body = tools_call(
+            "run_script", {"runtime": args.runtime, "command_base64": base64.b64encode(ECHO_HI.encode()).decode()}
+        )
+        apis = {}
+        for ack in ("0", "1"):
+            prefix = f"bench-{stack.run_id}-ack{ack}"
+            stack.add_api(f"ack{ack}", {"MAX_QUEUED_TASKS": "10000000", "REDIS_MIN_REPLICAS_ACK": ack}, prefix=prefix)
+            apis[ack] = (stack.start_api(f"ack{ack}"), Keys(prefix))
+        token_env = {"BENCH_TOKEN": stack.token, "BENCH_BODY": run_body}
+        results: dict[str, dict[int, list[WrkResult]]] = {"0": {1: [], 32: []}, "1": {1: [], 32: []}}
+        for _round in range(1 if args.quick else 2):
+            for conns in (1, 32):
+                for ack in ("0", "1"):
+                    api, keys = apis[ack]
+                    before = int(redis.hget(keys.stats(), STAT_SUBMITTED) or 0)
+                    cpu_of = {"api": api.proc.pid, "redis": stack.redis_proc.pid}
+                    r = run_wrk(f"{api.base_url}/mcp", conns, secs, stack.tmp_dir, token_env, cpu_of)
+                    stored = int(redis.hget(keys.stats(), STAT_SUBMITTED) or 0) - before
+                    withdrawn = int(redis.hget(keys.stats(), "finished:killed:not-replicated") or 0)
+                    if stored < r.requests or withdrawn:
+                        raise BenchError(f"ack {ack}: wrk made {r.requests} calls, {stored} stored, {withdrawn} withdrawn")
+                    results[ack][conns].append(r)
+        rep.out(f"{'':40}{'min':>9} {'p50':>9} {'p99':>9}  throughput   ms of CPU per request")
+        out: dict[str, Any] = {}
+        for conns in (1, 32):
+            for ack in ("0", "1"):
+                for i, r in enumerate(results[ack][conns]):
+                    cpu = ", ".join(f"{k} {v:.3f}" for k, v in r.cpu_ms_per_req.items())
+                    rep.out(f"{f'run_script, {conns} conn, ack {ack} (#{i + 1})':40}{r.row()}   {cpu}")
+            p50 = {a: statistics.median(r.latency_ms["p50"] for r in results[a][conns]) for a in ("0", "1")}
+            rps = {a: statistics.median(r.rps for r in results[a][conns]) for a in ("0", "1")}
+            rep.out(
+                f"{'':40}WAIT 1 adds {p50['1'] - p50['0']:.2f} ms to the p50 ({p50['1'] / p50['0']:.2f}x), "
+                f"throughput {rps['1'] / rps['0']:.2f}x"
+            )
+            out[f"conns_{conns}"] = {a: [r.as_json() for r in results[a][conns]] for a in ("0", "1")}
+        # Redis's own cost per task: everything a task's life sends through the
+        # real scripts (fill.py), against a PING's.
+        prefix = f"bench-{stack.run_id}-cost"
+        filler = Filler(redis, prefix, args.runtime, args.image, stack.binary(CTL_BIN))
+        n = 500 if args.quick else 5000
+
+        def totals() -> tuple[float, int]:
+            info = redis.info("cpu") | redis.info("stats")
+            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), int(info["total_commands_processed"])
+
+        c0, k0 = totals()
+        filler.fill(n)
+        c1, k1 = totals()
+        pipe = redis.pipeline(transaction=False)
+        for _ in range(n):
+            pipe.ping()
+        c2, k2 = totals()
+        pipe.execute()
+        c3, k3 = totals()
+        per_task_us, per_ping_us = (c1 - c0) * 1e6 / n, (c3 - c2) * 1e6 / n
+        rep.out(
+            f"Redis per task (fill path, {n} tasks: SUBMIT, XREADGROUP, CLAIM, STARTED, PROGRESS, FINISH, XACK, XDEL): "
+            f"{(k1 - k0) / n:.1f} commands (the scripts' own calls counted), {per_task_us:.0f} us of Redis CPU ({per_task_us / max(per_ping_us, 0.01):.0f}x "
+            f"a pipelined PING's {per_ping_us:.1f} us)"
+        )
+        out["redis_per_task"] = {"commands": (k1 - k0) / n, "cpu_us": per_task_us, "ping_cpu_us": per_ping_us}
+        rep.put("replication", out)
+    finally:
+        for ack in ("0", "1"):
+            if (a := stack.apis.get(f"ack{ack}")) is not None:
+                a.proc.stop()
+        replica.stop()
+
+
 def check_fill_matches_real(redis: Redis, prefix: str, filled_id: str, rep: Report) -> None:
     """A filled record has the fields a real `echo hi` record has (compared with
     one from the burst when it ran)."""
@@ -1313,6 +1409,8 @@ def main() -> int:
             rep.put("memory", mem)
         if sections & {"api", "growth"}:
             api_and_growth(stack, args, redis, rep, sections)
+        if "replication" in sections:
+            replication(stack, args, redis, rep)
         status = 0
     except (HarnessError, TimeoutError) as e:
         print(f"\nbench: {e}", file=sys.stderr)
