@@ -260,6 +260,21 @@ impl Sentinels {
     pub fn from_lookup(
         var: &impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Sentinels>, VarError> {
+        // Checked even without sentinels: a bad name is found before it is needed.
+        let master = REDIS_SENTINEL_MASTER.get(var);
+        let valid_master = !master.is_empty()
+            && master.len() <= 128
+            && master
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid_master {
+            return Err(VarError::new(
+                REDIS_SENTINEL_MASTER.name,
+                &master,
+                "the name the sentinels monitor the primary under: 1 to 128 characters from \
+                 letters, digits, '.', '_' and '-'",
+            ));
+        }
         let raw = REDIS_SENTINELS.get(var);
         let entries = parse_list(Some(&raw), "");
         if entries.is_empty() {
@@ -283,20 +298,6 @@ impl Sentinels {
                 return Err(VarError::new(REDIS_SENTINELS.name, &entry, expected));
             }
             addrs.push(format!("{scheme}://{rest}"));
-        }
-        let master = REDIS_SENTINEL_MASTER.get(var);
-        let valid_master = !master.is_empty()
-            && master.len() <= 128
-            && master
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        if !valid_master {
-            return Err(VarError::new(
-                REDIS_SENTINEL_MASTER.name,
-                &master,
-                "the name the sentinels monitor the primary under: 1 to 128 characters from \
-                 letters, digits, '.', '_' and '-'",
-            ));
         }
         Ok(Some(Sentinels { addrs, master }))
     }
