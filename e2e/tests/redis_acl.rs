@@ -50,6 +50,7 @@ const SOURCES: &[(&str, &[&str])] = &[
             "support/src/jobs.rs",
             "support/src/apikeys.rs",
             "support/src/scripts.rs",
+            "support/src/redis_pool.rs",
         ],
     ),
     (
@@ -58,6 +59,7 @@ const SOURCES: &[(&str, &[&str])] = &[
             "worker/src",
             "support/src/jobs.rs",
             "support/src/scripts.rs",
+            "support/src/redis_pool.rs",
         ],
     ),
 ];
