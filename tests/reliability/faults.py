@@ -899,7 +899,10 @@ class FaultRun:
             if during != clear:
                 self.failures.append(f"{during - clear} submit(s) during the Redis outage got something other than the store's error")
         if "primary-kill" in self.faults:
-            kinds = Counter({k: n for (p, c, k), n in self.errors.counts.items() if p in FAILOVER_PHASES and c == "submit"})
+            kinds: Counter[str] = Counter()
+            for (p, c, k), n in self.errors.counts.items():
+                if p in FAILOVER_PHASES and c == "submit":
+                    kinds[k] += n
             fig = self.figures.setdefault("primary_kill", {})
             fig["submits_refused_during_failover"] = dict(kinds)
             fig["try_again_answers"] = kinds["store-unavailable"]
