@@ -236,24 +236,39 @@ async fn sentinel_connection(info: &ConnectionInfo) -> redis::RedisResult<Multip
         .await
 }
 
-/// One sentinel's view of `master`: its address and epoch.
+/// One sentinel's view of `master`: its address and epoch, in one round trip.
+///
+/// The address is `GET-MASTER-ADDR-BY-NAME`'s, not `SENTINEL MASTER`'s: while
+/// the sentinel that won the election reconfigures the replicas, it already
+/// names the promoted replica there, whereas `SENTINEL MASTER` still shows the
+/// old address beside the new epoch (seen on 7.0.15), which would send writes
+/// to the old primary under the new epoch.
 async fn ask(
     conn: &mut MultiplexedConnection,
     master: &str,
 ) -> redis::RedisResult<Option<Primary>> {
-    let fields: HashMap<String, String> = redis::cmd("SENTINEL")
+    let (fields, addr): (HashMap<String, String>, Option<(String, String)>) = redis::pipe()
+        .cmd("SENTINEL")
         .arg("MASTER")
+        .arg(master)
+        .cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
         .arg(master)
         .query_async(conn)
         .await?;
-    Ok(parse_master(&fields))
+    Ok(parse_master(&fields, addr.as_ref()))
 }
 
-/// `SENTINEL MASTER`'s reply as a `Primary` (`None` if a field is missing).
-pub fn parse_master(fields: &HashMap<String, String>) -> Option<Primary> {
+/// A sentinel's answers as a `Primary`: the epoch of `SENTINEL MASTER`'s
+/// reply, the address of `GET-MASTER-ADDR-BY-NAME`'s (`None` if either lacks it).
+pub fn parse_master(
+    fields: &HashMap<String, String>,
+    addr: Option<&(String, String)>,
+) -> Option<Primary> {
+    let (host, port) = addr?;
     Some(Primary {
-        host: fields.get("ip")?.clone(),
-        port: fields.get("port")?.parse().ok()?,
+        host: host.clone(),
+        port: port.parse().ok()?,
         epoch: fields.get("config-epoch")?.parse().ok()?,
     })
 }
@@ -337,21 +352,24 @@ mod tests {
     }
 
     #[test]
-    fn a_master_reply_needs_its_address_and_epoch() {
+    fn the_address_comes_from_get_master_addr_and_the_epoch_from_master() {
+        // Mid-failover: MASTER still shows the old address, the new epoch.
         let mut f: HashMap<String, String> =
-            [("ip", "10.0.0.2"), ("port", "6380"), ("config-epoch", "3")]
+            [("ip", "10.0.0.1"), ("port", "6379"), ("config-epoch", "3")]
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect();
+        let promoted = ("10.0.0.2".to_owned(), "6380".to_owned());
         assert_eq!(
-            parse_master(&f),
+            parse_master(&f, Some(&promoted)),
             Some(Primary {
                 host: "10.0.0.2".into(),
                 port: 6380,
                 epoch: 3
             })
         );
+        assert_eq!(parse_master(&f, None), None);
         f.remove("config-epoch");
-        assert_eq!(parse_master(&f), None);
+        assert_eq!(parse_master(&f, Some(&promoted)), None);
     }
 }

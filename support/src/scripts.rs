@@ -170,13 +170,31 @@ fn function_missing(e: &RedisError) -> bool {
             .is_some_and(|d| d.starts_with("Function not found"))
 }
 
-/// Runs `call` on `conn` and reads its reply as `T`. If Redis lost the
-/// library, it is loaded again where this user may (then the call is sent
-/// again, once); otherwise the error is [`FunctionsError::NotPermitted`]'s.
-pub async fn invoke<T: FromRedisValue>(
+/// Runs `calls` in order on `conn`, sent as one pipeline (so on one
+/// connection, to one node, one round trip), and reads each reply as `T`.
+/// If Redis lost the library, they are sent again one by one through
+/// [`invoke`], which loads it where this user may.
+pub async fn invoke_all<T: FromRedisValue>(
     conn: &mut impl ConnectionLike,
-    call: &ScriptCall,
-) -> RedisResult<T> {
+    calls: &[&ScriptCall],
+) -> RedisResult<Vec<T>> {
+    let mut pipe = redis::pipe();
+    for call in calls {
+        pipe.add_command(fcall(call));
+    }
+    match pipe.query_async(conn).await {
+        Err(e) if function_missing(&e) => {}
+        other => return other,
+    }
+    let mut replies = Vec::with_capacity(calls.len());
+    for call in calls {
+        replies.push(invoke(conn, call).await?);
+    }
+    Ok(replies)
+}
+
+/// `call` as an `FCALL` of this build's library.
+fn fcall(call: &ScriptCall) -> redis::Cmd {
     let mut fcall = redis::cmd("FCALL");
     fcall
         .arg(library().function(call.script))
@@ -185,6 +203,17 @@ pub async fn invoke<T: FromRedisValue>(
     for a in &call.args {
         fcall.arg(a.as_slice());
     }
+    fcall
+}
+
+/// Runs `call` on `conn` and reads its reply as `T`. If Redis lost the
+/// library, it is loaded again where this user may (then the call is sent
+/// again, once); otherwise the error is [`FunctionsError::NotPermitted`]'s.
+pub async fn invoke<T: FromRedisValue>(
+    conn: &mut impl ConnectionLike,
+    call: &ScriptCall,
+) -> RedisResult<T> {
+    let fcall = fcall(call);
     match fcall.query_async(conn).await {
         Err(e) if function_missing(&e) => {}
         other => return other,

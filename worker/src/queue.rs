@@ -275,15 +275,18 @@ impl Queue {
     ///
     /// `protect` says whether a reply is worth waiting for: a claim that found
     /// the task killed (or another's) changed nothing of ours.
+    ///
+    /// `calls` go in order on one connection; the last one's reply is returned.
     async fn replicated_script(
         &self,
         task_id: &str,
-        call: &ScriptCall,
+        calls: &[&ScriptCall],
         protect: fn(&TaskStateReply) -> bool,
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
-        let s: String = scripts::invoke(&mut conn, call).await?;
-        let reply = parse_reply(task_id, Some(&s))?;
+        let replies: Vec<String> = scripts::invoke_all(&mut conn, calls).await?;
+        let reply = parse_reply(task_id, replies.last().map(String::as_str))?;
+        let script = calls.last().map_or("?", |c| c.script.name());
         if !protect(&reply) {
             return Ok(reply);
         }
@@ -294,7 +297,7 @@ impl Queue {
                 Err(ReplicationError::Redis(e)) => return Err(e.into()),
                 Err(ReplicationError::Short(short)) => {
                     tries += 1;
-                    tracing::warn!(task_id, script = call.script.name(), tries, error = %short, "waiting for replicas");
+                    tracing::warn!(task_id, script, tries, error = %short, "waiting for replicas");
                     if tries >= REPLICA_WAITS {
                         return Err(QueueError::NotReplicated(short));
                     }
@@ -307,7 +310,7 @@ impl Queue {
     /// queued -> running, owned by this worker.
     pub async fn claim(&self, job: &Job) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::claim(&self.keys, &job.task_id, &self.worker, &job.entry_id);
-        self.replicated_script(&job.task_id, &call, |r| {
+        self.replicated_script(&job.task_id, &[&call], |r| {
             *r == TaskStateReply::State(shared::TaskState::Running)
         })
         .await
@@ -336,15 +339,29 @@ impl Queue {
     /// Records how the task ended (unless it already ended: a kill is final).
     /// `collected`: the zip and listing of the files `collect` gathered, kept as
     /// long as the record.
+    ///
+    /// `last`: the task's final tails, written first on the same connection.
+    /// So the finish, which waits for the replicas, carries them: a progress
+    /// write lost with a demoted primary cannot leave an ended task without its
+    /// last output.
     pub async fn finish(
         &self,
         task_id: &str,
         outcome: &Outcome,
         retention_seconds: u64,
         ended: &Ended<'_>,
+        last: Option<&Progress<'_>>,
     ) -> Result<TaskStateReply, QueueError> {
-        self.finish_as(task_id, &self.worker, outcome, retention_seconds, ended)
-            .await
+        let progress = last.map(|p| ScriptCall::progress(&self.keys, task_id, &self.worker, p));
+        self.finish_as(
+            task_id,
+            &self.worker,
+            outcome,
+            retention_seconds,
+            ended,
+            progress,
+        )
+        .await
     }
 
     /// Records the end of a task held by `worker`, which may be another (dead)
@@ -362,6 +379,7 @@ impl Queue {
             outcome,
             retention_seconds,
             &Ended::default(),
+            None,
         )
         .await
     }
@@ -373,6 +391,7 @@ impl Queue {
         outcome: &Outcome,
         retention_seconds: u64,
         ended: &Ended<'_>,
+        progress: Option<ScriptCall>,
     ) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::finish(
             &self.keys,
@@ -382,7 +401,8 @@ impl Queue {
             retention_seconds,
             ended,
         );
-        self.replicated_script(task_id, &call, |_| true).await
+        let calls: Vec<&ScriptCall> = progress.iter().chain([&call]).collect();
+        self.replicated_script(task_id, &calls, |_| true).await
     }
 
     /// The task's current state, read without changing anything.

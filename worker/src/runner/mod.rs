@@ -75,13 +75,10 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     let mut usage = Usage::default();
     let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected, &mut usage).await;
     // The container is gone by now: only the record is left to write, and it is
-    // worth waiting for Redis as long as this worker lives.
-    if let Some(tails) = &tails {
-        retry::redis("publish output", &ctx.abort, || {
-            tails.send(&ctx.queue, task_id)
-        })
-        .await?;
-    }
+    // worth waiting for Redis as long as this worker lives. The final tails go
+    // with the finish, on its connection (see `Queue::finish`).
+    let snapshot = tails.as_ref().map(Tails::snapshot);
+    let last = snapshot.as_ref().map(|s| s.progress());
     let retention = ctx.config.retention_seconds;
     let ended = Ended {
         collected: collected.as_ref().map(|c| (&c.zip[..], c.listing.as_str())),
@@ -89,7 +86,8 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
         owner: spec.owner.as_deref(),
     };
     let reply = retry::redis("finish", &ctx.abort, || {
-        ctx.queue.finish(task_id, &outcome, retention, &ended)
+        ctx.queue
+            .finish(task_id, &outcome, retention, &ended, last.as_ref())
     })
     .await?;
     Ok(match reply {

@@ -82,21 +82,43 @@ impl Tails {
         queue: &Queue,
         task_id: &str,
     ) -> Result<TaskStateReply, QueueError> {
-        let (out, err) = (self.stdout.to_vec(), self.stderr.to_vec());
-        let egress_log = self.egress.as_ref().map(EgressLease::log_json);
-        queue
-            .progress(
-                task_id,
-                &Progress {
-                    stdout_tail: &out,
-                    stderr_tail: &err,
-                    stdout_bytes: self.stdout.total(),
-                    stderr_bytes: self.stderr.total(),
-                    output_age_ms: self.last_output.map(|t| t.elapsed().as_millis() as u64),
-                    egress_log: egress_log.as_deref(),
-                },
-            )
-            .await
+        let snap = self.snapshot();
+        queue.progress(task_id, &snap.progress()).await
+    }
+
+    /// The tails as they are now, owned (a `Progress` borrows them).
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            out: self.stdout.to_vec(),
+            err: self.stderr.to_vec(),
+            out_bytes: self.stdout.total(),
+            err_bytes: self.stderr.total(),
+            age_ms: self.last_output.map(|t| t.elapsed().as_millis() as u64),
+            egress_log: self.egress.as_ref().map(EgressLease::log_json),
+        }
+    }
+}
+
+/// The tails at one moment (`Tails::snapshot`).
+pub(super) struct Snapshot {
+    out: Vec<u8>,
+    err: Vec<u8>,
+    out_bytes: u64,
+    err_bytes: u64,
+    age_ms: Option<u64>,
+    egress_log: Option<Vec<u8>>,
+}
+
+impl Snapshot {
+    pub(super) fn progress(&self) -> Progress<'_> {
+        Progress {
+            stdout_tail: &self.out,
+            stderr_tail: &self.err,
+            stdout_bytes: self.out_bytes,
+            stderr_bytes: self.err_bytes,
+            output_age_ms: self.age_ms,
+            egress_log: self.egress_log.as_deref(),
+        }
     }
 }
 
