@@ -403,11 +403,12 @@ impl Store {
         conn: &mut LeanConnection,
         t: &NewTask<'_>,
     ) -> Result<(), StoreError> {
-        let error = match support::redis_pool::replicated(conn, self.replica_ack).await {
-            Ok(()) => return Ok(()),
-            Err(ReplicationError::Short(short)) => StoreError::NotReplicated(short),
-            Err(ReplicationError::Redis(e)) => StoreError::Redis(e),
-        };
+        let (error, same_connection) =
+            match support::redis_pool::replicated(conn, self.replica_ack).await {
+                Ok(()) => return Ok(()),
+                Err(ReplicationError::Short(short)) => (StoreError::NotReplicated(short), true),
+                Err(ReplicationError::Redis(e)) => (StoreError::Redis(e), false),
+            };
         let withdraw = ScriptCall::kill(
             &self.keys,
             t.id,
@@ -417,13 +418,27 @@ impl Store {
             shared::envvar::MIN_RETENTION_SECONDS,
             None,
         );
-        let withdrawn = match self.pool.get().await {
-            Ok(mut c) => scripts::invoke::<(String, i64)>(&mut c, &withdraw)
-                .await
-                .map(|_| ()),
-            Err(e) => Err(redis::RedisError::from(std::io::Error::other(
-                e.to_string(),
-            ))),
+        // On the submit's connection while it works (so to the same node, after
+        // it), waiting for the replicas as long as the submit did: a replica
+        // that got the submit then likely gets the withdrawal too. Best effort:
+        // the client is told to try again whatever happens here.
+        let withdrawn = if same_connection {
+            match scripts::invoke::<(String, i64)>(conn, &withdraw).await {
+                Ok(_) => {
+                    let _ = support::redis_pool::replicated(conn, self.replica_ack).await;
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            match self.pool.get().await {
+                Ok(mut c) => scripts::invoke::<(String, i64)>(&mut c, &withdraw)
+                    .await
+                    .map(|_| ()),
+                Err(e) => Err(redis::RedisError::from(std::io::Error::other(
+                    e.to_string(),
+                ))),
+            }
         };
         match withdrawn {
             Ok(()) => {
@@ -681,8 +696,13 @@ impl Store {
             owner,
         );
         let reply: (String, i64) = scripts::invoke(&mut conn, &call).await?;
-        // A kill acknowledged and then lost in a failover would let the task run on.
-        if let Err(e) = support::redis_pool::replicated(&mut conn, self.replica_ack).await {
+        // A kill acknowledged and then lost in a failover would let the task
+        // run on. Only a killed task has anything to confirm (a retried kill
+        // writes its state again, so this covers the first one too); an unknown
+        // id gets its answer whatever the replicas do.
+        if reply.0 == TaskState::Killed.as_str()
+            && let Err(e) = support::redis_pool::replicated(&mut conn, self.replica_ack).await
+        {
             return Err(match e {
                 ReplicationError::Short(short) => StoreError::NotReplicated(short),
                 ReplicationError::Redis(e) => StoreError::Redis(e),

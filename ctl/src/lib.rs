@@ -72,6 +72,10 @@ impl CtlError {
     /// primary (a failover under way): a later read may well succeed.
     pub fn is_transient(&self) -> bool {
         match self {
+            // A login refused (WRONGPASS, NOPERM) is no outage.
+            CtlError::Pool(support::redis_pool::GetError::Backend(e)) => {
+                support::redis_pool::breaks_connection(e)
+            }
             CtlError::Pool(_) => true,
             CtlError::Redis(e) => support::redis_pool::breaks_connection(e),
             _ => false,

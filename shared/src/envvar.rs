@@ -284,10 +284,24 @@ impl Sentinels {
                         redis://[user:password@]host:port or rediss://... for a sentinel \
                         with ACL credentials or TLS";
         let mut addrs = Vec::with_capacity(entries.len());
+        // An entry is shown back without its credentials: errors reach the logs.
+        let shown = |e: &str| match e.rsplit_once('@') {
+            Some((before, host)) => {
+                let scheme = before.split_once("://").map_or("", |(s, _)| s);
+                format!("{scheme}://***@{host}")
+            }
+            None => e.to_owned(),
+        };
         for entry in entries {
             let (scheme, rest) = match entry.split_once("://") {
                 Some((s @ ("redis" | "rediss"), rest)) => (s, rest),
-                Some(_) => return Err(VarError::new(REDIS_SENTINELS.name, &entry, expected)),
+                Some(_) => {
+                    return Err(VarError::new(
+                        REDIS_SENTINELS.name,
+                        &shown(&entry),
+                        expected,
+                    ));
+                }
                 None => ("redis", entry.as_str()),
             };
             let hostport = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
@@ -295,7 +309,11 @@ impl Sentinels {
                 !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
             }) && !hostport.contains('/');
             if !ok {
-                return Err(VarError::new(REDIS_SENTINELS.name, &entry, expected));
+                return Err(VarError::new(
+                    REDIS_SENTINELS.name,
+                    &shown(&entry),
+                    expected,
+                ));
             }
             addrs.push(format!("{scheme}://{rest}"));
         }
@@ -470,6 +488,12 @@ mod tests {
             load(&[("REDIS_SENTINELS", "redis://u:secret@s1:1")])
         );
         assert!(!shown.contains("secret"), "{shown}");
+        let bad = load(&[("REDIS_SENTINELS", "rediss://u:secret@s1")]).err();
+        assert!(
+            bad.as_ref()
+                .is_some_and(|e| !e.to_string().contains("secret") && e.value == "rediss://***@s1"),
+            "{bad:?}"
+        );
     }
 
     #[test]

@@ -163,8 +163,9 @@ impl RedisTarget {
     }
 
     /// Every host a task must not reach: `REDIS_URL`'s; with sentinels, the
-    /// sentinels and every node they know (the primary and its replicas, any of
-    /// which may be promoted), as `(host, port)`. An error if no sentinel
+    /// sentinels (those listed and those they know) and every node they know
+    /// (the primary and its replicas, any of which may be promoted), as
+    /// `(host, port)`. An error if no sentinel
     /// answered: the nodes would be left reachable.
     pub async fn hosts(&self) -> redis::RedisResult<Vec<(String, u16)>> {
         let f = match &*self.0 {
@@ -192,7 +193,13 @@ impl RedisTarget {
                 .query_async(&mut conn)
                 .await
                 .unwrap_or_default();
-            for r in replicas {
+            let others: Vec<HashMap<String, String>> = redis::cmd("SENTINEL")
+                .arg("SENTINELS")
+                .arg(&f.master)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            for r in replicas.into_iter().chain(others) {
                 if let (Some(ip), Some(port)) =
                     (r.get("ip"), r.get("port").and_then(|p| p.parse().ok()))
                 {
@@ -278,6 +285,23 @@ pub fn latest(answers: impl IntoIterator<Item = Primary>) -> Option<Primary> {
     answers.into_iter().max_by_key(|p| p.epoch)
 }
 
+/// The primary to follow after a round in which `asked` sentinels gave
+/// `answers`, `current` being the one followed. Never back to an older epoch
+/// because the one sentinel that knows the newer did not answer this round
+/// (right after a failover only the elected one does): an older epoch is
+/// taken only when every sentinel answered and all agree (their
+/// configuration was reset).
+pub fn choose(current: Option<&Primary>, answers: &[Primary], asked: usize) -> Option<Primary> {
+    let newest = latest(answers.iter().cloned())?;
+    match current {
+        Some(c) if newest.epoch < c.epoch => {
+            let unanimous = answers.len() == asked && answers.iter().all(|a| *a == newest);
+            unanimous.then_some(newest)
+        }
+        _ => Some(newest),
+    }
+}
+
 /// Asks the sentinels every `REFRESH` until every receiver is gone, publishing
 /// the latest primary whenever it changes. A round with no answer keeps the
 /// last one: the sentinels being unreachable says nothing about the primary.
@@ -298,33 +322,48 @@ async fn follow(
                 let conn = slot.as_mut()?;
                 match ask(conn, master).await {
                     Ok(answer) => answer,
-                    Err(e) => {
+                    Err(e) if crate::redis_pool::breaks_connection(&e) => {
                         tracing::debug!(error = %e, "a sentinel did not answer");
                         *slot = None;
+                        None
+                    }
+                    // An error reply (no such master, a refused command): the
+                    // connection is fine, the question is not.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "a sentinel refused the question");
                         None
                     }
                 }
             }
         });
-        let answers = futures_util::future::join_all(rounds).await;
-        match latest(answers.into_iter().flatten()) {
-            Some(primary) => {
-                silent_logged = false;
-                tx.send_if_modified(|current| {
-                    if current.as_ref() == Some(&primary) {
-                        return false;
-                    }
-                    tracing::info!(master = %master, primary = %primary, "the sentinels name the primary");
-                    *current = Some(primary);
-                    true
-                });
-            }
-            None if !silent_logged => {
+        let answers: Vec<Primary> = futures_util::future::join_all(rounds)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if answers.is_empty() {
+            if !silent_logged {
                 silent_logged = true;
-                tracing::warn!(master = %master, "no sentinel answered; keeping the last primary known");
+                tracing::warn!(
+                    master = %master,
+                    "no sentinel named a primary for this name (unreachable, or \
+                     REDIS_SENTINEL_MASTER wrong); keeping the last primary known"
+                );
             }
-            None => {}
+        } else {
+            silent_logged = false;
         }
+        tx.send_if_modified(|current| {
+            let Some(primary) = choose(current.as_ref(), &answers, sentinels.len()) else {
+                return false;
+            };
+            if current.as_ref() == Some(&primary) {
+                return false;
+            }
+            tracing::info!(master = %master, primary = %primary, "the sentinels name the primary");
+            *current = Some(primary);
+            true
+        });
         tokio::select! {
             () = tokio::time::sleep(REFRESH) => {}
             () = tx.closed() => return,
@@ -342,6 +381,28 @@ mod tests {
             port: 6379,
             epoch,
         }
+    }
+
+    #[test]
+    fn an_older_epoch_is_never_followed_unless_every_sentinel_says_so() {
+        let new = p("b", 2);
+        // The elected sentinel missed a round: the others still say epoch 1.
+        assert_eq!(choose(Some(&new), &[p("a", 1), p("a", 1)], 3), None);
+        assert_eq!(
+            choose(Some(&new), &[p("a", 1), p("a", 1), p("c", 1)], 3),
+            None
+        );
+        // All three reset to epoch 1 and agree.
+        assert_eq!(
+            choose(Some(&new), &[p("a", 1), p("a", 1), p("a", 1)], 3),
+            Some(p("a", 1))
+        );
+        assert_eq!(
+            choose(Some(&p("a", 1)), &[p("a", 1), new.clone()], 3),
+            Some(new)
+        );
+        assert_eq!(choose(None, &[p("a", 0)], 3), Some(p("a", 0)));
+        assert_eq!(choose(Some(&p("a", 0)), &[], 3), None);
     }
 
     #[test]

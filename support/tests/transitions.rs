@@ -847,3 +847,42 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
     assert_eq!(field(&mut c, "usage_cpu_ms").await, None);
     assert_eq!(totals(&mut c, &k.owner_usage("alice")).await.tasks, 2);
 }
+
+/// `master_repl_offset`: how far the replication stream has gone.
+async fn repl_offset(c: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(c)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("master_repl_offset")
+}
+
+/// A claim or kill retried after its first reply was lost (or its WAIT came
+/// up short) finds the change made; it must still write, or the retry's WAIT
+/// (REDIS_MIN_REPLICAS_ACK) would confirm nothing about the first.
+#[tokio::test]
+async fn a_retried_claim_or_kill_writes_so_its_wait_covers_the_first() {
+    let r = Redis::start().await;
+    // The replication stream only moves while a replica is attached.
+    let _replica = Redis::start_replica_of(&r).await;
+    let mut c = conn(&r).await;
+    queued_task(&mut c).await;
+    let first: String = run(&mut c, claim("w1", "1-0")).await;
+    assert_eq!(first, "running");
+    let before = repl_offset(&mut c).await;
+    let again: String = run(&mut c, claim("w1", "1-0")).await;
+    assert_eq!(again, "running");
+    assert!(repl_offset(&mut c).await > before, "a retried claim wrote nothing");
+
+    let (state, killed): (String, i64) = run(&mut c, kill("stop")).await;
+    assert_eq!((state.as_str(), killed), ("killed", 1));
+    let before = repl_offset(&mut c).await;
+    let (state, killed): (String, i64) = run(&mut c, kill("stop")).await;
+    assert_eq!((state.as_str(), killed), ("killed", 0));
+    assert!(repl_offset(&mut c).await > before, "a retried kill wrote nothing");
+    assert_eq!(field(&mut c, "state").await.as_deref(), Some("killed"));
+}

@@ -8,12 +8,17 @@
 -- claimed it from the same entry before (a retry whose first reply was lost);
 -- 'not-owner' when anyone else (or another entry) already runs it; otherwise the
 -- current state (e.g. 'killed' if kill_task came first), or 'missing'.
+--
+-- The retry's branch writes the entry again (unchanged): Redis replicates the
+-- write, so the retry's WAIT (REDIS_MIN_REPLICAS_ACK) covers the first claim,
+-- which may not have reached the replicas.
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local st = redis.call('HGET', KEYS[1], 'state')
 if not st then return 'missing' end
 if st == 'running' then
   if redis.call('HGET', KEYS[1], 'worker') == ARGV[1] and redis.call('HGET', KEYS[1], 'entry') == ARGV[2] then
+    redis.call('HSET', KEYS[1], 'entry', ARGV[2])
     return 'running'
   end
   return 'not-owner'

@@ -14,12 +14,20 @@
 --
 -- Returns {state, killed}: the state after the call and 1 if this call killed
 -- it; {'missing', 0} when there is no such task.
+--
+-- A task already killed has its state written again (unchanged): Redis
+-- replicates the write, so a retried kill's WAIT (REDIS_MIN_REPLICAS_ACK)
+-- covers the first kill, which may not have reached the replicas.
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 local rec = redis.call('HMGET', KEYS[1], 'state', 'owner')
 local st = rec[1]
 if not st then return {'missing', 0} end
 if ARGV[4] ~= '' and rec[2] ~= ARGV[4] then return {'missing', 0} end
+if st == 'killed' then
+  redis.call('HSET', KEYS[1], 'state', 'killed')
+  return {st, 0}
+end
 if st ~= 'queued' and st ~= 'running' then return {st, 0} end
 redis.call('HSET', KEYS[1], 'state', 'killed', 'reason', ARGV[1], 'reason_kind', ARGV[2],
   'finished_at', now)
