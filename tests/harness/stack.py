@@ -299,10 +299,13 @@ class Stack:
                 data = self.tmp_dir / f"sentinel-{k}"
                 data.mkdir(exist_ok=True)
                 conf = data / "sentinel.conf"
+                # down-after 2 s, not 1: a new primary busy with two full syncs on
+                # a loaded 2-core machine missed a second of PINGs and was failed
+                # over again (a second failover in one run).
                 conf.write_text(
                     f"port {port}\nbind 127.0.0.1\ndir {data}\n"
                     f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {self.redis_port} 2\n"
-                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n"
+                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} 2000\n"
                     f"sentinel failover-timeout {SENTINEL_MASTER} 10000\n"
                 )
                 proc = Proc(f"sentinel-{k}", ["redis-sentinel", str(conf)], self.env({}), self.tmp_dir / f"sentinel-{k}.log").start()

@@ -593,8 +593,11 @@ class FaultRun:
             try:
 
                 async def demoted() -> bool:
+                    # A replica of the primary the sentinels name now (which a
+                    # second failover may have changed since `new_port`).
                     info = await node.info("replication")
-                    return info["role"] == "slave" and int(info["master_port"]) == new_port
+                    now = await asyncio.to_thread(st.primary_port)
+                    return info["role"] == "slave" and int(info["master_port"]) in (new_port, now)
 
                 async def in_sync() -> bool:
                     return (await node.info("replication")).get("master_link_status") == "up"
