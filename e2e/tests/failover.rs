@@ -172,6 +172,15 @@ async fn a_submit_no_replica_confirms_gets_try_again_and_runs_nothing() {
     assert!(err.contains("try again shortly"), "{err}");
     assert!(err.contains("replicas"), "{err}");
 
+    // A kill of an unknown id has nothing to confirm: it is told so, not to try again.
+    let unknown = call_err(
+        &client,
+        "kill_task",
+        json!({ "task_id": "00000000-0000-4000-8000-000000000000" }),
+    )
+    .await;
+    assert!(unknown.starts_with("no task with id"), "{unknown}");
+
     // What was written is withdrawn, and never runs.
     let mut r = stack.redis_conn().await;
     let pattern = format!("{}:task:*", stack.prefix);
