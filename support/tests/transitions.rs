@@ -876,13 +876,19 @@ async fn a_retried_claim_or_kill_writes_so_its_wait_covers_the_first() {
     let before = repl_offset(&mut c).await;
     let again: String = run(&mut c, claim("w1", "1-0")).await;
     assert_eq!(again, "running");
-    assert!(repl_offset(&mut c).await > before, "a retried claim wrote nothing");
+    assert!(
+        repl_offset(&mut c).await > before,
+        "a retried claim wrote nothing"
+    );
 
     let (state, killed): (String, i64) = run(&mut c, kill("stop")).await;
     assert_eq!((state.as_str(), killed), ("killed", 1));
     let before = repl_offset(&mut c).await;
     let (state, killed): (String, i64) = run(&mut c, kill("stop")).await;
     assert_eq!((state.as_str(), killed), ("killed", 0));
-    assert!(repl_offset(&mut c).await > before, "a retried kill wrote nothing");
+    assert!(
+        repl_offset(&mut c).await > before,
+        "a retried kill wrote nothing"
+    );
     assert_eq!(field(&mut c, "state").await.as_deref(), Some("killed"));
 }
