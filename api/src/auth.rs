@@ -238,10 +238,10 @@ pub async fn require_bearer(
     next: Next,
 ) -> Response {
     let presented = bearer(req.headers()).is_some();
-    match auth.authenticate(req.headers()).await {
+    let refused = match auth.authenticate(req.headers()).await {
         Ok(principal) => {
             req.extensions_mut().insert(principal);
-            next.run(req).await
+            return next.run(req).await;
         }
         Err(AuthError::Unauthorized) => auth.unauthorized(presented, None),
         Err(AuthError::InvalidToken(e)) => {
@@ -262,7 +262,8 @@ pub async fn require_bearer(
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
             resp
         }
-    }
+    };
+    crate::http::refused_unread(req.headers(), refused)
 }
 
 /// `/metrics` is the operator's: it counts every owner's tasks.

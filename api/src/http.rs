@@ -489,6 +489,24 @@ pub(crate) fn rpc_response(status: StatusCode, body: Value) -> Response {
         .into_response()
 }
 
+/// A refusal sent before the request's body was read (a wrong token, a
+/// foreign origin): hyper closes such a connection after the answer, since the
+/// body's rest is still on the way, so the answer must say so. Otherwise the
+/// client keeps the connection for its next request (an OAuth client's retry
+/// with its new token) and gets "server disconnected" instead of an answer.
+pub(crate) fn refused_unread(request: &HeaderMap, response: Response) -> Response {
+    let has_body = request.contains_key(header::TRANSFER_ENCODING)
+        || request
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() != "0");
+    if has_body {
+        closing(response)
+    } else {
+        response
+    }
+}
+
 /// The client may still be sending: say so, and close the connection after the
 /// answer rather than read the rest.
 fn closing(mut response: Response) -> Response {

@@ -133,7 +133,7 @@ pub async fn require_allowed_origin(
             throttle::EVERY.as_secs()
         );
     }
-    forbidden(&origin, gate.allowed.is_empty())
+    crate::http::refused_unread(req.headers(), forbidden(&origin, gate.allowed.is_empty()))
 }
 
 /// The header's text, cut to `QUOTED_CHARS` characters.

@@ -173,3 +173,49 @@ async fn wrong_headers_and_methods_get_the_answers_the_transport_specifies() {
     }
     a_real_client_is_served(&api.url).await;
 }
+
+/// A request refused before its body is read (no token) is answered with
+/// `Connection: close` when its body comes after the head, as most clients
+/// send it: the server closes that connection after the answer, and a client
+/// that kept it for its next request (an OAuth client retrying with its new
+/// token) would get no answer at all. A body-less refusal keeps the connection.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_says_the_connection_closes() {
+    use tokio::io::AsyncWriteExt;
+    let redis = Redis::start().await;
+    let api = ApiProcess::start(&redis.url(), &[]).await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+
+    let mut stream = tokio::net::TcpStream::connect(api.addr)
+        .await
+        .expect("connect");
+    let head = head(false, &format!("Content-Length: {}\r\n", body.len()));
+    stream.write_all(head.as_bytes()).await.expect("head");
+    let answer = read_response(&mut stream, std::time::Duration::from_secs(10)).await;
+    assert_eq!(status_of(&answer), Some(401));
+    assert_eq!(header_of(&answer, "connection").as_deref(), Some("close"));
+    // The body arrives after the answer; the server closes all the same.
+    let _ = stream.write_all(body.as_bytes()).await;
+    let rest = read_until_closed(&mut stream, std::time::Duration::from_secs(10)).await;
+    assert!(rest.is_empty(), "more came after the 401: {rest:?}");
+
+    // Without a body, the refusal leaves the connection open for the next request.
+    let mut stream = tokio::net::TcpStream::connect(api.addr)
+        .await
+        .expect("connect");
+    let get = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    stream.write_all(get.as_bytes()).await.expect("request");
+    let answer = read_response(&mut stream, std::time::Duration::from_secs(10)).await;
+    assert_eq!(status_of(&answer), Some(401));
+    assert_eq!(header_of(&answer, "connection"), None);
+    stream
+        .write_all(get.as_bytes())
+        .await
+        .expect("a second request");
+    let again = read_response(&mut stream, std::time::Duration::from_secs(10)).await;
+    assert_eq!(
+        status_of(&again),
+        Some(401),
+        "the kept connection answered again"
+    );
+}
