@@ -50,6 +50,15 @@ pub enum StoreError {
     ApiKey(#[from] shared::apikey::KeyError),
 }
 
+impl From<ReplicationError> for StoreError {
+    fn from(e: ReplicationError) -> StoreError {
+        match e {
+            ReplicationError::Short(short) => StoreError::NotReplicated(short),
+            ReplicationError::Redis(e) => StoreError::Redis(e),
+        }
+    }
+}
+
 impl StoreError {
     fn record(task_id: &str) -> impl FnOnce(RecordError) -> StoreError {
         let task_id = task_id.to_owned();
@@ -403,12 +412,12 @@ impl Store {
         conn: &mut LeanConnection,
         t: &NewTask<'_>,
     ) -> Result<(), StoreError> {
-        let (error, same_connection) =
-            match support::redis_pool::replicated(conn, self.replica_ack).await {
-                Ok(()) => return Ok(()),
-                Err(ReplicationError::Short(short)) => (StoreError::NotReplicated(short), true),
-                Err(ReplicationError::Redis(e)) => (StoreError::Redis(e), false),
-            };
+        let Err(e) = support::redis_pool::replicated(conn, self.replica_ack).await else {
+            return Ok(());
+        };
+        // A short count leaves the connection usable; a Redis error may not.
+        let same_connection = matches!(e, ReplicationError::Short(_));
+        let error = StoreError::from(e);
         let withdraw = ScriptCall::kill(
             &self.keys,
             t.id,
@@ -700,13 +709,8 @@ impl Store {
         // run on. Only a killed task has anything to confirm (a retried kill
         // writes its state again, so this covers the first one too); an unknown
         // id gets its answer whatever the replicas do.
-        if reply.0 == TaskState::Killed.as_str()
-            && let Err(e) = support::redis_pool::replicated(&mut conn, self.replica_ack).await
-        {
-            return Err(match e {
-                ReplicationError::Short(short) => StoreError::NotReplicated(short),
-                ReplicationError::Redis(e) => StoreError::Redis(e),
-            });
+        if reply.0 == TaskState::Killed.as_str() {
+            support::redis_pool::replicated(&mut conn, self.replica_ack).await?;
         }
         match KillReply::parse(reply) {
             Ok(KillReply::Missing) => Ok(None),

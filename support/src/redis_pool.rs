@@ -226,11 +226,6 @@ impl LeanConnection {
     pub fn discard(self) {
         drop(managed::Object::take(self.0));
     }
-
-    /// The node this connection is to (`None`: a direct target).
-    pub fn node(&self) -> &Node {
-        &self.0.node
-    }
 }
 
 impl Pooled {

@@ -94,11 +94,6 @@ impl RedisTarget {
         }))))
     }
 
-    /// Whether this target follows sentinels.
-    pub fn is_sentinel(&self) -> bool {
-        matches!(*self.0, Kind::Sentinel(_))
-    }
-
     /// The primary the sentinels name now (`None`: direct, or not known yet).
     pub fn primary(&self) -> Option<Primary> {
         match &*self.0 {

@@ -32,6 +32,18 @@ async fn target(sentinels: &Sentinels) -> RedisTarget {
     redis_pool::target(&settings).await.expect("target")
 }
 
+/// `SENTINEL FAILOVER` to the node on port `to`, then waits until `redis`
+/// (a pool's target) follows it.
+async fn fail_over(sentinels: &Sentinels, redis: &RedisTarget, to: u16) {
+    sentinels.failover_to(to).await;
+    testkit::wait_until(
+        "the target to name the new primary",
+        Duration::from_secs(10),
+        || async { (redis.primary().map(|p| p.port) == Some(to)).then_some(()) },
+    )
+    .await;
+}
+
 async fn node_port(conn: &mut redis_pool::Connection) -> u16 {
     let port: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
@@ -60,13 +72,7 @@ async fn the_pool_finds_the_primary_and_follows_a_failover() {
         .expect("a write to the primary");
     drop(conn);
 
-    sentinels.failover_to(replica.port).await;
-    testkit::wait_until(
-        "the target to name the new primary",
-        Duration::from_secs(10),
-        || async { (redis.primary().map(|p| p.port) == Some(replica.port)).then_some(()) },
-    )
-    .await;
+    fail_over(&sentinels, &redis, replica.port).await;
     // The pooled connection to the old primary is not handed out again: the
     // next one is to the new primary, which has what was written before.
     let mut conn = pool.get().await.expect("a connection after the failover");
@@ -92,13 +98,7 @@ async fn a_write_to_a_demoted_primary_is_never_acknowledged() {
     let mut held = pool.get().await.expect("a connection to the primary");
     assert_eq!(node_port(&mut held).await, primary.port);
 
-    sentinels.failover_to(replica.port).await;
-    testkit::wait_until(
-        "the target to name the new primary",
-        Duration::from_secs(10),
-        || async { (redis.primary().map(|p| p.port) == Some(replica.port)).then_some(()) },
-    )
-    .await;
+    fail_over(&sentinels, &redis, replica.port).await;
     // The old primary may well still take writes now (the sentinels demote it
     // a moment later). A write on the connection made to it must not be sent.
     let stale: redis::RedisResult<()> = held.set("lost", "x").await;

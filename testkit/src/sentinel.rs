@@ -55,40 +55,24 @@ impl Sentinels {
             s.ports.push(port);
         }
         for &port in &s.ports {
-            let client = sentinel_client(port);
             wait_until(
                 "a sentinel to know the replica and the other sentinels",
                 Duration::from_secs(30),
-                || {
-                    let client = client.clone();
-                    async move {
-                        let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                        let m: std::collections::HashMap<String, String> = redis::cmd("SENTINEL")
-                            .arg("MASTER")
-                            .arg(MASTER)
-                            .query_async(&mut c)
-                            .await
-                            .ok()?;
-                        let n = |k: &str| m.get(k).and_then(|v| v.parse::<u32>().ok());
-                        (n("num-slaves")? >= 1 && n("num-other-sentinels")? >= 2).then_some(())
-                    }
+                || async move {
+                    let m: std::collections::HashMap<String, String> =
+                        ask(port, &["MASTER", MASTER]).await.ok()?;
+                    let n = |k: &str| m.get(k).and_then(|v| v.parse::<u32>().ok());
+                    (n("num-slaves")? >= 1 && n("num-other-sentinels")? >= 2).then_some(())
                 },
             )
             .await;
             // Demote an old primary and spread news in a second or two rather
             // than ten (`info-period` 10 s, `publish-period` 2 s by default).
-            let mut c = client
-                .get_multiplexed_async_connection()
-                .await
-                .expect("sentinel");
-            let _: redis::RedisResult<String> = redis::cmd("SENTINEL")
-                .arg("DEBUG")
-                .arg("info-period")
-                .arg(500)
-                .arg("publish-period")
-                .arg(250)
-                .query_async(&mut c)
-                .await;
+            let _: redis::RedisResult<String> = ask(
+                port,
+                &["DEBUG", "info-period", "500", "publish-period", "250"],
+            )
+            .await;
         }
         s
     }
@@ -102,40 +86,14 @@ impl Sentinels {
             .join(",")
     }
 
-    /// The primary's port as the first sentinel names it.
-    pub async fn primary_port(&self) -> Option<u16> {
-        let mut c = sentinel_client(self.ports[0])
-            .get_multiplexed_async_connection()
-            .await
-            .ok()?;
-        let addr: Vec<String> = redis::cmd("SENTINEL")
-            .arg("GET-MASTER-ADDR-BY-NAME")
-            .arg(MASTER)
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        addr.get(1)?.parse().ok()
-    }
-
     /// Asks for a failover (`SENTINEL FAILOVER`, retried while the sentinel has
     /// no replica it trusts yet) and waits until every sentinel names `to`.
     pub async fn failover_to(&self, to: u16) {
-        let client = sentinel_client(self.ports[0]);
+        let first = self.ports[0];
         wait_until(
             "SENTINEL FAILOVER to be accepted",
             Duration::from_secs(30),
-            || {
-                let client = client.clone();
-                async move {
-                    let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                    let r: redis::RedisResult<String> = redis::cmd("SENTINEL")
-                        .arg("FAILOVER")
-                        .arg(MASTER)
-                        .query_async(&mut c)
-                        .await;
-                    r.ok()
-                }
-            },
+            || async move { ask::<String>(first, &["FAILOVER", MASTER]).await.ok() },
         )
         .await;
         self.wait_named(to).await;
@@ -144,27 +102,26 @@ impl Sentinels {
     /// Waits until every sentinel names the node on port `to` primary.
     pub async fn wait_named(&self, to: u16) {
         for &port in &self.ports {
-            let client = sentinel_client(port);
             wait_until(
                 "every sentinel to name the new primary",
                 Duration::from_secs(30),
-                || {
-                    let client = client.clone();
-                    async move {
-                        let mut c = client.get_multiplexed_async_connection().await.ok()?;
-                        let addr: Vec<String> = redis::cmd("SENTINEL")
-                            .arg("GET-MASTER-ADDR-BY-NAME")
-                            .arg(MASTER)
-                            .query_async(&mut c)
-                            .await
-                            .ok()?;
-                        (addr.get(1)? == &to.to_string()).then_some(())
-                    }
+                || async move {
+                    let addr: Vec<String> =
+                        ask(port, &["GET-MASTER-ADDR-BY-NAME", MASTER]).await.ok()?;
+                    (addr.get(1)? == &to.to_string()).then_some(())
                 },
             )
             .await;
         }
     }
+}
+
+/// `SENTINEL <args>` sent to the sentinel on `port`, over a connection of its own.
+async fn ask<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
+    let mut c = sentinel_client(port)
+        .get_multiplexed_async_connection()
+        .await?;
+    redis::cmd("SENTINEL").arg(args).query_async(&mut c).await
 }
 
 fn sentinel_client(port: u16) -> redis::Client {
