@@ -223,8 +223,22 @@ async fn a_submit_no_replica_confirms_gets_try_again_and_runs_nothing() {
     );
 
     // With a replica, the same submit is acknowledged, claimed, run and finished.
+    // Retried as a client told "try again" does: a replica just attached on a
+    // busy machine may take longer than the 300 ms to confirm the first one.
     let _replica = Redis::start_replica_of(&stack.redis).await;
-    let done = run_to_end(&client, "python3.13", "echo confirmed", json!({})).await;
+    let confirmed = json!({ "runtime": "python3.13", "command_base64": b64("echo confirmed") });
+    let id = wait_until(
+        "a submit the replica confirms",
+        Duration::from_secs(30),
+        || async {
+            let r = call(&client, "run_script", confirmed.clone()).await;
+            r["structuredContent"]["task_id"]
+                .as_str()
+                .map(str::to_owned)
+        },
+    )
+    .await;
+    let done = wait_for(&client, &id, "the confirmed task to end", is_final).await;
     assert_eq!(done["state"], "succeeded", "{done}");
     assert_eq!(done["stdout_tail"], "confirmed\n");
     stack.shutdown().await;
