@@ -24,7 +24,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY api api
 COPY worker worker
 COPY shared shared
-COPY support support
+COPY store store
 COPY ctl ctl
 # Test-only members: cargo loads the whole workspace, so they must be present.
 COPY testkit testkit

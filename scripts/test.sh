@@ -20,7 +20,7 @@
 #      with cargo-nextest (each test its own process, all test binaries in one pool: the
 #      suites mostly wait on Docker, so they overlap):
 #        - unit and property tests, each crate's tests (api/tests: the api alone;
-#          support/tests: the Redis set-up check, the lean pool, the Lua scripts;
+#          store/tests: the Redis set-up check, the lean pool, the Lua scripts;
 #          worker/tests), and the end-to-end suites (e2e/tests: api, worker, Redis and
 #          Docker together), with the workers' default warm pool;
 #        - at the same time, the suites that run tasks again without the pool

@@ -16,7 +16,7 @@ pub use shared::apikey::{Limits, Scope, Scopes};
 use subtle::ConstantTimeEq;
 
 use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
-use crate::store::{Store, StoreError};
+use crate::db::{Store, StoreError};
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]

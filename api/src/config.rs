@@ -117,7 +117,7 @@ pub struct Config {
     /// The HTTP limits: body size, timeouts, connections (see `crate::http`).
     pub http: HttpLimits,
     /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
-    pub redis_setup_check: support::redis_setup::Mode,
+    pub redis_setup_check: store::redis_setup::Mode,
     /// `OAUTH_*`: OAuth resource-server mode, `None` when off (see `crate::oauth`).
     pub oauth: Option<OAuthSettings>,
     /// `EGRESS_DEFAULT`: the egress policy of a task whose `run_script` names
@@ -160,7 +160,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field(
                 "redis_url",
-                &support::redis_pool::redacted_url(&self.redis.url),
+                &store::redis_pool::redacted_url(&self.redis.url),
             )
             .field("redis", &self.redis)
             .field("listen_addr", &self.listen_addr)
@@ -213,7 +213,7 @@ pub const VARS: [Var; 30] = [
     MAX_CONNECTIONS,
     REQUEST_HEADER_TIMEOUT_SECONDS,
     REQUEST_BODY_TIMEOUT_SECONDS,
-    support::redis_setup::REDIS_SETUP_CHECK,
+    store::redis_setup::REDIS_SETUP_CHECK,
     MAX_STDIN_BYTES,
     LISTEN_ADDR,
     ALLOWED_HOSTS,
@@ -278,7 +278,7 @@ impl Config {
             max_queued_tasks: MAX_QUEUED_TASKS.range(&var, 1, 10_000_000)?,
             retention_seconds: common.retention_seconds,
             http,
-            redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
+            redis_setup_check: store::redis_setup::Mode::from_lookup(&var)?,
             oauth: OAuthSettings::from_lookup(&var)?,
             egress_default: egress_default(&var)?,
         })
@@ -520,7 +520,7 @@ mod tests {
         // (16 MiB + 1 MiB) * 3/2 + 2 * 64 KiB + 1 MiB
         assert_eq!(c.http.max_request_bytes, 27_918_336);
         assert_eq!(c.http.max_connections, 1024);
-        assert_eq!(c.redis_setup_check, support::redis_setup::Mode::Refuse);
+        assert_eq!(c.redis_setup_check, store::redis_setup::Mode::Refuse);
         let c = load(&[TOKEN, ("MAX_ZIP_BYTES", "1048576")]).expect("config");
         assert_eq!(
             c.http.max_request_bytes,

@@ -14,7 +14,7 @@ pub mod http;
 mod metrics;
 pub mod oauth;
 pub mod origin;
-pub mod store;
+pub mod db;
 mod throttle;
 pub mod tools;
 
@@ -30,13 +30,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use support::redis_setup::{self, SetupError};
+use store::redis_setup::{self, SetupError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 use oauth::OAuth;
-use store::{Store, StoreError};
+use db::{Store, StoreError};
 use tools::ScriptRunner;
 
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +69,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ApiError> {
-    let redis = support::redis_pool::target(&config.redis)
+    let redis = store::redis_pool::target(&config.redis)
         .await
         .map_err(StoreError::from)?;
     let (url, mode) = (redis.clone(), config.redis_setup_check);
@@ -162,11 +162,11 @@ const WAITERS_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// The axum app: `/mcp` (authenticated), `/healthz` (open), and with OAuth on
 /// the Protected Resource Metadata (open).
-/// `redis` is where `config.redis` leads (`support::redis_pool::target`). `cancel`: the shutdown, which waiting calls
+/// `redis` is where `config.redis` leads (`store::redis_pool::target`). `cancel`: the shutdown, which waiting calls
 /// answer at once; `rmcp_cancel`: rmcp's token, which ends what is left.
 pub fn router(
     config: Config,
-    redis: &support::redis_pool::RedisTarget,
+    redis: &store::redis_pool::RedisTarget,
     cancel: CancellationToken,
     rmcp_cancel: CancellationToken,
 ) -> Result<Router, ApiError> {

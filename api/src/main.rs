@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     script_runner_api::http::raise_fd_limit(config.http.max_connections);
     let listener = script_runner_api::http::bind(config.listen_addr)
         .with_context(|| format!("cannot listen on {}", config.listen_addr))?;
-    run(listener, config, support::shutdown_signal()).await?;
+    run(listener, config, store::shutdown_signal()).await?;
     Ok(())
 }
 

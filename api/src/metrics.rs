@@ -17,9 +17,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use shared::usage::OwnerTotals;
-use support::usage::UsageTotals;
+use store::usage::UsageTotals;
 
-use crate::store::{Snapshot, Store};
+use crate::db::{Snapshot, Store};
 
 pub async fn handler(State(store): State<Store>) -> Response {
     // Bounded like /healthz: a hung Redis must not hold a scrape.
@@ -236,8 +236,8 @@ mod tests {
                 all: OwnerTotals::default(),
             },
         };
-        let served = support::exposition::families(&text(Some(s)));
-        assert_eq!(served, support::exposition::listed(FAMILIES));
+        let served = store::exposition::families(&text(Some(s)));
+        assert_eq!(served, store::exposition::listed(FAMILIES));
     }
 
     #[test]

@@ -745,7 +745,7 @@ async fn an_api_key_is_503_not_401_while_redis_is_down_and_metrics_are_the_admin
         last_used_at: None,
     };
     let keys = shared::Keys::new(stack.prefix.clone());
-    let key = support::apikeys::create(&mut conn, &keys, &record)
+    let key = store::apikeys::create(&mut conn, &keys, &record)
         .await
         .expect("create");
     let http = reqwest::Client::new();
@@ -810,8 +810,8 @@ async fn gets_served(c: &mut redis::aio::MultiplexedConnection) -> u64 {
 async fn another_owners_files_are_never_read() {
     let redis = Redis::start().await;
     let keys = shared::Keys::new("sr");
-    let target = support::redis_pool::RedisTarget::url(&redis.url()).expect("url");
-    let store = script_runner_api::store::Store::new(&target, keys.clone(), None).expect("store");
+    let target = store::redis_pool::RedisTarget::url(&redis.url()).expect("url");
+    let store = script_runner_api::db::Store::new(&target, keys.clone(), None).expect("store");
     let mut c = redis.conn().await;
     let id = "6f1c2a52-8d0e-4c3b-9a51-0d6a2f7e9b10";
     let () = c

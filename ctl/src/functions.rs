@@ -1,9 +1,9 @@
 //! `redis load-functions`, `redis functions`, `redis prune-functions`: this
-//! build's Lua functions library in Redis (`support::scripts`), for Redis's
+//! build's Lua functions library in Redis (`store::scripts`), for Redis's
 //! admin user (no other user may load or delete code).
 
 use serde::Serialize;
-use support::scripts::{self, Loaded};
+use store::scripts::{self, Loaded};
 
 use crate::{Config, CtlError};
 
@@ -16,7 +16,7 @@ pub struct LibraryView {
 }
 
 pub struct FunctionsAdmin {
-    pool: support::redis_pool::Pool,
+    pool: store::redis_pool::Pool,
 }
 
 impl FunctionsAdmin {

@@ -7,7 +7,7 @@ use serde::Serialize;
 use shared::apikey::{ApiKeyRecord, Limits, Scopes};
 use shared::options::Networks;
 use shared::time::rfc3339_ms;
-use support::apikeys::{self, NewKey};
+use store::apikeys::{self, NewKey};
 
 use crate::{Config, CtlError};
 
@@ -56,7 +56,7 @@ pub struct IssuedKey<'a> {
 
 /// The ctl's handle on the key store.
 pub struct KeyAdmin {
-    pool: support::redis_pool::Pool,
+    pool: store::redis_pool::Pool,
     keys: shared::Keys,
 }
 

@@ -57,9 +57,9 @@ impl Config {
 
     /// A pool of at most `size` connections to this Redis, with the client
     /// certificate if one is set.
-    pub async fn pool(&self, size: usize) -> Result<support::redis_pool::Pool, CtlError> {
-        let redis = support::redis_pool::target(&self.redis).await?;
-        Ok(support::redis_pool::build(
+    pub async fn pool(&self, size: usize) -> Result<store::redis_pool::Pool, CtlError> {
+        let redis = store::redis_pool::target(&self.redis).await?;
+        Ok(store::redis_pool::build(
             &redis,
             size,
             std::time::Duration::from_secs(3),
@@ -73,11 +73,11 @@ impl CtlError {
     pub fn is_transient(&self) -> bool {
         match self {
             // A login refused (WRONGPASS, NOPERM) is no outage.
-            CtlError::Pool(support::redis_pool::GetError::Backend(e)) => {
-                support::redis_pool::breaks_connection(e)
+            CtlError::Pool(store::redis_pool::GetError::Backend(e)) => {
+                store::redis_pool::breaks_connection(e)
             }
             CtlError::Pool(_) => true,
-            CtlError::Redis(e) => support::redis_pool::breaks_connection(e),
+            CtlError::Redis(e) => store::redis_pool::breaks_connection(e),
             _ => false,
         }
     }
@@ -88,9 +88,9 @@ pub enum CtlError {
     #[error(transparent)]
     Config(#[from] VarError),
     #[error(transparent)]
-    BuildPool(#[from] support::redis_pool::PoolError),
+    BuildPool(#[from] store::redis_pool::PoolError),
     #[error("Redis is unreachable: {0}")]
-    Pool(#[from] support::redis_pool::GetError),
+    Pool(#[from] store::redis_pool::GetError),
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("no task {0} (never submitted under this REDIS_KEY_PREFIX, or its record expired)")]
@@ -102,9 +102,9 @@ pub enum CtlError {
         source: shared::RecordError,
     },
     #[error(transparent)]
-    ApiKey(#[from] support::apikeys::ApiKeyError),
+    ApiKey(#[from] store::apikeys::ApiKeyError),
     #[error(transparent)]
-    Functions(#[from] support::scripts::FunctionsError),
+    Functions(#[from] store::scripts::FunctionsError),
     #[error(transparent)]
     Key(#[from] shared::apikey::KeyError),
     #[error("terminal: {0}")]

@@ -247,18 +247,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn redis_functions(config: &Config, cmd: RedisCommand, json: bool) -> anyhow::Result<()> {
     let admin = FunctionsAdmin::new(config).await?;
-    let name = &support::scripts::library().name;
+    let name = &store::scripts::library().name;
     match cmd {
         RedisCommand::LoadFunctions => {
             let loaded = admin.load().await?;
             if json {
-                let loaded_now = loaded == support::scripts::Loaded::Now;
+                let loaded_now = loaded == store::scripts::Loaded::Now;
                 let out = serde_json::json!({"library": name, "loaded_now": loaded_now});
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 match loaded {
-                    support::scripts::Loaded::Now => eprintln!("loaded library {name}"),
-                    support::scripts::Loaded::Already => {
+                    store::scripts::Loaded::Now => eprintln!("loaded library {name}"),
+                    store::scripts::Loaded::Already => {
                         eprintln!("library {name} was loaded already")
                     }
                 }

@@ -10,7 +10,7 @@ use shared::time::{redis_time_ms, rfc3339_ms, task_clock};
 use shared::usage::UsageView;
 use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskRecord, TaskState};
-use support::redis_pool::Pool;
+use store::redis_pool::Pool;
 
 use crate::{Config, CtlError};
 
@@ -156,7 +156,7 @@ impl Reader {
         })
     }
 
-    async fn now_ms(conn: &mut support::redis_pool::Connection) -> Result<i64, CtlError> {
+    async fn now_ms(conn: &mut store::redis_pool::Connection) -> Result<i64, CtlError> {
         let time: (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
         Ok(redis_time_ms(time))
     }
@@ -165,7 +165,7 @@ impl Reader {
         let mut conn = self.pool.get().await?;
         let now_ms = Reader::now_ms(&mut conn).await?;
         let in_stream: u64 = conn.xlen(self.keys.jobs()).await?;
-        let pending = support::jobs::pending_summary(&mut conn, &self.keys).await?;
+        let pending = store::jobs::pending_summary(&mut conn, &self.keys).await?;
         let (held, per_worker) = (pending.count, pending.per_consumer);
         let workers = self.workers(&mut conn, &per_worker).await?;
         let (running, running_truncated) = if held > 0 {
@@ -193,7 +193,7 @@ impl Reader {
     /// Registered workers (`SSCAN`, bounded) and their heartbeats.
     async fn workers(
         &self,
-        conn: &mut support::redis_pool::Connection,
+        conn: &mut store::redis_pool::Connection,
         held: &HashMap<String, u64>,
     ) -> Result<Vec<WorkerView>, CtlError> {
         let mut names: Vec<String> = Vec::new();
@@ -250,7 +250,7 @@ impl Reader {
     /// round trips; the longest silent first.
     async fn running(
         &self,
-        conn: &mut support::redis_pool::Connection,
+        conn: &mut store::redis_pool::Connection,
         now_ms: i64,
     ) -> Result<(Vec<RunningTask>, bool), CtlError> {
         let jobs = self.keys.jobs();
@@ -305,7 +305,7 @@ impl Reader {
 
     async fn finished_last_hour(
         &self,
-        conn: &mut support::redis_pool::Connection,
+        conn: &mut store::redis_pool::Connection,
         now_ms: i64,
     ) -> Result<Vec<FinishedCount>, CtlError> {
         let minute = (now_ms.max(0) as u64) / 60_000;

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use shared::usage::OwnerTotals;
-use support::usage::UsageTotals;
+use store::usage::UsageTotals;
 
 use crate::CtlError;
 use crate::read::Reader;
@@ -73,7 +73,7 @@ impl Reader {
     pub async fn usage(&self, limit: usize) -> Result<UsageReport, CtlError> {
         let mut conn = self.pool.get().await?;
         let totals =
-            support::usage::top_owners(&mut conn, &self.keys, limit.min(MAX_OWNERS)).await?;
+            store::usage::top_owners(&mut conn, &self.keys, limit.min(MAX_OWNERS)).await?;
         Ok(UsageReport::new(&totals))
     }
 }

@@ -129,8 +129,8 @@ esac
 
 # Sent by redis-rs and deadpool-redis on every connection or pool checkout; INFO is read
 # once at start by api and worker, to check that nothing is evicted and AOF is on
-# (support/src/redis_setup.rs). It shows no keys and no configuration values. WAIT follows
-# a submit, kill, claim or finish with REDIS_MIN_REPLICAS_ACK (support/src/redis_pool.rs).
+# (store/src/redis_setup.rs). It shows no keys and no configuration values. WAIT follows
+# a submit, kill, claim or finish with REDIS_MIN_REPLICAS_ACK (store/src/redis_pool.rs).
 conn="+ping +unwatch +client|setinfo +info +wait"
 # Lua: the scripts are one Redis Functions library, loaded by `admin` only
 # (script-runner-ctl redis load-functions, the `functions` service in

@@ -68,7 +68,7 @@ async fn client_of(stack: &Stack, owner: &str) -> Client {
         created_at: None,
         last_used_at: None,
     };
-    let key = support::apikeys::create(&mut conn, &stack.keys(), &record)
+    let key = store::apikeys::create(&mut conn, &stack.keys(), &record)
         .await
         .expect("create key");
     mcp_client(&stack.url, key.expose())

@@ -431,7 +431,7 @@ async fn a_key_limited_to_some_policies_is_refused_the_others() {
         created_at: None,
         last_used_at: None,
     };
-    let key = support::apikeys::create(&mut conn, &stack.keys(), &record)
+    let key = store::apikeys::create(&mut conn, &stack.keys(), &record)
         .await
         .expect("create key");
     let client = mcp_client(&stack.url, key.expose())

@@ -7,7 +7,7 @@
 //! - every `redis.call('X', ...)` of every script in shared/src/lua is allowed
 //!   to each user that runs the script: scripts built with `ScriptCall::name`
 //!   in api/src run as `api`, in worker/src as `worker`; those built only in
-//!   support/src are assigned below, and a script nobody runs fails the test;
+//!   store/src are assigned below, and a script nobody runs fails the test;
 //! - every `cmd("X")` the api or worker sends from Rust (their sources and the
 //!   support modules they call), and the typed redis-rs calls listed in
 //!   `TYPED`, are allowed to that user.
@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 const ENTRYPOINT: &str = "deploy/redis/entrypoint.sh";
 
-/// Scripts built only in support/src, and the users that run them there:
+/// Scripts built only in store/src, and the users that run them there:
 /// `key_touch` by the api's key lookup; the key management ones by
 /// script-runner-ctl as `admin` (who may send anything).
 const VIA_SUPPORT: &[(&str, &[&str])] = &[
@@ -46,20 +46,20 @@ const SOURCES: &[(&str, &[&str])] = &[
         "api",
         &[
             "api/src",
-            "support/src/usage.rs",
-            "support/src/jobs.rs",
-            "support/src/apikeys.rs",
-            "support/src/scripts.rs",
-            "support/src/redis_pool.rs",
+            "store/src/usage.rs",
+            "store/src/jobs.rs",
+            "store/src/apikeys.rs",
+            "store/src/scripts.rs",
+            "store/src/redis_pool.rs",
         ],
     ),
     (
         "worker",
         &[
             "worker/src",
-            "support/src/jobs.rs",
-            "support/src/scripts.rs",
-            "support/src/redis_pool.rs",
+            "store/src/jobs.rs",
+            "store/src/scripts.rs",
+            "store/src/redis_pool.rs",
         ],
     ),
 ];
@@ -454,7 +454,7 @@ async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
 /// Loads this build's functions as Redis's unrestricted user (the admin).
 async fn load_as_admin(redis: &testkit::Redis) {
     let mut admin = redis.conn().await;
-    support::scripts::ensure_loaded(&mut admin)
+    store::scripts::ensure_loaded(&mut admin)
         .await
         .expect("FUNCTION LOAD as admin");
 }
@@ -470,7 +470,7 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
     let prefix = testkit::unique_prefix('a');
     let keys = shared::Keys::new(&prefix);
     load_as_admin(&redis).await;
-    let library = support::scripts::library();
+    let library = store::scripts::library();
     // A script in the cache, so EVALSHA is refused for its ACL, not NOSCRIPT.
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -516,7 +516,7 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
         }
         // Its own calls work: the version check, and a function of its own.
         assert!(
-            support::scripts::is_loaded(&mut c)
+            store::scripts::is_loaded(&mut c)
                 .await
                 .expect("FUNCTION LIST")
         );
@@ -530,7 +530,7 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                 ScriptCall::claim(&shared::Keys::new("elsewhere"), "t1", "w1", "0-1"),
             ),
         };
-        let _: redis::Value = support::scripts::invoke(&mut c, &own)
+        let _: redis::Value = store::scripts::invoke(&mut c, &own)
             .await
             .unwrap_or_else(|e| panic!("{user}: FCALL of its own function: {e}"));
         if user == "worker" {
@@ -564,19 +564,19 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                 last_used_at: None,
             };
             let mint = ScriptCall::key_create(&keys, "mine", &"1".repeat(64), &record.to_fields());
-            let e = support::scripts::invoke::<redis::Value>(&mut c, &mint)
+            let e = store::scripts::invoke::<redis::Value>(&mut c, &mint)
                 .await
                 .expect_err("the worker minted an API key");
             assert_eq!(e.code(), Some("NOPERM"), "worker: {e}");
         }
-        let e = support::scripts::invoke::<redis::Value>(&mut c, &foreign)
+        let e = store::scripts::invoke::<redis::Value>(&mut c, &foreign)
             .await
             .expect_err("a function on keys outside the prefix");
         assert_eq!(e.code(), Some("NOPERM"), "{user}: {e}");
     }
     // Nothing above changed the library.
     let mut admin = redis.conn().await;
-    let libraries = support::scripts::our_libraries(&mut admin)
+    let libraries = store::scripts::our_libraries(&mut admin)
         .await
         .expect("list");
     assert_eq!(libraries, std::slice::from_ref(&library.name));
@@ -591,7 +591,7 @@ async fn an_api_without_its_functions_stops_at_start_saying_what_to_run_as_admin
     let status = api.exit_status(std::time::Duration::from_secs(30)).await;
     assert!(!status.success(), "{}", api.log());
     let log = api.log();
-    let library = &support::scripts::library().name;
+    let library = &store::scripts::library().name;
     assert!(
         log.contains(&format!("library {library}"))
             && log.contains("script-runner-ctl redis load-functions"),
@@ -631,22 +631,22 @@ async fn functions_flushed_while_running_are_reloaded_where_permitted_and_named_
     };
     // As a user that may load code (dev): loaded again, the call answers.
     let mut unrestricted = redis.conn().await;
-    let _: i64 = support::scripts::invoke(&mut unrestricted, &touch)
+    let _: i64 = store::scripts::invoke(&mut unrestricted, &touch)
         .await
         .expect("first call");
     flush().await;
-    let _: i64 = support::scripts::invoke(&mut unrestricted, &touch)
+    let _: i64 = store::scripts::invoke(&mut unrestricted, &touch)
         .await
         .expect("the call after FUNCTION FLUSH");
     assert!(
-        support::scripts::is_loaded(&mut unrestricted)
+        store::scripts::is_loaded(&mut unrestricted)
             .await
             .expect("list")
     );
     // As the deployment's api user: the call fails, naming what to run.
     flush().await;
     let mut api = connect(&entrypoint_user(&redis, "api", &prefix).await).await;
-    let e = support::scripts::invoke::<i64>(&mut api, &touch)
+    let e = store::scripts::invoke::<i64>(&mut api, &touch)
         .await
         .expect_err("the api user cannot load the functions");
     assert!(
@@ -654,9 +654,9 @@ async fn functions_flushed_while_running_are_reloaded_where_permitted_and_named_
             .contains("script-runner-ctl redis load-functions"),
         "{e}"
     );
-    assert!(!support::scripts::is_loaded(&mut api).await.expect("list"));
+    assert!(!store::scripts::is_loaded(&mut api).await.expect("list"));
     load_as_admin(&redis).await;
-    let _: i64 = support::scripts::invoke(&mut api, &touch)
+    let _: i64 = store::scripts::invoke(&mut api, &touch)
         .await
         .expect("the call once the admin loaded them");
 }
@@ -686,7 +686,7 @@ async fn a_worker_without_its_functions_stops_at_start_saying_what_to_run_as_adm
     .expect("the worker stops at start, not later");
     let _ = std::fs::remove_dir_all(&tasks_dir);
     let e = result.expect_err("a worker whose functions are missing must not start");
-    let library = &support::scripts::library().name;
+    let library = &store::scripts::library().name;
     assert!(
         e.to_string().contains(&format!("library {library}"))
             && e.to_string()

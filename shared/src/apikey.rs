@@ -3,7 +3,7 @@
 //! `ApiKeyRecord`) and how a presented key is looked up (`key_hash`).
 //!
 //! A key is `srk_` and 32 random bytes in base64url (made by
-//! `support::apikeys::generate`, which reads the OS's randomness). Redis holds
+//! `store::apikeys::generate`, which reads the OS's randomness). Redis holds
 //! only its SHA-256, hex: the record lives under `Keys::api_key(<sha256>)`, and
 //! `Keys::api_key_names()` maps each name to its hash. A fast hash is right
 //! here (docs/security.md says why): the secret has 256 bits of entropy, so

@@ -204,7 +204,7 @@ pub struct RedisSettings {
     /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: the client certificate (PEM, with
     /// any intermediates) and its private key presented on a `rediss://` connection,
     /// for a Redis that requires mutual TLS. Both or neither; read at start by
-    /// `support::redis_pool::target`.
+    /// `store::redis_pool::target`.
     pub client_cert: Option<ClientCertFiles>,
     /// `REDIS_SENTINELS` and `REDIS_SENTINEL_MASTER`: follow the primary Redis
     /// Sentinel names instead of `REDIS_URL`'s host (`None`: no sentinels).

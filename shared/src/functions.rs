@@ -9,7 +9,7 @@
 //! None of the scripts is read-only, so none has the `no-writes` flag (FCALL_RO
 //! is not used).
 //!
-//! Pure: `support::scripts` loads the library (`FUNCTION LOAD`) and calls it.
+//! Pure: `store::scripts` loads the library (`FUNCTION LOAD`) and calls it.
 
 use std::sync::LazyLock;
 

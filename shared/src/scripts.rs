@@ -17,8 +17,8 @@
 //! scripts.
 //!
 //! This crate does no I/O: [`crate::functions`] makes one Redis Functions
-//! library of these sources, and `support::scripts` loads it and runs a
-//! `ScriptCall` with `support::scripts::invoke` (an `FCALL`).
+//! library of these sources, and `store::scripts` loads it and runs a
+//! `ScriptCall` with `store::scripts::invoke` (an `FCALL`).
 
 use crate::apikey::{ApiKeyField, Limits};
 use crate::keys::{Keys, WORKER_GROUP};

@@ -111,7 +111,7 @@ pub struct Config {
     /// `POOL_SIZE` and `POOL_MAX_AGE_SECONDS`: the warm pool.
     pub pool: PoolConfig,
     /// `REDIS_SETUP_CHECK`: refuse to start, or only warn, when Redis can lose data.
-    pub redis_setup_check: support::redis_setup::Mode,
+    pub redis_setup_check: store::redis_setup::Mode,
     /// `CACHE_MB_PER_OWNER` and `CACHE_TOTAL_MB`: the dependency caches.
     pub cache: CacheConfig,
     /// `EGRESS_*`: the egress proxy of allow-list tasks.
@@ -234,7 +234,7 @@ impl std::fmt::Debug for Config {
         f.debug_struct("Config")
             .field(
                 "redis_url",
-                &support::redis_pool::redacted_url(&self.redis.url),
+                &store::redis_pool::redacted_url(&self.redis.url),
             )
             .field("redis", &self.redis)
             .field("worker_name", &self.worker_name)
@@ -285,7 +285,7 @@ pub const VARS: [Var; 27] = [
     EGRESS_PORTS,
     EGRESS_TEST_RESOLVE,
     EGRESS_TEST_PUBLIC,
-    support::redis_setup::REDIS_SETUP_CHECK,
+    store::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
     TASK_CPUS,
@@ -370,7 +370,7 @@ impl Config {
             retention_seconds: common.retention_seconds,
             heartbeat_ttl: Duration::from_secs(WORKER_HEARTBEAT_SECONDS.range(&var, 1, 3600)?),
             shutdown_grace: Duration::from_secs(SHUTDOWN_GRACE_SECONDS.range(&var, 0, 86_400)?),
-            redis_setup_check: support::redis_setup::Mode::from_lookup(&var)?,
+            redis_setup_check: store::redis_setup::Mode::from_lookup(&var)?,
             metrics_addr: match WORKER_METRICS_ADDR.get(&var).trim() {
                 "" => None,
                 _ => Some(WORKER_METRICS_ADDR.parse(

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::RetryableWithContext;
-use support::redis_pool::Pooled;
+use store::redis_pool::Pooled;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -60,7 +60,7 @@ pub enum WorkerError {
     #[error("TASKS_DIR {path}: {error}")]
     TasksDir { path: String, error: std::io::Error },
     #[error(transparent)]
-    RedisSetup(#[from] support::redis_setup::SetupError),
+    RedisSetup(#[from] store::redis_setup::SetupError),
     #[error("restart recovery: {0}")]
     Recovery(#[from] recovery::RecoveryError),
 }
@@ -119,7 +119,7 @@ pub async fn run(
 /// Redis, the Docker engine, the task network and firewall, the consumer group.
 async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, WorkerError> {
     config.tasks_dir = prepare_tasks_dir(&config.tasks_dir).await?;
-    let redis = support::redis_pool::target(&config.redis)
+    let redis = store::redis_pool::target(&config.redis)
         .await
         .map_err(QueueError::from)?;
     let queue = Queue::new(
@@ -190,9 +190,9 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     // Waits for Redis if it is not up yet (a SIGTERM meanwhile ends the wait).
     retry::redis("create consumer group", stop, || queue.ensure_group()).await?;
     // Before taking any job: a Redis that evicts keys or keeps nothing on disk
-    // loses tasks (see support::redis_setup).
+    // loses tasks (see store::redis_setup).
     tokio::select! {
-        r = support::redis_setup::check_until_answered(
+        r = store::redis_setup::check_until_answered(
             &redis,
             config.redis_setup_check,
             Duration::from_secs(2),

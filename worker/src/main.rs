@@ -16,7 +16,7 @@ fn main() -> anyhow::Result<()> {
     // Loaded before the runtime starts: it reads /etc/hostname, a blocking call.
     let config = Config::from_env().context("invalid configuration")?;
     tokio::runtime::Runtime::new()?.block_on(async {
-        run(config, support::shutdown_signal())
+        run(config, store::shutdown_signal())
             .await
             .context("worker failed")
     })

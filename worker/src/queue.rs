@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use shared::envvar::ReplicaAck;
-use support::redis_pool::{Pool, Pooled, RedisTarget, ReplicationError};
+use store::redis_pool::{Pool, Pooled, RedisTarget, ReplicationError};
 
 /// How many `WAIT`s a claim or finish sends on its connection before it gives
 /// up and is retried whole (see `Queue::replicated_script`).
@@ -20,19 +20,19 @@ use shared::scripts::{Ended, ScriptCall};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::task::{Outcome, RecordedEnd};
 use shared::{Field, Keys, RecordError, TaskRecord};
-use support::scripts;
+use store::scripts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
     #[error("Redis is unreachable: {0}")]
-    Pool(#[from] support::redis_pool::GetError),
+    Pool(#[from] store::redis_pool::GetError),
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
     #[error(transparent)]
-    BuildPool(#[from] support::redis_pool::PoolError),
+    BuildPool(#[from] store::redis_pool::PoolError),
     /// `REDIS_MIN_REPLICAS_ACK` replicas did not confirm a transition.
     #[error("Redis did not replicate a transition in time: {0}")]
-    NotReplicated(support::redis_pool::NotReplicated),
+    NotReplicated(store::redis_pool::NotReplicated),
     /// The task's record does not read as its type (the error names the field).
     #[error("task {0} has a malformed record: {1}")]
     Corrupt(String, #[source] RecordError),
@@ -156,7 +156,7 @@ pub struct Queue {
 }
 
 impl Queue {
-    /// `redis`: `support::redis_pool::target`'s (`RedisTarget::url` in tests).
+    /// `redis`: `store::redis_pool::target`'s (`RedisTarget::url` in tests).
     /// `replica_ack`: claims and finishes wait for that many replicas.
     pub fn new(
         redis: &RedisTarget,
@@ -164,7 +164,7 @@ impl Queue {
         worker: String,
         replica_ack: Option<ReplicaAck>,
     ) -> Result<Queue, QueueError> {
-        let pool = support::redis_pool::build(redis, 64, Duration::from_secs(5))?;
+        let pool = store::redis_pool::build(redis, 64, Duration::from_secs(5))?;
         Ok(Queue {
             pool,
             target: redis.clone(),
@@ -292,7 +292,7 @@ impl Queue {
         }
         let mut tries = 0;
         loop {
-            match support::redis_pool::replicated(&mut conn, self.replica_ack).await {
+            match store::redis_pool::replicated(&mut conn, self.replica_ack).await {
                 Ok(()) => break,
                 Err(ReplicationError::Redis(e)) => return Err(e.into()),
                 Err(ReplicationError::Short(short)) => {

@@ -15,7 +15,7 @@ use shared::options::CacheUse;
 
 use super::error::ToolError;
 use crate::config::MAX_WAIT_SECONDS;
-use crate::store::ListCursor;
+use crate::db::ListCursor;
 
 /// Standard alphabet; padding optional, since models often drop it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(

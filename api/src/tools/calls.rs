@@ -22,7 +22,7 @@ use super::output::{KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutpu
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
 use crate::auth::{Principal, Scope};
-use crate::store::{NewTask, Submitted};
+use crate::db::{NewTask, Submitted};
 use shared::scripts::Quota;
 
 /// Index entries one `list_tasks` call examines at most (a rare state filter

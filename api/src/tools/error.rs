@@ -18,7 +18,7 @@ use shared::tail::TAIL_CAP;
 use shared::zipcheck::ZipError;
 
 use crate::config::MAX_WAIT_SECONDS;
-use crate::store::StoreError;
+use crate::db::StoreError;
 
 /// What kind of error a tool call met, for a client to branch on without
 /// parsing the message (which may change). Serialised in snake_case.

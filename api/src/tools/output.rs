@@ -9,7 +9,7 @@ use shared::usage::UsageView;
 use shared::view::EgressView;
 use shared::{ReasonKind, TaskState};
 
-use crate::store::ListedTask;
+use crate::db::ListedTask;
 
 /// `list_tasks` shows the command's first line up to this many characters.
 pub const LIST_COMMAND_CHARS: usize = 200;

@@ -11,7 +11,7 @@ use super::describe;
 use super::error::ToolError;
 use crate::auth::{Principal, Scope};
 use crate::config::Config;
-use crate::store::Store;
+use crate::db::Store;
 
 /// One MCP server per request (the transport is stateless); cheap to clone
 /// since it only holds handles. Build one with `new` at start and clone it per

@@ -5,7 +5,7 @@ use super::error::ToolError;
 use super::output::TaskStatus;
 use super::runner::ScriptRunner;
 use crate::auth::Principal;
-use crate::store::{StatusRead, Woke};
+use crate::db::{StatusRead, Woke};
 
 /// What a waiting call (`wait_seconds`) waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

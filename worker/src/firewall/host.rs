@@ -3,7 +3,7 @@
 //! kept (its name servers).
 
 use std::net::{IpAddr, Ipv4Addr};
-use support::redis_pool::RedisTarget;
+use store::redis_pool::RedisTarget;
 
 use ipnet::Ipv4Net;
 use tokio::process::Command;

@@ -32,7 +32,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use support::redis_pool::RedisTarget;
+use store::redis_pool::RedisTarget;
 
 use tokio::sync::Mutex;
 

@@ -1,4 +1,4 @@
-//! The Redis set-up check at start (`REDIS_SETUP_CHECK`, support::redis_setup):
+//! The Redis set-up check at start (`REDIS_SETUP_CHECK`, store::redis_setup):
 //! the api and the worker refuse a real redis-server that can evict keys or keeps
 //! nothing on disk, start with a warning when told to, and start quietly on a
 //! durable one (every other test's Redis, and the deployment's).

@@ -18,13 +18,13 @@ use shared::task::NOT_REPLICATED_REASON;
 use shared::time::redis_time_ms;
 use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskState};
-use support::redis_pool::{LeanConnection, LeanPool, RedisTarget, ReplicationError};
-use support::scripts;
+use store::redis_pool::{LeanConnection, LeanPool, RedisTarget, ReplicationError};
+use store::scripts;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the task store (Redis) is unreachable: {0}")]
-    Pool(#[from] support::redis_pool::GetError),
+    Pool(#[from] store::redis_pool::GetError),
     #[error("the task store (Redis) failed: {0}")]
     Redis(#[from] redis::RedisError),
     /// A stored task record does not read as its type (the error names the field).
@@ -41,10 +41,10 @@ pub enum StoreError {
     #[error("a value could not be encoded as JSON: {0}")]
     Json(#[from] serde_json::Error),
     #[error(transparent)]
-    BuildPool(#[from] support::redis_pool::PoolError),
+    BuildPool(#[from] store::redis_pool::PoolError),
     /// `REDIS_MIN_REPLICAS_ACK` replicas did not confirm a write in time.
     #[error("the task store (Redis) is failing over or its replicas lag: {0}")]
-    NotReplicated(#[from] support::redis_pool::NotReplicated),
+    NotReplicated(#[from] store::redis_pool::NotReplicated),
     /// An API key record that does not read as one.
     #[error("{0}")]
     ApiKey(#[from] shared::apikey::KeyError),
@@ -80,7 +80,7 @@ pub struct Snapshot {
     pub finished: BTreeMap<(String, String), u64>,
     /// The heaviest owners' usage totals (`METRICS_OWNERS` of them) and the
     /// totals over every owner.
-    pub usage: support::usage::UsageTotals,
+    pub usage: store::usage::UsageTotals,
 }
 
 /// How many owners `/metrics` labels by name, the heaviest by CPU; the rest are
@@ -247,7 +247,7 @@ pub enum Woke {
 /// A wait connection in use: unless the read it carries completed, it is
 /// closed, not returned, when dropped (the waiter was cancelled mid-read).
 struct Blocking {
-    conn: Option<support::redis_pool::LeanConnection>,
+    conn: Option<store::redis_pool::LeanConnection>,
     clean: bool,
 }
 
@@ -272,17 +272,17 @@ impl Store {
         // Fail fast when Redis is down, so a tool call or /healthz answers in
         // bounded time instead of hanging on the pool. Lean: most requests send
         // one command, and a checked checkout would double their round trips.
-        let pool = support::redis_pool::build_lean(
+        let pool = store::redis_pool::build_lean(
             redis,
             32,
             Duration::from_secs(2),
-            support::redis_pool::TRUSTED_FOR,
+            store::redis_pool::TRUSTED_FOR,
         )?;
-        let waits = support::redis_pool::build_lean(
+        let waits = store::redis_pool::build_lean(
             redis,
             WAIT_CONNECTIONS,
             WAIT_CHECKOUT,
-            support::redis_pool::TRUSTED_FOR,
+            store::redis_pool::TRUSTED_FOR,
         )?;
         Ok(Store {
             pool,
@@ -307,10 +307,10 @@ impl Store {
                 .smembers(self.keys.workers())
                 .query_async(&mut conn)
                 .await?;
-        let jobs_pending = support::jobs::pending_summary(&mut conn, &self.keys)
+        let jobs_pending = store::jobs::pending_summary(&mut conn, &self.keys)
             .await?
             .count;
-        let usage = support::usage::top_owners(&mut conn, &self.keys, METRICS_OWNERS).await?;
+        let usage = store::usage::top_owners(&mut conn, &self.keys, METRICS_OWNERS).await?;
         let mut workers = BTreeMap::new();
         if !names.is_empty() {
             let beats: Vec<Option<String>> = conn
@@ -412,7 +412,7 @@ impl Store {
         conn: &mut LeanConnection,
         t: &NewTask<'_>,
     ) -> Result<(), StoreError> {
-        let Err(e) = support::redis_pool::replicated(conn, self.replica_ack).await else {
+        let Err(e) = store::redis_pool::replicated(conn, self.replica_ack).await else {
             return Ok(());
         };
         // A short count leaves the connection usable; a Redis error may not.
@@ -434,7 +434,7 @@ impl Store {
         let withdrawn = if same_connection {
             match scripts::invoke::<(String, i64)>(conn, &withdraw).await {
                 Ok(_) => {
-                    let _ = support::redis_pool::replicated(conn, self.replica_ack).await;
+                    let _ = store::redis_pool::replicated(conn, self.replica_ack).await;
                     Ok(())
                 }
                 Err(e) => Err(e),
@@ -465,9 +465,9 @@ impl Store {
     /// `None` if there is no such key; touches its `last_used_at` at most once
     /// a minute.
     pub async fn api_key(&self, presented: &[u8]) -> Result<Option<ApiKeyRecord>, StoreError> {
-        use support::apikeys::ApiKeyError as E;
+        use store::apikeys::ApiKeyError as E;
         let mut conn = self.pool.get().await?;
-        match support::apikeys::lookup(&mut conn, &self.keys, presented).await {
+        match store::apikeys::lookup(&mut conn, &self.keys, presented).await {
             Ok(r) => Ok(r),
             Err(E::Redis(e)) => Err(StoreError::Redis(e)),
             Err(E::Key(e)) => Err(StoreError::ApiKey(e)),
@@ -710,7 +710,7 @@ impl Store {
         // writes its state again, so this covers the first one too); an unknown
         // id gets its answer whatever the replicas do.
         if reply.0 == TaskState::Killed.as_str() {
-            support::redis_pool::replicated(&mut conn, self.replica_ack).await?;
+            store::redis_pool::replicated(&mut conn, self.replica_ack).await?;
         }
         match KillReply::parse(reply) {
             Ok(KillReply::Missing) => Ok(None),

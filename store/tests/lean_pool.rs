@@ -1,4 +1,4 @@
-//! The api's Redis pool (`support::redis_pool::build_lean`) hands out a recently
+//! The api's Redis pool (`store::redis_pool::build_lean`) hands out a recently
 //! used connection without a check round trip, so it must notice broken
 //! connections itself. Against a real redis-server restarted under it.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::Redis;
 use redis::RedisResult;
-use script_runner_support::redis_pool::{LeanPool, RedisTarget, build_lean};
+use script_runner_store::redis_pool::{LeanPool, RedisTarget, build_lean};
 
 fn target(redis: &Redis) -> RedisTarget {
     RedisTarget::url(&redis.url()).expect("a Redis URL")

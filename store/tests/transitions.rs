@@ -32,7 +32,7 @@ async fn conn(r: &Redis) -> MultiplexedConnection {
 
 /// Runs a typed call as the binaries do, reading its reply as `T`.
 async fn run<T: FromRedisValue>(c: &mut MultiplexedConnection, call: ScriptCall) -> T {
-    script_runner_support::scripts::invoke(c, &call)
+    script_runner_store::scripts::invoke(c, &call)
         .await
         .expect("script")
 }
@@ -417,8 +417,8 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
 // ---------------------------------------------------------------------------
 // Owners: quotas in SUBMIT, ownership in KILL, and the API key scripts.
 
-use script_runner_support::apikeys;
-use script_runner_support::scripts::read_submit;
+use script_runner_store::apikeys;
+use script_runner_store::scripts::read_submit;
 use shared::apikey::{ApiKeyRecord, Limits, Scopes};
 use shared::scripts::{Quota, SubmitReply};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::Redis;
 use common::sentinel::{MASTER, Sentinels};
 use redis::AsyncCommands;
-use script_runner_support::redis_pool::{self, RedisTarget};
+use script_runner_store::redis_pool::{self, RedisTarget};
 use shared::envvar::{RedisSettings, Sentinels as SentinelSettings};
 
 async fn target(sentinels: &Sentinels) -> RedisTarget {
