@@ -15,8 +15,8 @@ use shared::apikey::KEY_PREFIX;
 pub use shared::apikey::{Limits, Scope, Scopes};
 use subtle::ConstantTimeEq;
 
-use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
 use crate::db::{Store, StoreError};
+use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]

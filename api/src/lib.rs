@@ -10,11 +10,11 @@
 pub mod auth;
 pub mod clients;
 pub mod config;
+pub mod db;
 pub mod http;
 mod metrics;
 pub mod oauth;
 pub mod origin;
-pub mod db;
 mod throttle;
 pub mod tools;
 
@@ -35,8 +35,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
-use oauth::OAuth;
 use db::{Store, StoreError};
+use oauth::OAuth;
 use tools::ScriptRunner;
 
 #[derive(Debug, thiserror::Error)]

@@ -112,3 +112,13 @@ pub enum CtlError {
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
 }
+
+impl From<store::tasks::TaskReadError> for CtlError {
+    fn from(e: store::tasks::TaskReadError) -> CtlError {
+        use store::tasks::TaskReadError as E;
+        match e {
+            E::Redis(e) => CtlError::Redis(e),
+            E::Record { task_id, source } => CtlError::Record { task_id, source },
+        }
+    }
+}

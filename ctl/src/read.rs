@@ -11,6 +11,7 @@ use shared::usage::UsageView;
 use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskRecord, TaskState};
 use store::redis_pool::Pool;
+use store::tasks::{Tasks, Values};
 
 use crate::{Config, CtlError};
 
@@ -279,23 +280,17 @@ impl Reader {
             }
         }
         // Jobs acknowledged (and deleted) since XPENDING listed them leave
-        // nothing to read, and an empty pipeline is an error.
-        if ids.is_empty() {
-            return Ok((Vec::new(), truncated));
-        }
-        let mut pipe = redis::pipe();
-        for (task_id, _) in &ids {
-            pipe.cmd("HMGET")
-                .arg(self.keys.task(task_id))
-                .arg(&RUNNING_FIELDS.map(Field::as_str));
-        }
-        let records: Vec<Vec<Option<Vec<u8>>>> = pipe.query_async(conn).await?;
+        // nothing to read.
+        let task_ids: Vec<&str> = ids.iter().map(|(id, _)| id.as_str()).collect();
+        let records = Tasks::new(self.keys.clone())
+            .read_many(conn, &task_ids, &RUNNING_FIELDS)
+            .await?;
         let mut running: Vec<RunningTask> = ids
             .into_iter()
             .zip(records)
-            .filter_map(|((task_id, consumer), values)| {
+            .filter_map(|((task_id, consumer), record)| {
                 // Gone, or not readable: nothing to show in a live view.
-                let r = TaskRecord::from_values(&RUNNING_FIELDS, values).ok()??;
+                let r = record.ok()??;
                 running_task(task_id, consumer, &r, now_ms)
             })
             .collect();
@@ -320,18 +315,14 @@ impl Reader {
     /// One task's record with Redis's clock; `NoSuchTask` if there is none.
     pub async fn task(&self, task_id: &str, tail_bytes: usize) -> Result<TaskView, CtlError> {
         let mut conn = self.pool.get().await?;
-        let key = self.keys.task(task_id);
-        let (fields, time, ttl): (HashMap<String, Vec<u8>>, (i64, i64), i64) = redis::pipe()
-            .hgetall(&key)
-            .cmd("TIME")
-            .ttl(&key)
-            .query_async(&mut conn)
-            .await?;
-        let record = TaskRecord::from_hash(fields)
-            .map_err(|source| CtlError::Record {
-                task_id: task_id.to_owned(),
-                source,
-            })?
+        // The record, the clock and its time to live, all in one round trip.
+        let tasks = Tasks::new(self.keys.clone());
+        let mut pipe = redis::pipe();
+        tasks.add_read(&mut pipe, task_id, Field::ALL);
+        pipe.cmd("TIME");
+        tasks.add_ttl(&mut pipe, task_id);
+        let (values, time, ttl): (Values, (i64, i64), i64) = pipe.query_async(&mut conn).await?;
+        let record = Tasks::record(task_id, Field::ALL, values)?
             .ok_or_else(|| CtlError::NoSuchTask(task_id.to_owned()))?;
         Ok(task_view(
             task_id,

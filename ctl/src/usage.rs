@@ -72,8 +72,7 @@ impl Reader {
     /// The `limit` heaviest owners' totals (at most `MAX_OWNERS`).
     pub async fn usage(&self, limit: usize) -> Result<UsageReport, CtlError> {
         let mut conn = self.pool.get().await?;
-        let totals =
-            store::usage::top_owners(&mut conn, &self.keys, limit.min(MAX_OWNERS)).await?;
+        let totals = store::usage::top_owners(&mut conn, &self.keys, limit.min(MAX_OWNERS)).await?;
         Ok(UsageReport::new(&totals))
     }
 }

@@ -1,7 +1,7 @@
-//! The I/O plumbing every binary shares: the Redis pool with our timeouts, the
-//! Lua scripts wrapped once per process and run from their typed calls, the
-//! jobs stream's pending summary, the per-owner usage totals, the start-up
-//! check of Redis's setup, and the shutdown signal.
+//! The Redis store every binary shares: the task repository (`tasks`), the
+//! pool with our timeouts, the Lua scripts run from their typed calls, API
+//! keys, the jobs stream's pending summary, the per-owner usage totals, the
+//! start-up check of Redis's setup, and the shutdown signal.
 //!
 //! `shared/` holds what api and worker agree on and does no I/O; what they both
 //! need and does I/O lives here instead, so neither binary carries a twin copy.
@@ -13,6 +13,7 @@ pub mod redis_pool;
 pub mod redis_setup;
 pub mod redis_target;
 pub mod scripts;
+pub mod tasks;
 pub mod usage;
 
 /// Resolves on SIGINT or SIGTERM (whichever comes first), for a graceful stop.

@@ -1,7 +1,6 @@
 //! The worker's view of Redis: the jobs stream (consumer group), the task hash
 //! transitions (Lua scripts from `shared`), zips and the heartbeat.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use shared::envvar::ReplicaAck;
@@ -19,8 +18,9 @@ use shared::options::{CacheUse, Network};
 use shared::scripts::{Ended, ScriptCall};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::task::{Outcome, RecordedEnd};
-use shared::{Field, Keys, RecordError, TaskRecord};
+use shared::{Field, Keys, RecordError};
 use store::scripts;
+use store::tasks::{TaskReadError, Tasks};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -36,6 +36,15 @@ pub enum QueueError {
     /// The task's record does not read as its type (the error names the field).
     #[error("task {0} has a malformed record: {1}")]
     Corrupt(String, #[source] RecordError),
+}
+
+impl From<TaskReadError> for QueueError {
+    fn from(e: TaskReadError) -> QueueError {
+        match e {
+            TaskReadError::Redis(e) => QueueError::Redis(e),
+            TaskReadError::Record { task_id, source } => QueueError::Corrupt(task_id, source),
+        }
+    }
 }
 
 impl QueueError {
@@ -140,6 +149,23 @@ pub struct TaskSpec {
     pub cache: CacheUse,
 }
 
+/// The fields `task_spec` reads: what a `TaskSpec` is made of.
+const SPEC_FIELDS: [Field; 13] = [
+    Field::State,
+    Field::Runtime,
+    Field::Image,
+    Field::Command,
+    Field::TimeoutSeconds,
+    Field::HasZip,
+    Field::HasStdin,
+    Field::Env,
+    Field::Collect,
+    Field::Network,
+    Field::EgressAllow,
+    Field::Owner,
+    Field::Cache,
+];
+
 /// The files a task's `collect` gathered: a zip, and its listing as JSON.
 pub struct Collected {
     pub zip: Vec<u8>,
@@ -151,6 +177,7 @@ pub struct Queue {
     pool: Pool,
     target: RedisTarget,
     keys: Keys,
+    tasks: Tasks,
     worker: String,
     replica_ack: Option<ReplicaAck>,
 }
@@ -168,6 +195,7 @@ impl Queue {
         Ok(Queue {
             pool,
             target: redis.clone(),
+            tasks: Tasks::new(keys.clone()),
             keys,
             worker,
             replica_ack,
@@ -408,19 +436,16 @@ impl Queue {
     /// The task's current state, read without changing anything.
     pub async fn state(&self, task_id: &str) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
-        let s: Option<String> = conn
-            .hget(self.keys.task(task_id), Field::State.as_str())
-            .await?;
-        parse_reply(task_id, s.as_deref())
+        let state = self.tasks.state(&mut conn, task_id).await?;
+        Ok(state.map_or(TaskStateReply::Missing, TaskStateReply::State))
     }
 
     pub async fn task_spec(&self, task_id: &str) -> Result<Option<TaskSpec>, QueueError> {
         let mut conn = self.pool.get().await?;
-        let f: HashMap<String, Vec<u8>> = conn.hgetall(self.keys.task(task_id)).await?;
-        let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
-        let Some(r) = TaskRecord::from_hash(f).map_err(corrupt)? else {
+        let Some(r) = self.tasks.read(&mut conn, task_id, &SPEC_FIELDS).await? else {
             return Ok(None);
         };
+        let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
         let need = |v, f| RecordError::required(v, f).map_err(corrupt);
         Ok(Some(TaskSpec {
             runtime: need(r.runtime, Field::Runtime)?,
@@ -551,13 +576,7 @@ impl Queue {
     pub async fn recorded_end(&self, task_id: &str) -> Result<Option<RecordedEnd>, QueueError> {
         let mut conn = self.pool.get().await?;
         const FIELDS: [Field; 3] = [Field::State, Field::ReasonKind, Field::Reason];
-        let values: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
-            .arg(self.keys.task(task_id))
-            .arg(&FIELDS.map(Field::as_str))
-            .query_async(&mut conn)
-            .await?;
-        let record = TaskRecord::from_values(&FIELDS, values)
-            .map_err(|e| QueueError::Corrupt(task_id.to_owned(), e))?;
+        let record = self.tasks.read(&mut conn, task_id, &FIELDS).await?;
         Ok(record.and_then(|r| {
             Some(RecordedEnd {
                 state: r.state,
@@ -573,13 +592,11 @@ impl Queue {
         task_id: &str,
     ) -> Result<(TaskStateReply, Option<String>), QueueError> {
         let mut conn = self.pool.get().await?;
-        let (state, owner): (Option<String>, Option<String>) = redis::cmd("HMGET")
-            .arg(self.keys.task(task_id))
-            .arg(Field::State.as_str())
-            .arg(Field::Worker.as_str())
-            .query_async(&mut conn)
-            .await?;
-        Ok((parse_reply(task_id, state.as_deref())?, owner))
+        const FIELDS: [Field; 2] = [Field::State, Field::Worker];
+        Ok(match self.tasks.read(&mut conn, task_id, &FIELDS).await? {
+            None => (TaskStateReply::Missing, None),
+            Some(r) => (TaskStateReply::State(r.state), r.worker),
+        })
     }
 
     /// Says this worker is alive, for ops and the reaper.

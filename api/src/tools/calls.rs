@@ -9,9 +9,9 @@ use rmcp::handler::server::wrapper::{Json, Parameters};
 use rmcp::model::{CallToolResponse, CallToolResult, CreateTaskResult};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, tool, tool_router};
-use shared::TaskState;
 use shared::options::{CollectedFiles, Networks};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
+use shared::{TaskRecord, TaskState};
 
 use super::args::{
     DEFAULT_LIST_LIMIT, ListTasksInput, MAX_LIST_LIMIT, Named, RunScriptInput, StatusInput,
@@ -22,8 +22,7 @@ use super::output::{KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutpu
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
 use crate::auth::{Principal, Scope};
-use crate::db::{NewTask, Submitted};
-use shared::scripts::Quota;
+use shared::scripts::{Quota, Submit, SubmitReply};
 
 /// Index entries one `list_tasks` call examines at most (a rare state filter
 /// returns a short page and a cursor rather than scanning everything).
@@ -105,20 +104,16 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 Some(bytes)
             }
         };
-        let env_json = match input.env.as_ref().filter(|e| !e.is_empty()) {
-            None => None,
-            Some(env) => {
-                shared::options::check_env(env)?;
-                Some(serde_json::to_string(env).map_err(ToolError::Encode)?)
-            }
-        };
-        let collect_json = match input.collect.as_ref().filter(|c| !c.is_empty()) {
-            None => None,
-            Some(patterns) => {
-                shared::options::check_collect(patterns)?;
-                Some(serde_json::to_string(patterns).map_err(ToolError::Encode)?)
-            }
-        };
+        // Checked here and stored typed: the record's env and collect are the
+        // client's own values (an empty one stores nothing).
+        let env = input.env.filter(|e| !e.is_empty());
+        if let Some(env) = &env {
+            shared::options::check_env(env)?;
+        }
+        let collect = input.collect.filter(|c| !c.is_empty());
+        if let Some(patterns) = &collect {
+            shared::options::check_collect(patterns)?;
+        }
         let egress = match &input.network {
             None => cfg.egress_default.clone(),
             Some(v) => shared::egress::Egress::from_json(v)?,
@@ -132,40 +127,48 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             });
         }
         let task_id = uuid::Uuid::new_v4().to_string();
-        let submitted = self
-            .store
-            .submit(&NewTask {
-                id: &task_id,
-                runtime: &input.runtime,
-                image,
-                command: &command,
-                timeout_seconds,
-                zip: zip.as_deref(),
-                stdin: stdin.as_deref(),
-                env_json,
-                egress: &egress,
-                cache: input.cache.unwrap_or_default(),
-                collect_json,
-                index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
-                max_queued: cfg.max_queued_tasks,
-                owner: match &who {
-                    Principal::Admin => None,
-                    Principal::Owner(g) => Some((g.owner.as_str(), g.limits)),
-                },
-            })
-            .await?;
+        let owner = match &who {
+            Principal::Admin => None,
+            Principal::Owner(g) => Some((g.owner.as_str(), g.limits)),
+        };
+        let record = TaskRecord {
+            runtime: Some(input.runtime.clone()),
+            image: Some(image.to_owned()),
+            command: Some(command),
+            timeout_seconds: Some(timeout_seconds),
+            has_zip: Some(zip.is_some()),
+            has_stdin: Some(stdin.is_some()),
+            env,
+            network: Some(egress.network()),
+            egress_allow: egress.allow_list().cloned(),
+            cache: Some(input.cache.unwrap_or_default()),
+            collect,
+            stdout_bytes: Some(0),
+            stderr_bytes: Some(0),
+            owner: owner.map(|(o, _)| o.to_owned()),
+            ..TaskRecord::new(TaskState::Queued)
+        };
+        let submit = Submit {
+            task_id: &task_id,
+            zip: zip.as_deref(),
+            stdin: stdin.as_deref(),
+            index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
+            max_queued: cfg.max_queued_tasks,
+            owner,
+        };
+        let submitted = self.store.submit(&submit, &record).await?;
         match submitted {
-            Submitted::Queued => {}
-            Submitted::Full(backlog) => return Err(ToolError::QueueFull(backlog)),
-            Submitted::Tasks {
+            SubmitReply::Queued => {}
+            SubmitReply::Full(backlog) => return Err(ToolError::QueueFull(backlog)),
+            SubmitReply::Tasks {
                 quota: Quota::MaxQueued,
                 limit,
                 count,
             } => return Err(ToolError::QuotaQueued { limit, count }),
-            Submitted::Tasks { limit, count, .. } => {
+            SubmitReply::Tasks { limit, count, .. } => {
                 return Err(ToolError::QuotaRunning { limit, count });
             }
-            Submitted::Cpu {
+            SubmitReply::Cpu {
                 limit_ms,
                 used_ms,
                 frees_at_ms,

@@ -178,10 +178,7 @@ fn retry_hint(e: &StoreError) -> &'static str {
         | StoreError::Pool(_)
         | StoreError::BuildPool(_)
         | StoreError::NotReplicated(_) => "; try again shortly",
-        StoreError::Record { .. }
-        | StoreError::Reply { .. }
-        | StoreError::Json(_)
-        | StoreError::ApiKey(_) => "",
+        StoreError::Record { .. } | StoreError::Reply { .. } | StoreError::ApiKey(_) => "",
     }
 }
 
@@ -246,10 +243,7 @@ impl ToolError {
                 | StoreError::NotReplicated(_),
             ) => C::Unavailable,
             ToolError::Store(
-                StoreError::Record { .. }
-                | StoreError::Reply { .. }
-                | StoreError::Json(_)
-                | StoreError::ApiKey(_),
+                StoreError::Record { .. } | StoreError::Reply { .. } | StoreError::ApiKey(_),
             ) => C::Internal,
         }
     }

@@ -6,6 +6,7 @@ use super::output::TaskStatus;
 use super::runner::ScriptRunner;
 use crate::auth::Principal;
 use crate::db::{StatusRead, Woke};
+use shared::view::StatusView;
 
 /// What a waiting call (`wait_seconds`) waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +97,7 @@ pub(super) fn status_from_record(
 ) -> Result<TaskStatus, ToolError> {
     // A record that reads at all has a known state (`TaskRecord::from_values`
     // refuses one without), so every view of it can be built.
-    let v = r.view(tail_bytes);
+    let v = StatusView::new(&r.record, r.now_ms, tail_bytes);
     let (reason, reason_kind) = match v.end_reason() {
         Some((reason, kind)) => (Some(reason.to_owned()), kind),
         None => (None, None),
