@@ -21,8 +21,9 @@
 #      suites mostly wait on Docker, so they overlap):
 #        - unit and property tests, each crate's tests (api/tests: the api alone;
 #          store/tests: the Redis set-up check, the lean pool, the Lua scripts;
-#          worker/tests), and the end-to-end suites (e2e/tests: api, worker, Redis and
-#          Docker together), with the workers' default warm pool;
+#          worker/tests), and the end-to-end suites (e2e/tests, one binary with a
+#          module per suite: api, worker, Redis and Docker together), with the
+#          workers' default warm pool;
 #        - at the same time, the suites that run tasks again without the pool
 #          (TEST_POOL_SIZE=0), so both paths pass everything
 #   5. pytest tests/python (end to end through the official Python MCP SDK) with and
@@ -163,14 +164,15 @@ export TEST_NODE_IMAGE="${TEST_NODE_IMAGE:-script-runner-test/node:24-trixie}"
 
 threads="${TEST_THREADS:-3}"
 # The one test that needs the disk to itself (it checks free space did not move).
-quiet='test(=hostile_scripts_are_contained_while_an_innocent_task_succeeds)'
+quiet='test(=hostile::hostile_scripts_are_contained_while_an_innocent_task_succeeds)'
 # The one that tampers with the firewall chains of a bridge of its own: once only (the
 # no-pool run would start a second worker on the same bridge), and alone, a few seconds.
-tamper='test(=a_flushed_firewall_or_a_removed_jump_is_reinstalled_before_the_next_task)'
+tamper='test(=hostile::a_flushed_firewall_or_a_removed_jump_is_reinstalled_before_the_next_task)'
 # What a warm pool changes: the suites that run tasks. (The api's own tests and the Lua
 # scripts' start no worker, so a pool cannot change them.)
-task_suites='binary_id(script-runner-e2e::running) | binary_id(script-runner-e2e::hostile)
-    | binary_id(script-runner-e2e::projects) | binary_id(script-runner-e2e::recovery)
+# The e2e suites are modules of one binary: a suite is its module's prefix.
+task_suites='binary_id(script-runner-e2e::e2e)
+    & (test(/^running::/) | test(/^hostile::/) | test(/^projects::/) | test(/^recovery::/))
     | test(metrics_report)'
 nextest() { cargo nextest run --workspace --test-threads "$threads" "$@"; }
 

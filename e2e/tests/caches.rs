@@ -5,12 +5,11 @@
 //! no setuptools) is "Using cached" in the owner's next task, and built again
 //! anywhere else.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 /// The in-tree PEP 517 backend of the `demo` sdist: writes a wheel with the

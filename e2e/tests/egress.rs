@@ -4,12 +4,11 @@
 //! a local server (tests/egress/server.py) that the worker treats as public
 //! by its test-only settings (`EGRESS_TEST_RESOLVE`, `EGRESS_TEST_PUBLIC`).
 
-mod common;
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 /// The stand-in internet: its ports and the CA its certificate is from.

@@ -4,12 +4,11 @@
 //! `SENTINEL FAILOVER`, and `script-runner-ctl` following it; and replicated
 //! acknowledgements (`REDIS_MIN_REPLICAS_ACK`) refusing what no replica has.
 
-mod common;
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use script_runner_e2e::*;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 

@@ -2,14 +2,13 @@
 //! what they must not, each with the outcome it must have, run side by side with
 //! an innocent task that must still succeed. Real Docker engine, real firewall.
 
-mod common;
 
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 fn free_bytes(path: &str) -> u64 {

@@ -2,12 +2,11 @@
 //! `runsc`), and a worker that refuses to start when the engine lacks the one
 //! it is told to use. Real worker, real Redis, real Docker engine.
 
-mod common;
 
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::json;
 
 /// The runtime the gVisor test asks for: `TEST_OCI_RUNTIME`, else `runsc`

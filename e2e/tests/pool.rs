@@ -8,12 +8,11 @@
 //! from the engine (label `script-runner.pool`) before the task is submitted,
 //! and compared with the container its record names.
 
-mod common;
 
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 /// Every container (any state, any name) carrying worker `worker`'s label.

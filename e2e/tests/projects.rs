@@ -9,14 +9,13 @@
 //! with the worker's default limits, so these tests also show that the defaults
 //! hold a small install.
 
-mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 /// A scratch directory on the host, removed when dropped.

@@ -1,10 +1,9 @@
 //! Scripts run for real: Redis stream -> worker -> Docker container -> tails.
 
-mod common;
 
 use std::time::Duration;
 
-use common::*;
+use script_runner_e2e::*;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, GetTaskParams, Implementation, ProtocolVersion, TaskPayload,
 };

@@ -2,11 +2,10 @@
 //! as soon as the task ends or changes, through a blocking read on the task's
 //! events stream, with a real Redis, worker, Docker and rmcp client.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 fn run_args(command: &str, extra: Value) -> Value {
