@@ -29,6 +29,9 @@ pub struct Options {
     /// workers at the sentinels (`REDIS_SENTINELS`) with a `REDIS_URL` whose
     /// host is never reached (port 1), so they can only find Redis through them.
     pub sentinels: bool,
+    /// Where the workers' egress proxies resolve names (DNS unless a test
+    /// stands a local server in for public hosts).
+    pub egress_resolver: script_runner_worker::egress::Resolver,
 }
 
 impl Default for Options {
@@ -37,6 +40,7 @@ impl Default for Options {
             concurrency: 2,
             max_timeout_seconds: 120,
             extra_env: Vec::new(),
+            egress_resolver: Default::default(),
             bind_all: false,
             start_worker: true,
             sentinels: false,
@@ -61,6 +65,7 @@ pub struct Stack {
     /// The name of the worker started with the stack.
     pub worker_name: String,
     env: HashMap<String, String>,
+    egress_resolver: script_runner_worker::egress::Resolver,
     tasks_dir: std::path::PathBuf,
     stop: CancellationToken,
     workers: Vec<tokio::task::JoinHandle<()>>,
@@ -135,6 +140,7 @@ impl Stack {
             prefix,
             worker_name: worker_name.clone(),
             env,
+            egress_resolver: opts.egress_resolver.clone(),
             tasks_dir,
             stop,
             workers: Vec::new(),
@@ -174,8 +180,9 @@ impl Stack {
     pub async fn start_worker(&mut self, name: &str, extra: &[(&str, &str)]) {
         let name = &self.worker(name);
         let env = self.env_with(name, extra);
-        let cfg = script_runner_worker::Config::from_lookup(|k| env.get(k).cloned())
+        let mut cfg = script_runner_worker::Config::from_lookup(|k| env.get(k).cloned())
             .expect("worker config");
+        cfg.egress.resolver = self.egress_resolver.clone();
         let stop = self.stop.clone();
         self.workers.push(tokio::spawn(async move {
             if let Err(e) =

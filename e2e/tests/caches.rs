@@ -5,7 +5,6 @@
 //! no setuptools) is "Using cached" in the owner's next task, and built again
 //! anywhere else.
 
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -2,14 +2,18 @@
 //! reaches its hosts through the worker's egress proxy and nothing else. Real
 //! proxy, real containers, real Redis and rmcp client. The "public" hosts are
 //! a local server (tests/egress/server.py) that the worker treats as public
-//! by its test-only settings (`EGRESS_TEST_RESOLVE`, `EGRESS_TEST_PUBLIC`).
-
+//! through the resolver this test gives it (`egress::Resolver::Fixed`), which
+//! no variable can set.
 
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 
 use script_runner_e2e::*;
+use script_runner_worker::egress::{FixedHosts, Resolver};
 use serde_json::{Value, json};
+
+/// Where the stand-in internet listens.
+const LOCAL: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// The stand-in internet: its ports and the CA its certificate is from.
 struct Server {
@@ -56,17 +60,17 @@ impl Drop for Server {
 async fn stack(server: &Server) -> Stack {
     Stack::start(Options {
         concurrency: 3,
-        extra_env: vec![
-            (
-                "EGRESS_TEST_RESOLVE",
-                "pkgs.test=127.0.0.1,other.test=127.0.0.1,rebind.test=127.0.0.2".to_owned(),
-            ),
-            ("EGRESS_TEST_PUBLIC", "127.0.0.1/32".to_owned()),
-            (
-                "EGRESS_PORTS",
-                format!("80,443,{},{}", server.http, server.https),
-            ),
-        ],
+        egress_resolver: Resolver::Fixed(
+            FixedHosts::default()
+                .answer("pkgs.test", &[LOCAL])
+                .answer("other.test", &[LOCAL])
+                .answer("rebind.test", &["127.0.0.2".parse().expect("address")])
+                .public(LOCAL.into()),
+        ),
+        extra_env: vec![(
+            "EGRESS_PORTS",
+            format!("80,443,{},{}", server.http, server.https),
+        )],
         ..Options::default()
     })
     .await

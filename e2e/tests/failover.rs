@@ -4,12 +4,11 @@
 //! `SENTINEL FAILOVER`, and `script-runner-ctl` following it; and replicated
 //! acknowledgements (`REDIS_MIN_REPLICAS_ACK`) refusing what no replica has.
 
-
 use std::process::Stdio;
 use std::time::Duration;
 
-use script_runner_e2e::*;
 use redis::AsyncCommands;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 /// A task's status, or `None` while the api answers with an error (a read

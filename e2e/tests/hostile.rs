@@ -2,7 +2,6 @@
 //! what they must not, each with the outcome it must have, run side by side with
 //! an innocent task that must still succeed. Real Docker engine, real firewall.
 
-
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

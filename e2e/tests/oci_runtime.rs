@@ -2,7 +2,6 @@
 //! `runsc`), and a worker that refuses to start when the engine lacks the one
 //! it is told to use. Real worker, real Redis, real Docker engine.
 
-
 use std::process::Command;
 use std::time::Duration;
 

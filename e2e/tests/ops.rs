@@ -3,13 +3,12 @@
 //! real terminal (tmux), and the Grafana dashboard against the metrics a real
 //! api and worker serve.
 
-
 use std::collections::BTreeSet;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use script_runner_e2e::*;
 use redis::AsyncCommands;
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 fn repo_path(rel: &str) -> std::path::PathBuf {

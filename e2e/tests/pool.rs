@@ -8,7 +8,6 @@
 //! from the engine (label `script-runner.pool`) before the task is submitted,
 //! and compared with the container its record names.
 
-
 use std::process::Command;
 use std::time::Duration;
 

@@ -9,7 +9,6 @@
 //! with the worker's default limits, so these tests also show that the defaults
 //! hold a small install.
 
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

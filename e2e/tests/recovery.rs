@@ -3,11 +3,10 @@
 //! stops on SIGTERM; Redis goes away mid-task. No task is lost, every in-flight
 //! task gets a final state, and no container is left behind.
 
-
 use std::time::Duration;
 
-use script_runner_e2e::*;
 use redis::AsyncCommands;
+use script_runner_e2e::*;
 use serde_json::json;
 
 fn without_worker() -> Options {

@@ -1,9 +1,7 @@
 //! Scripts run for real: Redis stream -> worker -> Docker container -> tails.
 
-
 use std::time::Duration;
 
-use script_runner_e2e::*;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, GetTaskParams, Implementation, ProtocolVersion, TaskPayload,
 };
@@ -11,6 +9,7 @@ use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningSe
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use script_runner_api::tools::{REASON_KIND_META_KEY, STATE_META_KEY};
+use script_runner_e2e::*;
 use serde_json::{Value, json};
 
 #[tokio::test]

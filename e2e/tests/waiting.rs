@@ -2,7 +2,6 @@
 //! as soon as the task ends or changes, through a blocking read on the task's
 //! events stream, with a real Redis, worker, Docker and rmcp client.
 
-
 use std::time::{Duration, Instant};
 
 use script_runner_e2e::*;

@@ -127,10 +127,9 @@ pub struct EgressConfig {
     pub proxy_ports: std::ops::RangeInclusive<u16>,
     /// `EGRESS_PORTS`: the only ports a task may ask the proxy for.
     pub ports: Vec<u16>,
-    /// `EGRESS_TEST_RESOLVE` (tests only): `name=address` answers given before DNS.
-    pub test_resolve: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
-    /// `EGRESS_TEST_PUBLIC` (tests only): addresses the proxy treats as public.
-    pub test_public: Vec<ipnet::IpNet>,
+    /// Where the proxy resolves names: DNS. No variable changes it; tests set
+    /// it in Rust (`egress::Resolver`).
+    pub resolver: crate::egress::Resolver,
 }
 
 /// The owners' dependency caches (pip's, npm's) kept on this host between
@@ -262,10 +261,6 @@ const TASK_EGRESS_BRIDGE: Var = Var::new("TASK_EGRESS_BRIDGE", "sr-egress0");
 /// variables, and the firewall opens the range.
 const EGRESS_PROXY_PORTS: Var = Var::new("EGRESS_PROXY_PORTS", "3128-3191");
 const EGRESS_PORTS: Var = Var::new("EGRESS_PORTS", "80,443");
-/// Tests only (docs/egress.md): empty, the proxy uses DNS alone.
-const EGRESS_TEST_RESOLVE: Var = Var::new("EGRESS_TEST_RESOLVE", "");
-/// Tests only: empty, no private address is treated as public.
-const EGRESS_TEST_PUBLIC: Var = Var::new("EGRESS_TEST_PUBLIC", "");
 const TASK_BLOCKED_CIDRS: Var = Var::new("TASK_BLOCKED_CIDRS", "");
 const TASK_OCI_RUNTIME: Var = Var::new("TASK_OCI_RUNTIME", "");
 const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15");
@@ -278,13 +273,11 @@ const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
 
 /// The worker's own variables with literal defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 27] = [
+pub const VARS: [Var; 25] = [
     TASK_EGRESS_NETWORK,
     TASK_EGRESS_BRIDGE,
     EGRESS_PROXY_PORTS,
     EGRESS_PORTS,
-    EGRESS_TEST_RESOLVE,
-    EGRESS_TEST_PUBLIC,
     store::redis_setup::REDIS_SETUP_CHECK,
     TASKS_DIR,
     TASK_MEMORY_MB,
@@ -479,35 +472,10 @@ impl EgressConfig {
         let ports = ports
             .filter(|p| !p.is_empty())
             .ok_or_else(|| VarError::new(EGRESS_PORTS.name, &raw_ports, "ports, e.g. 80,443"))?;
-        let raw_resolve = EGRESS_TEST_RESOLVE.get(var);
-        let test_resolve = crate::egress::parse_test_resolve(&raw_resolve).map_err(|e| {
-            VarError::new(
-                EGRESS_TEST_RESOLVE.name,
-                &raw_resolve,
-                format!("name=address,... ({e})"),
-            )
-        })?;
-        let raw_public = EGRESS_TEST_PUBLIC.get(var);
-        let test_public: Result<Vec<ipnet::IpNet>, _> = parse_list(Some(&raw_public), "")
-            .iter()
-            .map(|n| {
-                n.parse::<ipnet::IpNet>()
-                    .or_else(|_| n.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-            })
-            .collect();
-        let test_public = test_public.map_err(|_| {
-            VarError::new(EGRESS_TEST_PUBLIC.name, &raw_public, "addresses or CIDRs")
-        })?;
-        if !test_resolve.is_empty() || !test_public.is_empty() {
-            tracing::warn!(
-                "EGRESS_TEST_RESOLVE or EGRESS_TEST_PUBLIC is set: these are for tests only"
-            );
-        }
         Ok(EgressConfig {
             proxy_ports: proxy_ports(var)?,
             ports,
-            test_resolve,
-            test_public,
+            resolver: crate::egress::Resolver::Dns,
         })
     }
 }

@@ -147,8 +147,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     let policy = egress::Policy {
         ports: config.egress.ports.clone(),
         blocked: refused.networks(),
-        test_resolve: config.egress.test_resolve.clone(),
-        test_public: config.egress.test_public.clone(),
+        resolver: config.egress.resolver.clone(),
     };
     let egress = egress::EgressProxy::start(
         gateway.into(),

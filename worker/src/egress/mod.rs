@@ -30,7 +30,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-pub use policy::{Policy, parse_test_resolve};
+pub use policy::{FixedHosts, Policy, Resolver};
 
 /// The proxy: its address and the tasks it serves. Clones share it.
 #[derive(Clone)]

@@ -19,11 +19,46 @@ pub struct Policy {
     /// Never connected to: the task firewall's refusals (special-purpose
     /// ranges, this host's networks, the Redis host, `TASK_BLOCKED_CIDRS`).
     pub blocked: Vec<Ipv4Net>,
-    /// `EGRESS_TEST_RESOLVE` (tests only): names answered before DNS.
-    pub test_resolve: HashMap<String, Vec<IpAddr>>,
-    /// `EGRESS_TEST_PUBLIC` (tests only): addresses treated as public even
-    /// though `blocked` holds them.
-    pub test_public: Vec<IpNet>,
+    /// Where names come from: DNS, in every binary.
+    pub resolver: Resolver,
+}
+
+/// Where the proxy's answers for names come from. `Dns` in every binary:
+/// `Fixed` is for tests that stand a local server in for public hosts, and
+/// only Rust code sets it (`Config::egress`, after `from_lookup`); no variable
+/// reaches it, so a deployed worker can never be told to take a private
+/// address for a public one.
+#[derive(Debug, Clone, Default)]
+pub enum Resolver {
+    #[default]
+    Dns,
+    Fixed(FixedHosts),
+}
+
+/// A test's stand-ins for public hosts (`Resolver::Fixed`).
+#[derive(Debug, Clone, Default)]
+pub struct FixedHosts {
+    /// Names answered without DNS; any other name goes to DNS.
+    answers: HashMap<String, Vec<IpAddr>>,
+    /// Addresses taken as public although `blocked` holds them.
+    public: Vec<IpNet>,
+}
+
+impl FixedHosts {
+    /// `name` answered with `ips` (the name folded as the proxy folds hosts).
+    pub fn answer(mut self, name: &str, ips: &[IpAddr]) -> FixedHosts {
+        self.answers
+            .entry(fold_host(name))
+            .or_default()
+            .extend_from_slice(ips);
+        self
+    }
+
+    /// `net` taken as public.
+    pub fn public(mut self, net: IpNet) -> FixedHosts {
+        self.public.push(net);
+        self
+    }
 }
 
 impl Policy {
@@ -46,7 +81,11 @@ impl Policy {
         if !self.ports.contains(&port) {
             return Err(Verdict::Port);
         }
-        let addrs: Vec<SocketAddr> = match self.test_resolve.get(&host) {
+        let fixed = match &self.resolver {
+            Resolver::Fixed(f) => f.answers.get(&host),
+            Resolver::Dns => None,
+        };
+        let addrs: Vec<SocketAddr> = match fixed {
             Some(ips) => ips.iter().map(|ip| SocketAddr::new(*ip, port)).collect(),
             // Fully qualified (the final dot), so no search domain of the
             // host's resolv.conf turns an allowed name into an internal one;
@@ -76,7 +115,9 @@ impl Policy {
 
     /// Whether the proxy may connect to `ip`.
     pub fn is_public(&self, ip: IpAddr) -> bool {
-        if self.test_public.iter().any(|n| n.contains(&ip)) {
+        if let Resolver::Fixed(f) = &self.resolver
+            && f.public.iter().any(|n| n.contains(&ip))
+        {
             return true;
         }
         match ip {
@@ -121,37 +162,26 @@ fn is_global_v6(ip: Ipv6Addr) -> bool {
     !blocked && !ip.segments().starts_with(&[0x0100, 0, 0, 0])
 }
 
-/// `EGRESS_TEST_RESOLVE`: `name=address[|address...],...`.
-pub fn parse_test_resolve(raw: &str) -> Result<HashMap<String, Vec<IpAddr>>, String> {
-    let mut out: HashMap<String, Vec<IpAddr>> = HashMap::new();
-    for item in raw.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let (name, addrs) = item
-            .split_once('=')
-            .ok_or_else(|| format!("{item:?} is not name=address"))?;
-        for a in addrs.split('|') {
-            let ip = a
-                .trim()
-                .parse::<IpAddr>()
-                .map_err(|_| format!("{a:?} is not an IP address"))?;
-            out.entry(fold_host(name.trim())).or_default().push(ip);
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
 
     fn policy() -> Policy {
         Policy {
             ports: vec![80, 443],
             blocked: crate::firewall::BLOCKED.to_vec(),
-            test_resolve: parse_test_resolve(
-                "pkgs.test=127.0.0.1,rebind.test=10.1.2.3,mixed.test=127.0.0.1|192.168.1.1,six.test=2a04:4e42::223",
-            )
-            .unwrap(),
-            test_public: vec!["127.0.0.1/32".parse().unwrap()],
+            resolver: Resolver::Fixed(
+                FixedHosts::default()
+                    .answer("pkgs.test", &[ip("127.0.0.1")])
+                    .answer("rebind.test", &[ip("10.1.2.3")])
+                    .answer("mixed.test", &[ip("127.0.0.1"), ip("192.168.1.1")])
+                    .answer("six.test", &[ip("2a04:4e42::223")])
+                    .public("127.0.0.1/32".parse().unwrap()),
+            ),
         }
     }
 
@@ -187,7 +217,7 @@ mod tests {
     #[test]
     fn special_addresses_are_not_public() {
         let p = Policy {
-            test_public: vec![],
+            resolver: Resolver::Dns,
             ..policy()
         };
         for ip in [
