@@ -1,18 +1,32 @@
 //! Timestamps as clients see them. Redis stores Unix milliseconds; the api shows
-//! RFC 3339 UTC strings. Hand-rolled so `shared` needs no date crate.
+//! RFC 3339 UTC strings. The calendar arithmetic is the `time` crate's.
 
-/// `1970-01-01T00:00:00.000Z` form of Unix milliseconds.
+use time::UtcDateTime;
+
+/// The first and last instants RFC 3339 can write (its years have four digits):
+/// `0000-01-01T00:00:00.000Z` and `9999-12-31T23:59:59.999Z`, in Unix milliseconds.
+const FIRST_MS: i64 = -62_167_219_200_000;
+const LAST_MS: i64 = 253_402_300_799_999;
+
+/// `1970-01-01T00:00:00.000Z` form of Unix milliseconds. An instant before year
+/// 0000 or after 9999 (no real record's: they hold Redis's clock) is shown as
+/// the nearest one RFC 3339 can write, so a client's parser never meets a
+/// five-digit or negative year.
 pub fn rfc3339_ms(unix_ms: i64) -> String {
-    let secs = unix_ms.div_euclid(1000);
-    let ms = unix_ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
+    let ms = unix_ms.clamp(FIRST_MS, LAST_MS);
+    // Within `time`'s range (years -9999 to 9999) once clamped, so the epoch
+    // fallback is never taken; it keeps a bad figure from ever being a panic.
+    let t = UtcDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(UtcDateTime::UNIX_EPOCH);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
     )
 }
 
@@ -40,20 +54,6 @@ pub fn task_clock(
     )
 }
 
-/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +63,17 @@ mod tests {
         assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339_ms(1_796_083_199_999), "2026-11-30T23:59:59.999Z");
+        assert_eq!(rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn out_of_range_instants_show_the_nearest_writable_one() {
+        assert_eq!(rfc3339_ms(FIRST_MS), "0000-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(LAST_MS), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339_ms(FIRST_MS - 1), "0000-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(i64::MIN), "0000-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339_ms(LAST_MS + 1), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339_ms(i64::MAX), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]

@@ -21,12 +21,12 @@ mod proxy;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shared::egress::{AllowList, EgressLog, Verdict};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -50,7 +50,10 @@ struct Entry {
     log: Mutex<EgressLog>,
     changed: AtomicBool,
     /// Tunnels and forwarded requests still open (their bytes come at the end).
-    open: AtomicUsize,
+    /// A watch, not an atomic, so `EgressLease::settled` sleeps until the count
+    /// reaches zero instead of polling it. Changed only by `opened` and
+    /// `OpenGuard`'s drop.
+    open: watch::Sender<usize>,
     /// Connections the task may still open (`MAX_CONNECTIONS_PER_TASK`).
     slots: Arc<Semaphore>,
     /// Cancelled when the task ends: every connection of its is closed.
@@ -130,7 +133,7 @@ impl EgressProxy {
             allow,
             log: Mutex::new(EgressLog::default()),
             changed: AtomicBool::new(false),
-            open: AtomicUsize::new(0),
+            open: watch::Sender::new(0),
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_TASK)),
             ended: CancellationToken::new(),
         });
@@ -186,7 +189,9 @@ impl Entry {
 
     /// Marks a connection open until the returned guard is dropped.
     fn opened(self: &Arc<Self>) -> OpenGuard {
-        self.open.fetch_add(1, Ordering::SeqCst);
+        // Bounded by the task's slots: each caller holds one of its permits.
+        // `send_modify` changes the count even with no receiver subscribed.
+        self.open.send_modify(|n| *n += 1);
         OpenGuard(self.clone())
     }
 
@@ -201,7 +206,9 @@ struct OpenGuard(Arc<Entry>);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        // Each guard was counted once in `opened`, so this never goes below
+        // zero; saturating all the same, so a drop can never panic.
+        self.0.open.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -230,10 +237,13 @@ impl EgressLease {
     /// log published at its end has their bytes: its processes are gone, so
     /// each closes as soon as the proxy reads the end.
     pub async fn settled(&self, limit: std::time::Duration) {
-        let deadline = tokio::time::Instant::now() + limit;
-        while self.entry.open.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        // `wait_for` looks at the count as it is when subscribed before it
+        // sleeps, and a close after that marks the value changed and wakes it:
+        // no close between the look and the sleep can be missed. Its error
+        // (the sender gone) cannot happen while `entry` is held; either way,
+        // and on the deadline, the log is published as it stands.
+        let mut open = self.entry.open.subscribe();
+        let _ = tokio::time::timeout(limit, open.wait_for(|n| *n == 0)).await;
     }
 
     /// The whole log as JSON (marking it read).
@@ -246,5 +256,70 @@ impl EgressLease {
 impl Drop for EgressLease {
     fn drop(&mut self) {
         self.revoke();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A proxy with no listener: leases and their counts only.
+    fn proxy() -> EgressProxy {
+        EgressProxy(Arc::new(Inner {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            policy: Policy {
+                ports: vec![443],
+                blocked: Vec::new(),
+                test_resolve: HashMap::new(),
+                test_public: Vec::new(),
+            },
+            metrics: Metrics::default(),
+            leases: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    fn lease(proxy: &EgressProxy) -> EgressLease {
+        let allow = AllowList::parse(&["pkgs.test"]).expect("an allow-list");
+        proxy.lease(IpAddr::from([172, 30, 0, 2]), "t1", allow)
+    }
+
+    #[tokio::test]
+    async fn settled_returns_at_once_with_nothing_open() {
+        let proxy = proxy();
+        let lease = lease(&proxy);
+        let t = tokio::time::Instant::now();
+        lease.settled(Duration::from_secs(5)).await;
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn settled_wakes_when_the_last_connection_closes() {
+        let proxy = proxy();
+        let lease = lease(&proxy);
+        let (a, b) = (lease.entry.opened(), lease.entry.opened());
+        assert_eq!(*lease.entry.open.borrow(), 2);
+        tokio::spawn(async move {
+            drop(a);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(b);
+        });
+        let t = tokio::time::Instant::now();
+        lease.settled(Duration::from_secs(5)).await;
+        assert_eq!(*lease.entry.open.borrow(), 0);
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn settled_waits_no_longer_than_its_limit() {
+        let proxy = proxy();
+        let lease = lease(&proxy);
+        let _open = lease.entry.opened();
+        let t = tokio::time::Instant::now();
+        lease.settled(Duration::from_millis(100)).await;
+        let waited = t.elapsed();
+        assert!(waited >= Duration::from_millis(100), "{waited:?}");
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        assert_eq!(*lease.entry.open.borrow(), 1);
     }
 }

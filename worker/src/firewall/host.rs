@@ -142,11 +142,13 @@ fn parse_nameservers(conf: &str) -> Vec<Ipv4Addr> {
 /// Every IPv4 subnet the host has an address in, e.g. its LAN (where Redis may live).
 pub async fn host_subnets() -> Result<Vec<String>, FirewallError> {
     // A failed `ip` must not read as "no subnets": that would install fewer
-    // rejections and leave the host's own networks open to tasks.
-    let subnets = parse_subnets(&run("ip", &["-o", "-4", "addr", "show"]).await?);
+    // rejections and leave the host's own networks open to tasks. Nor may output
+    // that does not read as `ip -j`'s: it is an error too.
+    let args = ["-j", "-4", "addr", "show"];
+    let subnets = subnets(&read_links(&args, &run("ip", &args).await?)?);
     if subnets.is_empty() {
         return Err(FirewallError::Failed {
-            cmd: "ip -o -4 addr show".into(),
+            cmd: "ip -j -4 addr show".into(),
             stderr: "listed no IPv4 network besides loopback".into(),
         });
     }
@@ -159,9 +161,9 @@ pub async fn host_subnets() -> Result<Vec<String>, FirewallError> {
 /// containers on a network without IPv6), so nothing of the task can use it.
 /// A bridge that does not exist yet has none.
 pub async fn ipv6_addresses(bridge: &str) -> Result<Vec<String>, FirewallError> {
-    let args = ["-o", "-6", "addr", "show", "dev", bridge, "scope", "global"];
+    let args = ["-j", "-6", "addr", "show", "dev", bridge, "scope", "global"];
     match run("ip", &args).await {
-        Ok(listing) => Ok(parse_inet6(&listing)),
+        Ok(listing) => Ok(inet6(&read_links(&args, &listing)?)),
         Err(FirewallError::Failed { stderr, .. }) if stderr.contains("does not exist") => {
             Ok(Vec::new())
         }
@@ -169,24 +171,80 @@ pub async fn ipv6_addresses(bridge: &str) -> Result<Vec<String>, FirewallError> 
     }
 }
 
-fn parse_inet6(ip_output: &str) -> Vec<String> {
-    ip_output
-        .lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet6")?;
-            words.next().map(str::to_owned)
-        })
+/// One interface in `ip -j addr show`: only its addresses are read. `ip` prints
+/// `{}` for an interface its filter left out (and for an address within one), so
+/// every field may be missing; unknown fields are ignored.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct Link {
+    addr_info: Vec<AddrInfo>,
+}
+
+/// One address of an interface, as `ip -j` prints it: `local` is the
+/// interface's own address; `address`, present only when it differs, is a
+/// point-to-point address's peer (and stands alone when the kernel gave no
+/// local address). Kept as text so one odd entry cannot spoil the listing.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct AddrInfo {
+    family: Option<String>,
+    local: Option<String>,
+    address: Option<String>,
+    prefixlen: Option<u8>,
+}
+
+impl AddrInfo {
+    /// The interface's own address and its prefix length, for an entry of
+    /// `family`'s.
+    fn own(&self, family: &str) -> Option<(&str, u8)> {
+        if self.family.as_deref() != Some(family) {
+            return None;
+        }
+        let addr = self.local.as_deref().or(self.address.as_deref())?;
+        Some((addr, self.prefixlen?))
+    }
+
+    /// A point-to-point address: its prefix is the peer's, not a network of
+    /// the host's own.
+    fn has_peer(&self) -> bool {
+        self.local.is_some() && self.address.is_some()
+    }
+}
+
+/// `ip -j`'s listing of interfaces, read; `args` name the command in the error.
+fn read_links(args: &[&str], json: &str) -> Result<Vec<Link>, FirewallError> {
+    serde_json::from_str(json).map_err(|e| FirewallError::Failed {
+        cmd: format!("ip {}", args.join(" ")),
+        stderr: format!("printed what does not read as its JSON listing: {e}"),
+    })
+}
+
+/// Every IPv6 address in `links`, as `address/prefix`.
+fn inet6(links: &[Link]) -> Vec<String> {
+    links
+        .iter()
+        .flat_map(|l| &l.addr_info)
+        // Every one counts, a point-to-point one too: any global address
+        // means the IPv4 rules do not cover the bridge.
+        .filter_map(|a| a.own("inet6"))
+        .map(|(addr, len)| format!("{addr}/{len}"))
         .collect()
 }
 
-fn parse_subnets(ip_output: &str) -> Vec<String> {
-    let mut nets: Vec<String> = ip_output
-        .lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            let net: Ipv4Net = words.next()?.parse().ok()?;
+/// The networks of the IPv4 addresses in `links`, loopback's left out, sorted
+/// and without repeats.
+fn subnets(links: &[Link]) -> Vec<String> {
+    let mut nets: Vec<String> = links
+        .iter()
+        .flat_map(|l| &l.addr_info)
+        // A point-to-point address is left out, as the text listing left it
+        // (`inet 10.9.0.1 peer 10.9.0.2/32`: no prefix after the address, so it
+        // never read as a network): the far end is one machine, not a subnet
+        // the host is on.
+        .filter(|a| !a.has_peer())
+        .filter_map(|a| {
+            let (addr, len) = a.own("inet")?;
+            let net = Ipv4Net::new(addr.parse().ok()?, len).ok()?;
             // The network the address is in, not the address: 192.0.2.0/24.
             (!net.addr().is_loopback()).then(|| net.trunc().to_string())
         })
@@ -200,26 +258,48 @@ fn parse_subnets(ip_output: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn links(json: &str) -> Vec<Link> {
+        read_links(&["-j"], json).expect("`ip -j` output")
+    }
+
     #[test]
     fn host_subnets_are_networks_not_addresses() {
-        let out = "1: lo    inet 127.0.0.1/8 scope host lo\n\
-                   2: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\n\
-                   3: docker0    inet 172.17.0.1/16 brd 172.17.255.255 scope global docker0\n\
-                   4: wg0    inet 10.9.0.1 peer 10.9.0.2/32 scope global wg0\n\
-                   5: odd0    inet 10.8.0.1/33 scope global odd0\n\
-                   6: all0    inet 198.51.100.7/0 scope global all0\n";
+        // `ip -j -4 addr show` as iproute2 6.1 prints it (one line), with a
+        // point-to-point address, an impossible prefix and a /0 added.
+        let out = r#"[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"mtu":65536,"qdisc":"noqueue","operstate":"UNKNOWN","group":"default","txqlen":1000,"addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8,"scope":"host","label":"lo","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":2,"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"qdisc":"pfifo_fast","operstate":"UP","group":"default","txqlen":1000,"addr_info":[{"family":"inet","local":"192.0.2.2","prefixlen":24,"broadcast":"192.0.2.255","scope":"global","label":"eth0","valid_life_time":4294967295,"preferred_life_time":4294967295},{"family":"inet","local":"192.0.2.9","prefixlen":24,"broadcast":"192.0.2.255","scope":"global","secondary":true,"label":"eth0","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":3,"ifname":"docker0","flags":["NO-CARRIER","BROADCAST","MULTICAST","UP"],"mtu":1500,"qdisc":"noqueue","operstate":"DOWN","group":"default","addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16,"broadcast":"172.17.255.255","scope":"global","label":"docker0","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":4,"ifname":"wg0","flags":["POINTOPOINT","NOARP","UP","LOWER_UP"],"mtu":1420,"qdisc":"noqueue","operstate":"UNKNOWN","group":"default","txqlen":1000,"addr_info":[{"family":"inet","local":"10.9.0.1","address":"10.9.0.2","prefixlen":32,"scope":"global","label":"wg0","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":5,"ifname":"odd0","addr_info":[{"family":"inet","local":"10.8.0.1","prefixlen":33,"scope":"global","label":"odd0"}]},{"ifindex":6,"ifname":"all0","addr_info":[{"family":"inet","local":"198.51.100.7","prefixlen":0,"scope":"global","label":"all0"}]}]"#;
         assert_eq!(
-            parse_subnets(out),
+            subnets(&links(out)),
             ["0.0.0.0/0", "172.17.0.0/16", "192.0.2.0/24"]
         );
     }
 
     #[test]
+    fn interfaces_and_addresses_a_filter_left_out_are_empty_objects() {
+        // `ip -j -4 addr show type bridge` on a host with lo and eth0 besides.
+        let out = r#"[{},{},{"ifindex":5,"ifname":"docker0","flags":["NO-CARRIER","BROADCAST","MULTICAST","UP"],"mtu":1500,"qdisc":"noqueue","operstate":"DOWN","group":"default","addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16,"broadcast":"172.17.255.255","scope":"global","label":"docker0","valid_life_time":4294967295,"preferred_life_time":4294967295},{}]}]"#;
+        assert_eq!(subnets(&links(out)), ["172.17.0.0/16"]);
+        assert!(subnets(&links("[]")).is_empty());
+    }
+
+    #[test]
+    fn output_that_is_not_ip_json_is_an_error_not_an_empty_listing() {
+        let text = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n";
+        assert!(read_links(&["-j", "-4", "addr", "show"], text).is_err());
+        assert!(read_links(&["-j"], "").is_err());
+    }
+
+    #[test]
     fn ipv6_addresses_are_read_from_ip_output() {
-        let out = "7: sr-tasks0    inet6 fd00:5352::1/64 scope global \\       valid_lft forever preferred_lft forever\n\
-                   7: sr-tasks0    inet6 2001:db8::7/64 scope global dynamic \\       valid_lft 86000sec\n";
-        assert_eq!(parse_inet6(out), ["fd00:5352::1/64", "2001:db8::7/64"]);
-        assert!(parse_inet6("").is_empty());
+        // `ip -j -6 addr show dev sr-tasks0 scope global`, with a
+        // point-to-point address added: the bridge's link-local address, left
+        // out by the filter, is the trailing `{}`.
+        let out = r#"[{"ifindex":7,"ifname":"sr-tasks0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"operstate":"UP","txqlen":1000,"addr_info":[{"family":"inet6","local":"fd00:5352::1","prefixlen":64,"scope":"global","valid_life_time":4294967295,"preferred_life_time":4294967295},{"family":"inet6","local":"2001:db8::7","prefixlen":64,"scope":"global","dynamic":true,"mngtmpaddr":true,"valid_life_time":86000,"preferred_life_time":14000},{"family":"inet6","local":"fd00:9::1","address":"fd00:9::2","prefixlen":128,"scope":"global","valid_life_time":4294967295,"preferred_life_time":4294967295},{}]}]"#;
+        assert_eq!(
+            inet6(&links(out)),
+            ["fd00:5352::1/64", "2001:db8::7/64", "fd00:9::1/128"]
+        );
+        // A bridge with no global address prints an empty list.
+        assert!(inet6(&links("[]")).is_empty());
     }
 
     #[test]
