@@ -271,8 +271,7 @@ mod tests {
             policy: Policy {
                 ports: vec![443],
                 blocked: Vec::new(),
-                test_resolve: HashMap::new(),
-                test_public: Vec::new(),
+                resolver: Resolver::Dns,
             },
             metrics: Metrics::default(),
             leases: Mutex::new(HashMap::new()),
