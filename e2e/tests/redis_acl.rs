@@ -524,19 +524,27 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                 .await
                 .expect("FUNCTION LIST")
         );
+        // A function of its own, on its keys and on keys outside its prefix.
+        let elsewhere = shared::Keys::new("elsewhere");
         let (own, foreign) = match user {
             "api" => (
-                ScriptCall::key_touch(&keys, "0", 60_000),
-                ScriptCall::key_touch(&shared::Keys::new("elsewhere"), "0", 60_000),
+                store::scripts::invoke(&mut c, &ScriptCall::key_touch(&keys, "0", 60_000))
+                    .await
+                    .map(|_| ()),
+                store::scripts::invoke(&mut c, &ScriptCall::key_touch(&elsewhere, "0", 60_000))
+                    .await
+                    .map(|_| ()),
             ),
             _ => (
-                ScriptCall::claim(&keys, "t1", "w1", "0-1"),
-                ScriptCall::claim(&shared::Keys::new("elsewhere"), "t1", "w1", "0-1"),
+                store::scripts::invoke(&mut c, &ScriptCall::claim(&keys, "t1", "w1", "0-1"))
+                    .await
+                    .map(|_| ()),
+                store::scripts::invoke(&mut c, &ScriptCall::claim(&elsewhere, "t1", "w1", "0-1"))
+                    .await
+                    .map(|_| ()),
             ),
         };
-        let _: redis::Value = store::scripts::invoke(&mut c, &own)
-            .await
-            .unwrap_or_else(|e| panic!("{user}: FCALL of its own function: {e}"));
+        own.unwrap_or_else(|e| panic!("{user}: FCALL of its own function: {e}"));
         if user == "worker" {
             // A worker host's password reaches no API key and no index of the
             // api's, directly or through a function it may call.
@@ -568,14 +576,12 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                 last_used_at: None,
             };
             let mint = ScriptCall::key_create(&keys, "mine", &"1".repeat(64), &record.to_fields());
-            let e = store::scripts::invoke::<redis::Value>(&mut c, &mint)
+            let e = store::scripts::invoke(&mut c, &mint)
                 .await
                 .expect_err("the worker minted an API key");
             assert_eq!(e.code(), Some("NOPERM"), "worker: {e}");
         }
-        let e = store::scripts::invoke::<redis::Value>(&mut c, &foreign)
-            .await
-            .expect_err("a function on keys outside the prefix");
+        let e = foreign.expect_err("a function on keys outside the prefix");
         assert_eq!(e.code(), Some("NOPERM"), "{user}: {e}");
     }
     // Nothing above changed the library.
@@ -635,11 +641,11 @@ async fn functions_flushed_while_running_are_reloaded_where_permitted_and_named_
     };
     // As a user that may load code (dev): loaded again, the call answers.
     let mut unrestricted = redis.conn().await;
-    let _: i64 = store::scripts::invoke(&mut unrestricted, &touch)
+    let _touched = store::scripts::invoke(&mut unrestricted, &touch)
         .await
         .expect("first call");
     flush().await;
-    let _: i64 = store::scripts::invoke(&mut unrestricted, &touch)
+    let _touched = store::scripts::invoke(&mut unrestricted, &touch)
         .await
         .expect("the call after FUNCTION FLUSH");
     assert!(
@@ -650,7 +656,7 @@ async fn functions_flushed_while_running_are_reloaded_where_permitted_and_named_
     // As the deployment's api user: the call fails, naming what to run.
     flush().await;
     let mut api = connect(&entrypoint_user(&redis, "api", &prefix).await).await;
-    let e = store::scripts::invoke::<i64>(&mut api, &touch)
+    let e = store::scripts::invoke(&mut api, &touch)
         .await
         .expect_err("the api user cannot load the functions");
     assert!(
@@ -660,7 +666,7 @@ async fn functions_flushed_while_running_are_reloaded_where_permitted_and_named_
     );
     assert!(!store::scripts::is_loaded(&mut api).await.expect("list"));
     load_as_admin(&redis).await;
-    let _: i64 = store::scripts::invoke(&mut api, &touch)
+    let _touched = store::scripts::invoke(&mut api, &touch)
         .await
         .expect("the call once the admin loaded them");
 }

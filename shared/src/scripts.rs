@@ -72,24 +72,53 @@ impl Script {
     }
 }
 
-/// One call of a script: which, its KEYS and its ARGV, in the header's order.
+/// One call of a script: which, its KEYS and its ARGV, in the header's order,
+/// and `R`, the type its reply reads as (`store::scripts::invoke` returns an
+/// `R`), so no call site picks a reply type of its own. Only the builders
+/// below make one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScriptCall {
-    pub script: Script,
-    pub keys: Vec<String>,
-    pub args: Vec<Vec<u8>>,
+pub struct ScriptCall<R> {
+    script: Script,
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
+    reply: std::marker::PhantomData<fn() -> R>,
 }
 
-impl ScriptCall {
+impl<R> ScriptCall<R> {
     fn new<const K: usize, const A: usize>(
         script: Script,
         keys: [String; K],
         args: [&[u8]; A],
-    ) -> ScriptCall {
+    ) -> ScriptCall<R> {
         ScriptCall {
             script,
             keys: keys.into(),
             args: args.iter().map(|a| a.to_vec()).collect(),
+            reply: std::marker::PhantomData,
+        }
+    }
+
+    pub fn script(&self) -> Script {
+        self.script
+    }
+
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    pub fn args(&self) -> &[Vec<u8>] {
+        &self.args
+    }
+
+    /// The same call with its reply type forgotten: for tests that look at
+    /// every script's layout at once.
+    #[cfg(test)]
+    fn untyped(self) -> ScriptCall<()> {
+        ScriptCall {
+            script: self.script,
+            keys: self.keys,
+            args: self.args,
+            reply: std::marker::PhantomData,
         }
     }
 }
@@ -193,9 +222,10 @@ pub enum SubmitRaw {
     Quota(String, i64, i64, i64),
 }
 
-impl ScriptCall {
-    /// Replies with the jobs stream entry id, or (refused) the backlog as an integer.
-    pub fn submit(keys: &Keys, s: &Submit<'_>, record: &TaskRecord) -> ScriptCall {
+impl ScriptCall<SubmitReply> {
+    /// Replies with the jobs stream entry id, or (refused) the backlog as an
+    /// integer, or the quota that refused it: read as a [`SubmitReply`].
+    pub fn submit(keys: &Keys, s: &Submit<'_>, record: &TaskRecord) -> Self {
         let id = s.task_id;
         let (horizon, max) = (s.index_horizon_ms.to_string(), s.max_queued.to_string());
         // The admin key has no owner: the owner keys are named (for the
@@ -240,9 +270,9 @@ impl ScriptCall {
 /// A worker takes a task it read from the stream: queued -> running.
 pub const CLAIM: &str = include_str!("lua/claim.lua");
 
-impl ScriptCall {
+impl ScriptCall<TaskStateReply> {
     /// Replies with a [`TaskStateReply`].
-    pub fn claim(keys: &Keys, task_id: &str, worker: &str, entry_id: &str) -> ScriptCall {
+    pub fn claim(keys: &Keys, task_id: &str, worker: &str, entry_id: &str) -> Self {
         ScriptCall::new(
             Script::Claim,
             [keys.task(task_id), keys.task_events(task_id)],
@@ -254,9 +284,9 @@ impl ScriptCall {
 /// The task's container has started.
 pub const STARTED: &str = include_str!("lua/started.lua");
 
-impl ScriptCall {
+impl ScriptCall<TaskStateReply> {
     /// Replies with a [`TaskStateReply`]: `running` if the task is still `worker`'s.
-    pub fn started(keys: &Keys, task_id: &str, worker: &str, container: &str) -> ScriptCall {
+    pub fn started(keys: &Keys, task_id: &str, worker: &str, container: &str) -> Self {
         ScriptCall::new(
             Script::Started,
             [keys.task(task_id), keys.task_events(task_id)],
@@ -282,9 +312,9 @@ pub struct Progress<'a> {
     pub egress_log: Option<&'a [u8]>,
 }
 
-impl ScriptCall {
+impl ScriptCall<TaskStateReply> {
     /// Replies with a [`TaskStateReply`] (a kill shows here).
-    pub fn progress(keys: &Keys, task_id: &str, worker: &str, p: &Progress<'_>) -> ScriptCall {
+    pub fn progress(keys: &Keys, task_id: &str, worker: &str, p: &Progress<'_>) -> Self {
         let (out, err) = (p.stdout_bytes.to_string(), p.stderr_bytes.to_string());
         let age = p.output_age_ms.map(|a| a.to_string()).unwrap_or_default();
         ScriptCall::new(
@@ -306,7 +336,7 @@ impl ScriptCall {
 /// Records how a task ended.
 pub const FINISH: &str = include_str!("lua/finish.lua");
 
-impl ScriptCall {
+impl ScriptCall<TaskStateReply> {
     /// As `worker` (the one recorded as holding the task). `collected`: the
     /// zip of the collected files and its listing (JSON), kept as long as the
     /// record. Replies with a [`TaskStateReply`]: the state the task ends in.
@@ -317,7 +347,7 @@ impl ScriptCall {
         outcome: &Outcome,
         retention_seconds: u64,
         ended: &Ended<'_>,
-    ) -> ScriptCall {
+    ) -> Self {
         let code = outcome.exit_code.map(|c| c.to_string()).unwrap_or_default();
         let retention = retention_seconds.to_string();
         let (zip, listing) = ended.collected.unwrap_or_default();
@@ -380,8 +410,8 @@ pub struct Ended<'a> {
 /// `kill_task`.
 pub const KILL: &str = include_str!("lua/kill.lua");
 
-impl ScriptCall {
-    /// Replies with `{state, killed}`: read it with [`KillReply::parse`].
+impl ScriptCall<KillReply> {
+    /// Replies with `{state, killed}`: read as a [`KillReply`].
     /// `owner`: the caller's (`None` for the admin key); another owner's task
     /// is answered as missing.
     pub fn kill(
@@ -391,7 +421,7 @@ impl ScriptCall {
         kind: ReasonKind,
         retention_seconds: u64,
         owner: Option<&str>,
-    ) -> ScriptCall {
+    ) -> Self {
         let retention = retention_seconds.to_string();
         ScriptCall::new(
             Script::Kill,
@@ -433,9 +463,9 @@ impl KillReply {
 /// Forgets a dead worker that holds no job.
 pub const FORGET_WORKER: &str = include_str!("lua/forget_worker.lua");
 
-impl ScriptCall {
-    /// Replies 1 if `worker` was forgotten, 0 if it is alive or holds jobs.
-    pub fn forget_worker(keys: &Keys, worker: &str) -> ScriptCall {
+impl ScriptCall<bool> {
+    /// Replies 1 (true) if `worker` was forgotten, 0 if it is alive or holds jobs.
+    pub fn forget_worker(keys: &Keys, worker: &str) -> Self {
         ScriptCall::new(
             Script::ForgetWorker,
             [keys.jobs(), keys.worker(worker), keys.workers()],
@@ -447,9 +477,9 @@ impl ScriptCall {
 /// Puts a job back in the stream for any worker.
 pub const REQUEUE: &str = include_str!("lua/requeue.lua");
 
-impl ScriptCall {
-    /// Replies 1 if requeued, 0 if the entry was no longer pending.
-    pub fn requeue(keys: &Keys, entry_id: &str, task_id: &str) -> ScriptCall {
+impl ScriptCall<bool> {
+    /// Replies 1 (true) if requeued, 0 if the entry was no longer pending.
+    pub fn requeue(keys: &Keys, entry_id: &str, task_id: &str) -> Self {
         ScriptCall::new(
             Script::Requeue,
             [keys.jobs()],
@@ -471,15 +501,39 @@ pub const KEY_REVOKE: &str = include_str!("lua/key_revoke.lua");
 /// The api's `last_used_at`, at most once per interval.
 pub const KEY_TOUCH: &str = include_str!("lua/key_touch.lua");
 
-impl ScriptCall {
+/// What KEY_CREATE did (it replies 1, 0 or 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyCreated {
+    Created,
+    NameTaken,
+    /// A key of that name was revoked: its name is not reused.
+    NameRevoked,
+}
+
+impl KeyCreated {
+    pub fn parse(reply: i64) -> Result<KeyCreated, UnknownName> {
+        match reply {
+            1 => Ok(KeyCreated::Created),
+            0 => Ok(KeyCreated::NameTaken),
+            2 => Ok(KeyCreated::NameRevoked),
+            n => Err(UnknownName {
+                what: "key_create reply",
+                name: n.to_string(),
+            }),
+        }
+    }
+}
+
+impl ScriptCall<KeyCreated> {
     /// Replies 1; 0 when the name is taken; 2 when a key of that name was
-    /// revoked. `fields`: the record's pairs (`ApiKeyRecord::to_fields`).
+    /// revoked: read as a [`KeyCreated`]. `fields`: the record's pairs
+    /// (`ApiKeyRecord::to_fields`).
     pub fn key_create(
         keys: &Keys,
         name: &str,
         sha256: &str,
         fields: &[(ApiKeyField, String)],
-    ) -> ScriptCall {
+    ) -> Self {
         let mut call = ScriptCall::new(
             Script::KeyCreate,
             [
@@ -495,9 +549,11 @@ impl ScriptCall {
         }
         call
     }
+}
 
-    /// Replies 1, or 0 when no key has that name.
-    pub fn key_rotate(keys: &Keys, name: &str, new_sha256: &str) -> ScriptCall {
+impl ScriptCall<bool> {
+    /// Replies 1 (true), or 0 when no key has that name.
+    pub fn key_rotate(keys: &Keys, name: &str, new_sha256: &str) -> Self {
         ScriptCall::new(
             Script::KeyRotate,
             [
@@ -509,8 +565,8 @@ impl ScriptCall {
         )
     }
 
-    /// Replies 1, or 0 when no key has that name.
-    pub fn key_revoke(keys: &Keys, name: &str) -> ScriptCall {
+    /// Replies 1 (true), or 0 when no key has that name.
+    pub fn key_revoke(keys: &Keys, name: &str) -> Self {
         ScriptCall::new(
             Script::KeyRevoke,
             [
@@ -522,8 +578,8 @@ impl ScriptCall {
         )
     }
 
-    /// Replies 1 if `last_used_at` was written.
-    pub fn key_touch(keys: &Keys, sha256: &str, interval_ms: u64) -> ScriptCall {
+    /// Replies 1 (true) if `last_used_at` was written.
+    pub fn key_touch(keys: &Keys, sha256: &str, interval_ms: u64) -> Self {
         let interval = interval_ms.to_string();
         ScriptCall::new(
             Script::KeyTouch,
@@ -655,7 +711,7 @@ mod tests {
 
     /// A typical call of each script's builder (a match, so a new script must
     /// add one here).
-    fn sample_call(script: Script, keys: &Keys) -> ScriptCall {
+    fn sample_call(script: Script, keys: &Keys) -> ScriptCall<()> {
         let outcome = Outcome::worker_lost();
         match script {
             Script::Submit => {
@@ -670,10 +726,10 @@ mod tests {
                     max_queued: 2,
                     owner: Some(("alice", Limits::default())),
                 };
-                ScriptCall::submit(keys, &s, &record)
+                ScriptCall::submit(keys, &s, &record).untyped()
             }
-            Script::Claim => ScriptCall::claim(keys, "t", "w", "1-0"),
-            Script::Started => ScriptCall::started(keys, "t", "w", "c"),
+            Script::Claim => ScriptCall::claim(keys, "t", "w", "1-0").untyped(),
+            Script::Started => ScriptCall::started(keys, "t", "w", "c").untyped(),
             Script::Progress => {
                 let p = Progress {
                     stdout_tail: b"o",
@@ -683,7 +739,7 @@ mod tests {
                     output_age_ms: None,
                     egress_log: None,
                 };
-                ScriptCall::progress(keys, "t", "w", &p)
+                ScriptCall::progress(keys, "t", "w", &p).untyped()
             }
             Script::Finish => {
                 let ended = Ended {
@@ -694,11 +750,13 @@ mod tests {
                     owner: Some("alice"),
                     ..Ended::default()
                 };
-                ScriptCall::finish(keys, "t", "w", &outcome, 60, &ended)
+                ScriptCall::finish(keys, "t", "w", &outcome, 60, &ended).untyped()
             }
-            Script::Kill => ScriptCall::kill(keys, "t", "why", ReasonKind::KilledByUser, 60, None),
-            Script::ForgetWorker => ScriptCall::forget_worker(keys, "w"),
-            Script::Requeue => ScriptCall::requeue(keys, "1-0", "t"),
+            Script::Kill => {
+                ScriptCall::kill(keys, "t", "why", ReasonKind::KilledByUser, 60, None).untyped()
+            }
+            Script::ForgetWorker => ScriptCall::forget_worker(keys, "w").untyped(),
+            Script::Requeue => ScriptCall::requeue(keys, "1-0", "t").untyped(),
             Script::KeyCreate => ScriptCall::key_create(
                 keys,
                 "ci",
@@ -707,10 +765,11 @@ mod tests {
                     (ApiKeyField::Name, "ci".into()),
                     (ApiKeyField::Scopes, "run".into()),
                 ],
-            ),
-            Script::KeyRotate => ScriptCall::key_rotate(keys, "ci", "cd"),
-            Script::KeyRevoke => ScriptCall::key_revoke(keys, "ci"),
-            Script::KeyTouch => ScriptCall::key_touch(keys, "ab", 60_000),
+            )
+            .untyped(),
+            Script::KeyRotate => ScriptCall::key_rotate(keys, "ci", "cd").untyped(),
+            Script::KeyRevoke => ScriptCall::key_revoke(keys, "ci").untyped(),
+            Script::KeyTouch => ScriptCall::key_touch(keys, "ab", 60_000).untyped(),
         }
     }
 

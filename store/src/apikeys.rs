@@ -10,7 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use redis::aio::ConnectionLike;
 use shared::Keys;
 use shared::apikey::{ApiKeyRecord, KEY_PREFIX, KeyError, LAST_USED_INTERVAL_MS, key_hash};
-use shared::scripts::ScriptCall;
+use shared::scripts::{KeyCreated, ScriptCall};
 
 use crate::scripts;
 
@@ -41,6 +41,8 @@ pub enum ApiKeyError {
     Random(String),
     #[error("Redis failed: {0}")]
     Redis(#[from] redis::RedisError),
+    #[error("the {script} script replied {reply}, which this version does not know")]
+    Reply { script: &'static str, reply: String },
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error("a key named {0:?} exists already: rotate it (`keys rotate {0}`) or pick another name")]
@@ -52,6 +54,15 @@ pub enum ApiKeyError {
     NameRevoked(String),
     #[error("no key named {0:?} (see `keys list`)")]
     NoSuchKey(String),
+}
+
+impl From<scripts::InvokeError> for ApiKeyError {
+    fn from(e: scripts::InvokeError) -> ApiKeyError {
+        match e {
+            scripts::InvokeError::Redis(e) => ApiKeyError::Redis(e),
+            scripts::InvokeError::Reply { script, reply } => ApiKeyError::Reply { script, reply },
+        }
+    }
 }
 
 /// `srk_` and 32 bytes from the OS's randomness, base64url without padding.
@@ -73,11 +84,10 @@ pub async fn create(
     shared::apikey::check_name(&record.name)?;
     let key = generate()?;
     let call = ScriptCall::key_create(keys, &record.name, &key.hash(), &record.to_fields());
-    let created: i64 = scripts::invoke(conn, &call).await?;
-    match created {
-        1 => Ok(key),
-        2 => Err(ApiKeyError::NameRevoked(record.name.clone())),
-        _ => Err(ApiKeyError::NameTaken(record.name.clone())),
+    match scripts::invoke(conn, &call).await? {
+        KeyCreated::Created => Ok(key),
+        KeyCreated::NameRevoked => Err(ApiKeyError::NameRevoked(record.name.clone())),
+        KeyCreated::NameTaken => Err(ApiKeyError::NameTaken(record.name.clone())),
     }
 }
 
@@ -90,8 +100,7 @@ pub async fn rotate(
     shared::apikey::check_name(name)?;
     let key = generate()?;
     let call = ScriptCall::key_rotate(keys, name, &key.hash());
-    let rotated: i64 = scripts::invoke(conn, &call).await?;
-    if rotated == 1 {
+    if scripts::invoke(conn, &call).await? {
         Ok(key)
     } else {
         Err(ApiKeyError::NoSuchKey(name.to_owned()))
@@ -105,8 +114,7 @@ pub async fn revoke(
     name: &str,
 ) -> Result<(), ApiKeyError> {
     shared::apikey::check_name(name)?;
-    let revoked: i64 = scripts::invoke(conn, &ScriptCall::key_revoke(keys, name)).await?;
-    if revoked == 1 {
+    if scripts::invoke(conn, &ScriptCall::key_revoke(keys, name)).await? {
         Ok(())
     } else {
         Err(ApiKeyError::NoSuchKey(name.to_owned()))
@@ -161,7 +169,7 @@ pub async fn lookup(
         .is_none_or(|last| now - last >= LAST_USED_INTERVAL_MS as i64);
     if stale {
         let call = ScriptCall::key_touch(keys, &hash, LAST_USED_INTERVAL_MS);
-        let _: i64 = scripts::invoke(conn, &call).await?;
+        let _touched = scripts::invoke(conn, &call).await?;
     }
     Ok(Some(record))
 }

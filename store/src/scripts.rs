@@ -16,7 +16,9 @@
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 use shared::functions::{LIBRARY, Library};
-use shared::scripts::{ScriptCall, SubmitRaw, SubmitReply};
+use shared::scripts::{
+    KeyCreated, KillReply, Script, ScriptCall, SubmitRaw, SubmitReply, TaskStateReply,
+};
 
 /// This build's library.
 pub fn library() -> &'static Library {
@@ -170,49 +172,151 @@ fn function_missing(e: &RedisError) -> bool {
             .is_some_and(|d| d.starts_with("Function not found"))
 }
 
+/// A script call that failed: Redis's error, or a reply this version cannot
+/// read (a newer or older script than this build's: not worth retrying).
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+    #[error("the {script} script replied {reply}, which this version does not know")]
+    Reply { script: &'static str, reply: String },
+}
+
+impl InvokeError {
+    /// Redis's error code (`NOPERM`, ...), if Redis refused the call.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            InvokeError::Redis(e) => e.code(),
+            InvokeError::Reply { .. } => None,
+        }
+    }
+}
+
+/// How a script's reply is read: each `ScriptCall<R>` builder names its `R`,
+/// and [`invoke`] reads the reply as that. `Err` carries what came back, shown.
+pub trait Reply: Sized {
+    fn read(reply: Value) -> Result<Self, String>;
+}
+
+/// `reply` as a plain redis-rs type, or what it was.
+fn plain<T: FromRedisValue>(reply: Value) -> Result<T, String> {
+    let shown = format!("{reply:?}");
+    T::from_redis_value(reply).map_err(|_| shown)
+}
+
+impl Reply for TaskStateReply {
+    fn read(reply: Value) -> Result<Self, String> {
+        let s: String = plain(reply)?;
+        TaskStateReply::parse(&s).map_err(|e| format!("{:?}", e.name))
+    }
+}
+
+impl Reply for KillReply {
+    fn read(reply: Value) -> Result<Self, String> {
+        KillReply::parse(plain(reply)?).map_err(|e| format!("{:?}", e.name))
+    }
+}
+
+impl Reply for KeyCreated {
+    fn read(reply: Value) -> Result<Self, String> {
+        KeyCreated::parse(plain(reply)?).map_err(|e| e.name)
+    }
+}
+
+/// The scripts that reply 1 (done) or 0 (not).
+impl Reply for bool {
+    fn read(reply: Value) -> Result<Self, String> {
+        match plain::<i64>(reply)? {
+            1 => Ok(true),
+            0 => Ok(false),
+            n => Err(n.to_string()),
+        }
+    }
+}
+
+/// SUBMIT's reply: an entry id, the backlog (an integer) or
+/// `{quota, limit, count, frees_at}`.
+impl Reply for SubmitReply {
+    fn read(reply: Value) -> Result<Self, String> {
+        let raw = match reply {
+            Value::Int(backlog) => SubmitRaw::Backlog(backlog),
+            Value::Array(parts) => {
+                let (quota, limit, count, frees): (String, i64, i64, i64) =
+                    plain(Value::Array(parts))?;
+                SubmitRaw::Quota(quota, limit, count, frees)
+            }
+            Value::BulkString(_) | Value::SimpleString(_) => SubmitRaw::Entry,
+            other => return Err(format!("{other:?}")),
+        };
+        SubmitReply::parse(raw).map_err(|e| format!("{:?}", e.name))
+    }
+}
+
+fn read_reply<R: Reply>(script: Script, reply: Value) -> Result<R, InvokeError> {
+    R::read(reply).map_err(|reply| InvokeError::Reply {
+        script: script.name(),
+        reply,
+    })
+}
+
 /// Runs `calls` in order on `conn`, sent as one pipeline (so on one
-/// connection, to one node, one round trip), and reads each reply as `T`.
-/// If Redis lost the library, they are sent again one by one through
-/// [`invoke`], which loads it where this user may.
-pub async fn invoke_all<T: FromRedisValue>(
+/// connection, to one node, one round trip), and reads each reply as its
+/// call says. If Redis lost the library, they are sent again one by one
+/// through [`invoke`], which loads it where this user may.
+pub async fn invoke_all<R: Reply>(
     conn: &mut impl ConnectionLike,
-    calls: &[&ScriptCall],
-) -> RedisResult<Vec<T>> {
+    calls: &[&ScriptCall<R>],
+) -> Result<Vec<R>, InvokeError> {
     let mut pipe = redis::pipe();
     for call in calls {
         pipe.add_command(fcall(call));
     }
-    match pipe.query_async(conn).await {
-        Err(e) if function_missing(&e) => {}
-        other => return other,
-    }
-    let mut replies = Vec::with_capacity(calls.len());
-    for call in calls {
-        replies.push(invoke(conn, call).await?);
-    }
-    Ok(replies)
+    let replies: Vec<Value> = match pipe.query_async(conn).await {
+        Err(e) if function_missing(&e) => {
+            let mut replies = Vec::with_capacity(calls.len());
+            for call in calls {
+                replies.push(invoke(conn, call).await?);
+            }
+            return Ok(replies);
+        }
+        other => other?,
+    };
+    calls
+        .iter()
+        .zip(replies)
+        .map(|(call, reply)| read_reply(call.script(), reply))
+        .collect()
 }
 
 /// `call` as an `FCALL` of this build's library.
-fn fcall(call: &ScriptCall) -> redis::Cmd {
+fn fcall<R>(call: &ScriptCall<R>) -> redis::Cmd {
     let mut fcall = redis::cmd("FCALL");
     fcall
-        .arg(library().function(call.script))
-        .arg(call.keys.len())
-        .arg(&call.keys);
-    for a in &call.args {
+        .arg(library().function(call.script()))
+        .arg(call.keys().len())
+        .arg(call.keys());
+    for a in call.args() {
         fcall.arg(a.as_slice());
     }
     fcall
 }
 
-/// Runs `call` on `conn` and reads its reply as `T`. If Redis lost the
-/// library, it is loaded again where this user may (then the call is sent
+/// Runs `call` on `conn` and reads its reply as the call's `R`. If Redis lost
+/// the library, it is loaded again where this user may (then the call is sent
 /// again, once); otherwise the error is [`FunctionsError::NotPermitted`]'s.
-pub async fn invoke<T: FromRedisValue>(
+pub async fn invoke<R: Reply>(
     conn: &mut impl ConnectionLike,
-    call: &ScriptCall,
-) -> RedisResult<T> {
+    call: &ScriptCall<R>,
+) -> Result<R, InvokeError> {
+    let reply = invoke_value(conn, call).await?;
+    read_reply(call.script(), reply)
+}
+
+/// `invoke`, the reply left as Redis sent it.
+async fn invoke_value<R>(
+    conn: &mut impl ConnectionLike,
+    call: &ScriptCall<R>,
+) -> RedisResult<Value> {
     let fcall = fcall(call);
     match fcall.query_async(conn).await {
         Err(e) if function_missing(&e) => {}
@@ -240,23 +344,6 @@ pub async fn invoke<T: FromRedisValue>(
             )))
         }
     }
-}
-
-/// SUBMIT's reply read as a [`SubmitReply`]: an entry id, the backlog (an
-/// integer) or `{quota, limit, count, frees_at}`. `Err` carries what came back.
-pub fn read_submit(reply: redis::Value) -> Result<SubmitReply, String> {
-    let raw = match reply {
-        redis::Value::Int(backlog) => SubmitRaw::Backlog(backlog),
-        redis::Value::Array(parts) => {
-            let shown = format!("{parts:?}");
-            let (quota, limit, count, frees): (String, i64, i64, i64) =
-                FromRedisValue::from_redis_value(redis::Value::Array(parts)).map_err(|_| shown)?;
-            SubmitRaw::Quota(quota, limit, count, frees)
-        }
-        redis::Value::BulkString(_) | redis::Value::SimpleString(_) => SubmitRaw::Entry,
-        other => return Err(format!("{other:?}")),
-    };
-    SubmitReply::parse(raw).map_err(|e| e.name)
 }
 
 #[cfg(test)]

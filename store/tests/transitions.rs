@@ -5,9 +5,10 @@
 mod common;
 
 use common::Redis;
+use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncCommands, FromRedisValue};
-use shared::scripts::{self, Ended, Progress, ScriptCall, Submit};
+use script_runner_store::scripts::Reply;
+use shared::scripts::{self, Ended, KillReply, Progress, ScriptCall, Submit, TaskStateReply};
 use shared::task::Outcome;
 use shared::usage::{CPU_LEDGER_WINDOW_MS, OwnerTotals, Usage};
 use shared::{Keys, ReasonKind, TaskRecord, TaskState};
@@ -30,22 +31,65 @@ async fn conn(r: &Redis) -> MultiplexedConnection {
         .expect("redis")
 }
 
-/// Runs a typed call as the binaries do, reading its reply as `T`.
-async fn run<T: FromRedisValue>(c: &mut MultiplexedConnection, call: ScriptCall) -> T {
+/// Runs a typed call as the binaries do, and gives its reply back in the form
+/// the script sent it (`Wire`), so assertions read like the scripts' headers.
+async fn run<R: Reply + Wire>(c: &mut MultiplexedConnection, call: ScriptCall<R>) -> R::Raw {
     script_runner_store::scripts::invoke(c, &call)
         .await
         .expect("script")
+        .wire()
 }
 
-fn claim(worker: &str, entry: &str) -> ScriptCall {
+/// A typed reply as the script's wire reply.
+trait Wire {
+    type Raw;
+    fn wire(self) -> Self::Raw;
+}
+
+impl Wire for TaskStateReply {
+    type Raw = String;
+    fn wire(self) -> String {
+        match self {
+            TaskStateReply::Missing => scripts::MISSING.to_owned(),
+            TaskStateReply::NotOwner => scripts::NOT_OWNER.to_owned(),
+            TaskStateReply::State(s) => s.as_str().to_owned(),
+        }
+    }
+}
+
+impl Wire for KillReply {
+    type Raw = (String, i64);
+    fn wire(self) -> (String, i64) {
+        match self {
+            KillReply::Missing => (scripts::MISSING.to_owned(), 0),
+            KillReply::State(s, killed) => (s.as_str().to_owned(), i64::from(killed)),
+        }
+    }
+}
+
+impl Wire for bool {
+    type Raw = i64;
+    fn wire(self) -> i64 {
+        i64::from(self)
+    }
+}
+
+impl Wire for SubmitReply {
+    type Raw = SubmitReply;
+    fn wire(self) -> SubmitReply {
+        self
+    }
+}
+
+fn claim(worker: &str, entry: &str) -> ScriptCall<TaskStateReply> {
     ScriptCall::claim(&keys(), ID, worker, entry)
 }
 
-fn started(worker: &str, container: &str) -> ScriptCall {
+fn started(worker: &str, container: &str) -> ScriptCall<TaskStateReply> {
     ScriptCall::started(&keys(), ID, worker, container)
 }
 
-fn progress(worker: &str, out: &[u8], err: &[u8]) -> ScriptCall {
+fn progress(worker: &str, out: &[u8], err: &[u8]) -> ScriptCall<TaskStateReply> {
     let p = Progress {
         stdout_tail: out,
         stderr_tail: err,
@@ -58,7 +102,7 @@ fn progress(worker: &str, out: &[u8], err: &[u8]) -> ScriptCall {
 }
 
 /// FINISH as `worker` with an exit `code` (0: succeeded), kept 600 s.
-fn finish(worker: &str, code: i64) -> ScriptCall {
+fn finish(worker: &str, code: i64) -> ScriptCall<TaskStateReply> {
     let outcome = Outcome {
         state: if code == 0 {
             TaskState::Succeeded
@@ -73,7 +117,7 @@ fn finish(worker: &str, code: i64) -> ScriptCall {
 }
 
 /// FINISH as `worker` (exit 0) with `usage`, for the task of `owner`.
-fn finish_with(worker: &str, owner: Option<&str>, usage: Usage) -> ScriptCall {
+fn finish_with(worker: &str, owner: Option<&str>, usage: Usage) -> ScriptCall<TaskStateReply> {
     let outcome = Outcome {
         state: TaskState::Succeeded,
         kind: ReasonKind::Exited,
@@ -88,7 +132,7 @@ fn finish_with(worker: &str, owner: Option<&str>, usage: Usage) -> ScriptCall {
     ScriptCall::finish(&keys(), ID, worker, &outcome, 600, &ended)
 }
 
-fn kill(reason: &str) -> ScriptCall {
+fn kill(reason: &str) -> ScriptCall<KillReply> {
     ScriptCall::kill(&keys(), ID, reason, ReasonKind::KilledByUser, 600, None)
 }
 
@@ -123,45 +167,30 @@ async fn only_one_worker_can_claim_and_only_it_can_write() {
     let mut c = conn(&redis).await;
     queued_task(&mut c).await;
 
-    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(run(&mut c, claim("a", "1-0")).await, "running");
     // A second claim does not hand the task out again: not to another worker,
     // nor to the same one from another entry (a duplicate job)...
-    assert_eq!(
-        run::<String>(&mut c, claim("b", "1-0")).await,
-        scripts::NOT_OWNER
-    );
-    assert_eq!(
-        run::<String>(&mut c, claim("a", "2-0")).await,
-        scripts::NOT_OWNER
-    );
+    assert_eq!(run(&mut c, claim("b", "1-0")).await, scripts::NOT_OWNER);
+    assert_eq!(run(&mut c, claim("a", "2-0")).await, scripts::NOT_OWNER);
     // ...but the same worker retrying the same claim (its first reply lost) is
     // told it holds the task, so it runs it rather than leaving it running unrun.
-    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(run(&mut c, claim("a", "1-0")).await, "running");
     assert_eq!(field(&mut c, "worker").await.as_deref(), Some("a"));
 
     // A non-owner is told so and writes nothing.
+    assert_eq!(run(&mut c, started("b", "cid-b")).await, scripts::NOT_OWNER);
     assert_eq!(
-        run::<String>(&mut c, started("b", "cid-b")).await,
-        scripts::NOT_OWNER
-    );
-    assert_eq!(
-        run::<String>(&mut c, progress("b", b"out", b"err")).await,
+        run(&mut c, progress("b", b"out", b"err")).await,
         scripts::NOT_OWNER
     );
     assert_eq!(field(&mut c, "container").await, None);
     assert_eq!(field(&mut c, "stdout_tail").await, None);
-    assert_eq!(run::<String>(&mut c, finish("b", 0)).await, "running");
+    assert_eq!(run(&mut c, finish("b", 0)).await, "running");
     assert_eq!(field(&mut c, "state").await.as_deref(), Some("running"));
 
     // The owner's writes land.
-    assert_eq!(
-        run::<String>(&mut c, started("a", "cid-a")).await,
-        "running"
-    );
-    assert_eq!(
-        run::<String>(&mut c, progress("a", b"out", b"err")).await,
-        "running"
-    );
+    assert_eq!(run(&mut c, started("a", "cid-a")).await, "running");
+    assert_eq!(run(&mut c, progress("a", b"out", b"err")).await, "running");
     assert_eq!(field(&mut c, "stdout_tail").await.as_deref(), Some("out"));
     assert!(
         field(&mut c, "started_at").await.is_some()
@@ -174,7 +203,7 @@ async fn a_terminal_state_is_never_overwritten() {
     let redis = Redis::start().await;
     let mut c = conn(&redis).await;
     queued_task(&mut c).await;
-    run::<String>(&mut c, claim("a", "1-0")).await;
+    run(&mut c, claim("a", "1-0")).await;
 
     // kill_task wins the race with the worker's own finish.
     let (state, killed): (String, i64) = run(&mut c, kill("killed by kill_task")).await;
@@ -184,7 +213,7 @@ async fn a_terminal_state_is_never_overwritten() {
     let stdin: Option<String> = c.get(STDIN).await.expect("get");
     assert_eq!(stdin, None, "a killed task's stdin is dropped");
 
-    assert_eq!(run::<String>(&mut c, finish("a", 0)).await, "killed");
+    assert_eq!(run(&mut c, finish("a", 0)).await, "killed");
     assert_eq!(field(&mut c, "state").await.as_deref(), Some("killed"));
     assert_eq!(
         field(&mut c, "reason").await.as_deref(),
@@ -196,7 +225,7 @@ async fn a_terminal_state_is_never_overwritten() {
     // its expiry and make the stream again, with no TTL).
     let events: usize = c.xlen(keys().task_events(ID)).await.expect("xlen");
     assert_eq!(
-        run::<String>(&mut c, progress("a", b"last words", b"")).await,
+        run(&mut c, progress("a", b"last words", b"")).await,
         "killed"
     );
     assert_eq!(
@@ -239,8 +268,8 @@ async fn an_ended_tasks_events_expire_long_before_its_record() {
     let redis = Redis::start().await;
     let mut c = conn(&redis).await;
     queued_task(&mut c).await;
-    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
-    assert_eq!(run::<String>(&mut c, finish("a", 0)).await, "succeeded");
+    assert_eq!(run(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(run(&mut c, finish("a", 0)).await, "succeeded");
     let record: i64 = c.ttl(TASK).await.expect("ttl");
     assert!(record > 500, "the record is kept 600 s: ttl {record}");
     assert_events_expire_soon(&mut c).await;
@@ -251,19 +280,13 @@ async fn a_queued_task_cannot_be_started_or_finished_without_a_claim() {
     let redis = Redis::start().await;
     let mut c = conn(&redis).await;
     queued_task(&mut c).await;
-    assert_eq!(
-        run::<String>(&mut c, started("a", "cid")).await,
-        scripts::NOT_OWNER
-    );
-    assert_eq!(run::<String>(&mut c, finish("a", 1)).await, "queued");
+    assert_eq!(run(&mut c, started("a", "cid")).await, scripts::NOT_OWNER);
+    assert_eq!(run(&mut c, finish("a", 1)).await, "queued");
     assert_eq!(field(&mut c, "state").await.as_deref(), Some("queued"));
-    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
-    assert_eq!(
-        run::<String>(&mut c, claim("b", "1-0")).await,
-        scripts::NOT_OWNER
-    );
+    assert_eq!(run(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(run(&mut c, claim("b", "1-0")).await, scripts::NOT_OWNER);
     let _: () = c.del(TASK).await.expect("del");
-    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "missing");
+    assert_eq!(run(&mut c, claim("a", "1-0")).await, "missing");
 }
 
 #[tokio::test]
@@ -293,7 +316,7 @@ async fn requeue_moves_a_job_and_forget_spares_live_or_busy_workers() {
 
     // The dead worker holds a job: it is not forgotten.
     let forget_dead = || ScriptCall::forget_worker(&keys(), "dead");
-    let kept = run::<i64>(&mut c, forget_dead()).await;
+    let kept = run(&mut c, forget_dead()).await;
     assert_eq!(kept, 0);
 
     // Requeue: the old entry leaves the stream and the dead worker's pending list,
@@ -315,12 +338,12 @@ async fn requeue_moves_a_job_and_forget_spares_live_or_busy_workers() {
         .set_ex("t:worker:dead", "running=0", 30)
         .await
         .expect("heartbeat");
-    let alive = run::<i64>(&mut c, forget_dead()).await;
+    let alive = run(&mut c, forget_dead()).await;
     assert_eq!(alive, 0);
 
     // Dead and idle: forgotten, from the group and the registry.
     let _: () = c.del("t:worker:dead").await.expect("del");
-    let gone = run::<i64>(&mut c, forget_dead()).await;
+    let gone = run(&mut c, forget_dead()).await;
     assert_eq!(gone, 1);
     let members: Vec<String> = c.smembers("t:workers").await.expect("smembers");
     assert!(members.is_empty());
@@ -346,8 +369,8 @@ async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
         owner: None,
     };
     let record = TaskRecord::new(TaskState::Queued);
-    let entry: String = run(&mut c, ScriptCall::submit(&keys, &submit, &record)).await;
-    assert!(entry.contains('-'), "a stream entry id: {entry}");
+    let queued = run(&mut c, ScriptCall::submit(&keys, &submit, &record)).await;
+    assert_eq!(queued, SubmitReply::Queued, "a stream entry id");
     let members: Vec<String> = c.zrange(&index, 0, -1).await.expect("zrange");
     assert_eq!(
         members,
@@ -393,7 +416,7 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         max_queued: 1,
         owner: None,
     };
-    let _: String = run(&mut c, ScriptCall::submit(&keys, &submit("a"), &record)).await;
+    let _queued = run(&mut c, ScriptCall::submit(&keys, &submit("a"), &record)).await;
     let hash: std::collections::HashMap<String, Vec<u8>> =
         c.hgetall(keys.task("a")).await.expect("hgetall");
     let back = TaskRecord::from_hash(hash)
@@ -408,8 +431,8 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         record
     );
     // One job in the stream and a cap of one: refused with the backlog.
-    let refused: i64 = run(&mut c, ScriptCall::submit(&keys, &submit("b"), &record)).await;
-    assert_eq!(refused, 1);
+    let refused = run(&mut c, ScriptCall::submit(&keys, &submit("b"), &record)).await;
+    assert_eq!(refused, SubmitReply::Full(1));
     let exists: bool = c.exists(keys.task("b")).await.expect("exists");
     assert!(!exists, "a refused task stores nothing");
 }
@@ -418,7 +441,6 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
 // Owners: quotas in SUBMIT, ownership in KILL, and the API key scripts.
 
 use script_runner_store::apikeys;
-use script_runner_store::scripts::read_submit;
 use shared::apikey::{ApiKeyRecord, Limits, Scopes};
 use shared::scripts::{Quota, SubmitReply};
 
@@ -441,8 +463,7 @@ async fn submit_as(
         owner: owner.map(str::to_owned),
         ..TaskRecord::new(TaskState::Queued)
     };
-    let reply: redis::Value = run(c, ScriptCall::submit(&keys(), &submit, &record)).await;
-    read_submit(reply).expect("a SUBMIT reply")
+    run(c, ScriptCall::submit(&keys(), &submit, &record)).await
 }
 
 async fn set_state(c: &mut MultiplexedConnection, id: &str, state: TaskState) {
@@ -778,15 +799,15 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
         .expect("zadd");
 
     queued_task_of(&mut c, Some("alice")).await;
-    assert_eq!(run::<String>(&mut c, claim("a", "1-0")).await, "running");
+    assert_eq!(run(&mut c, claim("a", "1-0")).await, "running");
     // A kill recorded first does not stop the worker recording what ran.
-    let _: redis::Value = run(&mut c, kill("stop")).await;
+    let _killed = run(&mut c, kill("stop")).await;
     assert_eq!(
-        run::<String>(&mut c, finish_with("a", Some("alice"), usage)).await,
+        run(&mut c, finish_with("a", Some("alice"), usage)).await,
         "killed"
     );
     // Retried (its first reply lost): counted once.
-    run::<String>(&mut c, finish_with("a", Some("alice"), usage)).await;
+    run(&mut c, finish_with("a", Some("alice"), usage)).await;
     assert_eq!(field(&mut c, "usage_cpu_ms").await.as_deref(), Some("2000"));
     assert_eq!(
         field(&mut c, "usage_peak_memory_bytes").await.as_deref(),
@@ -818,13 +839,13 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
 
     // A second task of hers with a lower peak: sums grow, the peak stays the highest.
     queued_task_of(&mut c, Some("alice")).await;
-    run::<String>(&mut c, claim("a", "2-0")).await;
+    run(&mut c, claim("a", "2-0")).await;
     let small = Usage {
         cpu_ms: Some(500),
         peak_memory_bytes: Some(1 << 20),
         workspace_bytes: None,
     };
-    run::<String>(&mut c, finish_with("a", Some("alice"), small)).await;
+    run(&mut c, finish_with("a", Some("alice"), small)).await;
     let t = totals(&mut c, &k.owner_usage("alice")).await;
     assert_eq!(
         (t.tasks, t.cpu_ms, t.peak_memory_bytes, t.workspace_bytes),
@@ -833,8 +854,8 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
 
     // The admin key's task (no owner): its record gets usage, nobody's totals do.
     queued_task_of(&mut c, None).await;
-    run::<String>(&mut c, claim("a", "3-0")).await;
-    run::<String>(&mut c, finish_with("a", None, usage)).await;
+    run(&mut c, claim("a", "3-0")).await;
+    run(&mut c, finish_with("a", None, usage)).await;
     assert_eq!(field(&mut c, "usage_cpu_ms").await.as_deref(), Some("2000"));
     assert_eq!(totals(&mut c, &k.usage_totals()).await.tasks, 2);
     let owners: u64 = c.zcard(k.usage_owners()).await.expect("zcard");
@@ -842,8 +863,8 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
 
     // No figure at all (the container was gone): nothing written, nothing counted.
     queued_task_of(&mut c, Some("alice")).await;
-    run::<String>(&mut c, claim("a", "4-0")).await;
-    run::<String>(&mut c, finish_with("a", Some("alice"), Usage::default())).await;
+    run(&mut c, claim("a", "4-0")).await;
+    run(&mut c, finish_with("a", Some("alice"), Usage::default())).await;
     assert_eq!(field(&mut c, "usage_cpu_ms").await, None);
     assert_eq!(totals(&mut c, &k.owner_usage("alice")).await.tasks, 2);
 }

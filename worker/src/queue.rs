@@ -36,6 +36,19 @@ pub enum QueueError {
     /// The task's record does not read as its type (the error names the field).
     #[error("task {0} has a malformed record: {1}")]
     Corrupt(String, #[source] RecordError),
+    /// A script replied with something this version does not know: another
+    /// version's script, which retrying does not change.
+    #[error("the {script} script replied {reply}, which this version does not know")]
+    Reply { script: &'static str, reply: String },
+}
+
+impl From<scripts::InvokeError> for QueueError {
+    fn from(e: scripts::InvokeError) -> QueueError {
+        match e {
+            scripts::InvokeError::Redis(e) => QueueError::Redis(e),
+            scripts::InvokeError::Reply { script, reply } => QueueError::Reply { script, reply },
+        }
+    }
 }
 
 impl From<TaskReadError> for QueueError {
@@ -48,6 +61,12 @@ impl From<TaskReadError> for QueueError {
 }
 
 impl QueueError {
+    /// Whether retrying cannot help: a malformed record, or a reply this
+    /// version cannot read, stays so however often it is read again.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, QueueError::Corrupt(..) | QueueError::Reply { .. })
+    }
+
     /// What is wrong when waiting cannot help: a wrong Redis user or password, a
     /// missing ACL permission, a TLS certificate this worker does not trust. None for
     /// everything else (Redis down, a network blip), which is worth retrying.
@@ -282,15 +301,13 @@ impl Queue {
         Ok(())
     }
 
-    /// Runs a state script (CLAIM, STARTED, PROGRESS, FINISH) for `task_id`.
+    /// Runs a state script (STARTED, PROGRESS).
     async fn state_script(
         &self,
-        task_id: &str,
-        call: &ScriptCall,
+        call: &ScriptCall<TaskStateReply>,
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
-        let s: String = scripts::invoke(&mut conn, call).await?;
-        parse_reply(task_id, Some(&s))
+        Ok(scripts::invoke(&mut conn, call).await?)
     }
 
     /// Runs a transition whose loss in a failover would run a task twice (a
@@ -308,13 +325,14 @@ impl Queue {
     async fn replicated_script(
         &self,
         task_id: &str,
-        calls: &[&ScriptCall],
+        calls: &[&ScriptCall<TaskStateReply>],
         protect: fn(&TaskStateReply) -> bool,
     ) -> Result<TaskStateReply, QueueError> {
         let mut conn = self.pool.get().await?;
-        let replies: Vec<String> = scripts::invoke_all(&mut conn, calls).await?;
-        let reply = parse_reply(task_id, replies.last().map(String::as_str))?;
-        let script = calls.last().map_or("?", |c| c.script.name());
+        let replies = scripts::invoke_all(&mut conn, calls).await?;
+        // `calls` is never empty; an empty one would read as a missing task.
+        let reply = replies.last().copied().unwrap_or(TaskStateReply::Missing);
+        let script = calls.last().map_or("?", |c| c.script().name());
         if !protect(&reply) {
             return Ok(reply);
         }
@@ -351,7 +369,7 @@ impl Queue {
         container: &str,
     ) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::started(&self.keys, task_id, &self.worker, container);
-        self.state_script(task_id, &call).await
+        self.state_script(&call).await
     }
 
     /// Publishes tails; the reply carries the current state (a kill shows here).
@@ -361,7 +379,7 @@ impl Queue {
         p: &Progress<'_>,
     ) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::progress(&self.keys, task_id, &self.worker, p);
-        self.state_script(task_id, &call).await
+        self.state_script(&call).await
     }
 
     /// Records how the task ended (unless it already ended: a kill is final).
@@ -419,7 +437,7 @@ impl Queue {
         outcome: &Outcome,
         retention_seconds: u64,
         ended: &Ended<'_>,
-        progress: Option<ScriptCall>,
+        progress: Option<ScriptCall<TaskStateReply>>,
     ) -> Result<TaskStateReply, QueueError> {
         let call = ScriptCall::finish(
             &self.keys,
@@ -429,7 +447,7 @@ impl Queue {
             retention_seconds,
             ended,
         );
-        let calls: Vec<&ScriptCall> = progress.iter().chain([&call]).collect();
+        let calls: Vec<&ScriptCall<TaskStateReply>> = progress.iter().chain([&call]).collect();
         self.replicated_script(task_id, &calls, |_| true).await
     }
 
@@ -558,8 +576,7 @@ impl Queue {
     pub async fn forget_worker(&self, name: &str) -> Result<bool, QueueError> {
         let mut conn = self.pool.get().await?;
         let call = ScriptCall::forget_worker(&self.keys, name);
-        let forgotten: i64 = scripts::invoke(&mut conn, &call).await?;
-        Ok(forgotten == 1)
+        Ok(scripts::invoke(&mut conn, &call).await?)
     }
 
     /// Puts a job back in the stream for any worker with a free slot, dropping
@@ -567,7 +584,7 @@ impl Queue {
     pub async fn requeue(&self, job: &Job) -> Result<(), QueueError> {
         let mut conn = self.pool.get().await?;
         let call = ScriptCall::requeue(&self.keys, &job.entry_id, &job.task_id);
-        let _requeued: i64 = scripts::invoke(&mut conn, &call).await?;
+        let _requeued = scripts::invoke(&mut conn, &call).await?;
         Ok(())
     }
 
@@ -615,19 +632,6 @@ impl Queue {
             .await?;
         Ok(())
     }
-}
-
-/// A script's reply or a read `state` field (`None`: no such task), as a
-/// [`TaskStateReply`]; anything else means the record is malformed.
-/// The scripts reply with the stored state, so an unknown one is the record's.
-fn parse_reply(task_id: &str, s: Option<&str>) -> Result<TaskStateReply, QueueError> {
-    TaskStateReply::from_field(s).map_err(|e| {
-        let bad = RecordError::Malformed {
-            field: Field::State,
-            value: e.name,
-        };
-        QueueError::Corrupt(task_id.to_owned(), bad)
-    })
 }
 
 /// A job from a stream entry, if it names a task by a well-formed task id.

@@ -29,7 +29,8 @@ pub fn read_schedule() -> ConstantBuilder {
 }
 
 /// Runs a Redis operation until it succeeds, retrying on `redis_schedule`. Gives
-/// up (with the last error) on a malformed record, which no retry mends, and
+/// up (with the last error) on a malformed record or an unknown script reply
+/// (`QueueError::is_permanent`), which no retry mends, and
 /// once `stop` has fired (at shutdown): the pause then ends at once and the
 /// try after it is the last. A job whose record could not be written stays
 /// pending and is settled later (by the reaper's orphan pass or the next start).
@@ -42,7 +43,7 @@ where
     let sleeper_stop = stop.clone();
     op.retry(redis_schedule())
         .sleep(move |delay| pause(sleeper_stop.clone(), delay))
-        .when(|e| !matches!(e, QueueError::Corrupt(..)) && !stop.is_cancelled())
+        .when(|e| !e.is_permanent() && !stop.is_cancelled())
         .notify(|e, _| tracing::warn!(what, error = %e, "Redis operation failed; retrying"))
         .await
 }

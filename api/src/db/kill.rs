@@ -27,21 +27,17 @@ impl Store {
             retention_seconds,
             owner,
         );
-        let reply: (String, i64) = scripts::invoke(&mut conn, &call).await?;
+        let reply = scripts::invoke(&mut conn, &call).await?;
         // A kill acknowledged and then lost in a failover would let the task
         // run on. Only a killed task has anything to confirm (a retried kill
         // writes its state again, so this covers the first one too); an unknown
         // id gets its answer whatever the replicas do.
-        if reply.0 == TaskState::Killed.as_str() {
+        if let KillReply::State(TaskState::Killed, _) = reply {
             store::redis_pool::replicated(&mut conn, self.replica_ack).await?;
         }
-        match KillReply::parse(reply) {
-            Ok(KillReply::Missing) => Ok(None),
-            Ok(KillReply::State(state, killed)) => Ok(Some((state, killed))),
-            Err(e) => Err(StoreError::Reply {
-                script: call.script.name(),
-                reply: e.name,
-            }),
-        }
+        Ok(match reply {
+            KillReply::Missing => None,
+            KillReply::State(state, killed) => Some((state, killed)),
+        })
     }
 }

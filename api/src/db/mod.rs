@@ -13,6 +13,7 @@ use shared::apikey::ApiKeyRecord;
 use shared::envvar::ReplicaAck;
 use shared::record::RecordError;
 use store::redis_pool::{LeanPool, RedisTarget, ReplicationError};
+use store::scripts::InvokeError;
 use store::tasks::{TaskReadError, Tasks};
 
 mod kill;
@@ -58,6 +59,15 @@ impl From<ReplicationError> for StoreError {
         match e {
             ReplicationError::Short(short) => StoreError::NotReplicated(short),
             ReplicationError::Redis(e) => StoreError::Redis(e),
+        }
+    }
+}
+
+impl From<InvokeError> for StoreError {
+    fn from(e: InvokeError) -> StoreError {
+        match e {
+            InvokeError::Redis(e) => StoreError::Redis(e),
+            InvokeError::Reply { script, reply } => StoreError::Reply { script, reply },
         }
     }
 }

@@ -6,7 +6,7 @@ use shared::TaskRecord;
 use shared::scripts::{ScriptCall, Submit, SubmitReply};
 use shared::task::NOT_REPLICATED_REASON;
 use store::redis_pool::{LeanConnection, ReplicationError};
-use store::scripts;
+use store::scripts::{self, InvokeError};
 
 use super::{Store, StoreError};
 
@@ -21,13 +21,7 @@ impl Store {
     ) -> Result<SubmitReply, StoreError> {
         let call = ScriptCall::submit(&self.keys, submit, record);
         let mut conn = self.pool.get().await?;
-        // The stream entry's id, the backlog that refused the task, or the
-        // owner's quota that did.
-        let reply: redis::Value = scripts::invoke(&mut conn, &call).await?;
-        let submitted = scripts::read_submit(reply).map_err(|reply| StoreError::Reply {
-            script: call.script.name(),
-            reply,
-        })?;
+        let submitted = scripts::invoke(&mut conn, &call).await?;
         if submitted == SubmitReply::Queued {
             self.confirm_submit(&mut conn, submit.task_id).await?;
         }
@@ -64,7 +58,7 @@ impl Store {
         // that got the submit then likely gets the withdrawal too. Best effort:
         // the client is told to try again whatever happens here.
         let withdrawn = if same_connection {
-            match scripts::invoke::<(String, i64)>(conn, &withdraw).await {
+            match scripts::invoke(conn, &withdraw).await {
                 Ok(_) => {
                     let _ = store::redis_pool::replicated(conn, self.replica_ack).await;
                     Ok(())
@@ -73,11 +67,9 @@ impl Store {
             }
         } else {
             match self.pool.get().await {
-                Ok(mut c) => scripts::invoke::<(String, i64)>(&mut c, &withdraw)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(redis::RedisError::from(std::io::Error::other(
-                    e.to_string(),
+                Ok(mut c) => scripts::invoke(&mut c, &withdraw).await.map(|_| ()),
+                Err(e) => Err(InvokeError::Redis(redis::RedisError::from(
+                    std::io::Error::other(e.to_string()),
                 ))),
             }
         };
