@@ -2,6 +2,9 @@
 //! bearer token guards /mcp; /healthz tells whether Redis is reachable; another
 //! owner's task files are not even read.
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod harness;
 
 use harness::*;

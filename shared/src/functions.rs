@@ -41,6 +41,11 @@ pub struct Library {
 pub static LIBRARY: LazyLock<Library> =
     LazyLock::new(|| Library::build(Script::ALL.iter().map(|&s| (s, s.source()))));
 
+/// `<library>_<script>`: the one spelling of a function's name.
+fn function_name(library: &str, script: Script) -> String {
+    format!("{library}_{}", script.name())
+}
+
 impl Library {
     /// The library of `scripts` (each with its Lua source).
     pub fn build<'a>(scripts: impl IntoIterator<Item = (Script, &'a str)>) -> Library {
@@ -59,7 +64,7 @@ impl Library {
         let name = format!("{PREFIX}{hex}");
         let functions: Vec<(Script, String)> = scripts
             .iter()
-            .map(|(s, _)| (*s, format!("{name}_{}", s.name())))
+            .map(|(s, _)| (*s, function_name(&name, *s)))
             .collect();
         let mut text = format!(
             "#!lua name={name}\n\
@@ -82,16 +87,11 @@ impl Library {
         }
     }
 
-    /// The function that runs `script` (`<library>_<script>`).
-    ///
-    /// # Panics
-    /// When the library was built without `script`; [`LIBRARY`] has them all.
-    pub fn function(&self, script: Script) -> &str {
-        self.functions
-            .iter()
-            .find(|(s, _)| *s == script)
-            .map(|(_, f)| f.as_str())
-            .expect("the library has every script")
+    /// The function that runs `script` (`<library>_<script>`). Named by rule,
+    /// not looked up: a library built without `script` has no such function,
+    /// and Redis says so (`Function not found`); [`LIBRARY`] has them all.
+    pub fn function(&self, script: Script) -> String {
+        function_name(&self.name, script)
     }
 
     /// Whether `name` looks like a library of ours (any version).

@@ -2,6 +2,9 @@
 //! used connection without a check round trip, so it must notice broken
 //! connections itself. Against a real redis-server restarted under it.
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::time::Duration;

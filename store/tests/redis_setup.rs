@@ -3,6 +3,9 @@
 //! nothing on disk, start with a warning when told to, and start quietly on a
 //! durable one (every other test's Redis, and the deployment's).
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! still says `master` and takes writes for a moment after the sentinels named
 //! its replica; those writes would be lost when it resyncs).
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! final, a worker never writes (or runs) another's task, and the stream helpers
 //! move jobs atomically.
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use common::Redis;

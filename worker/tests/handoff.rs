@@ -6,6 +6,9 @@
 //! warm path's fallback to a cold start rests on it: a task must never run
 //! twice, nor be lost).
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::process::Command;
 
 use script_runner_worker::config::SandboxLimits;

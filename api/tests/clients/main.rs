@@ -8,6 +8,9 @@
 //! behind a proxy (`proxies`), and a flood of unauthenticated requests (`flood`).
 //! `wire` holds the raw HTTP the tests speak.
 
+// Test code: a failed expectation is a panic (the workspace lints deny these in product code).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod caps;
 mod flood;
 mod malformed;
