@@ -6,6 +6,7 @@
 //! script-runner-e2e -E 'test(/^running::/)'`.
 
 mod caches;
+mod code_map;
 mod config_docs;
 mod egress;
 mod failover;
