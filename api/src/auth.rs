@@ -17,6 +17,7 @@ use subtle::ConstantTimeEq;
 
 use crate::db::{Store, StoreError};
 use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
+use shared::Owner;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,18 +31,18 @@ pub enum Principal {
 /// What a key may do, and as whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
-    /// The key's name (`oauth:<subject>` for an OAuth token): the tasks' owner.
-    pub owner: String,
+    /// The key (by name) or OAuth subject: the tasks' owner.
+    pub owner: Owner,
     pub scopes: Scopes,
     pub limits: Limits,
 }
 
 impl Principal {
-    /// The owner tasks are recorded under and filtered by; `None` for admin.
-    pub fn owner(&self) -> Option<&str> {
+    /// The owner its tasks are recorded under and filtered by.
+    pub fn owner(&self) -> &Owner {
         match self {
-            Principal::Admin => None,
-            Principal::Owner(g) => Some(&g.owner),
+            Principal::Admin => &shared::owner::ADMIN,
+            Principal::Owner(g) => &g.owner,
         }
     }
 
@@ -53,12 +54,12 @@ impl Principal {
         }
     }
 
-    /// Whether a task recorded with `owner` is visible to it: the admin sees
-    /// every task, a key only its own.
-    pub fn sees(&self, owner: Option<&str>) -> bool {
+    /// Whether a task recorded with `owner` (`None`: the admin's) is visible
+    /// to it: the admin sees every task, a key only its own.
+    pub fn sees(&self, owner: Option<&Owner>) -> bool {
         match self {
             Principal::Admin => true,
-            Principal::Owner(g) => owner == Some(g.owner.as_str()),
+            Principal::Owner(g) => owner == Some(&g.owner),
         }
     }
 }
@@ -161,7 +162,7 @@ impl Authenticator {
         // on, by every replica. The lookup is one HGETALL (docs/security.md).
         match self.store.api_key(presented).await {
             Ok(Some(record)) => Ok(Principal::Owner(Grant {
-                owner: record.name,
+                owner: Owner::Key(record.name),
                 scopes: record.scopes,
                 limits: record.limits,
             })),
@@ -317,14 +318,16 @@ mod tests {
 
     #[test]
     fn a_key_sees_only_its_own_tasks_and_the_admin_all() {
+        let key = |n: &str| Owner::Key(n.to_owned());
         let alice = Principal::Owner(Grant {
-            owner: "alice".into(),
+            owner: key("alice"),
             scopes: Scopes::ALL,
             limits: Limits::default(),
         });
-        assert!(alice.sees(Some("alice")));
-        assert!(!alice.sees(Some("bob")));
+        assert!(alice.sees(Some(&key("alice"))));
+        assert!(!alice.sees(Some(&key("bob"))));
+        assert!(!alice.sees(Some(&Owner::OAuth("alice".into()))));
         assert!(!alice.sees(None));
-        assert!(Principal::Admin.sees(None) && Principal::Admin.sees(Some("bob")));
+        assert!(Principal::Admin.sees(None) && Principal::Admin.sees(Some(&key("bob"))));
     }
 }

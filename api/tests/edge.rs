@@ -830,7 +830,7 @@ async fn another_owners_files_are_never_read() {
         .expect("set");
     let before = gets_served(&mut c).await;
     let foreign = store
-        .files(id, |owner| owner == Some("bob"))
+        .files(id, |owner| owner == Some(&shared::Owner::Key("bob".into())))
         .await
         .expect("read");
     assert!(foreign.is_none());
@@ -840,7 +840,9 @@ async fn another_owners_files_are_never_read() {
         "bob's read fetched alice's zip"
     );
     let own = store
-        .files(id, |owner| owner == Some("alice"))
+        .files(id, |owner| {
+            owner == Some(&shared::Owner::Key("alice".into()))
+        })
         .await
         .expect("read")
         .expect("alice sees her task");

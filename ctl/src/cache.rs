@@ -5,15 +5,17 @@
 //! whose generation changed before it lends it to the next task.
 
 use redis::AsyncCommands;
-use shared::cache::{ALL_OWNERS, BadOwner, check_owner, owner_id};
+use shared::Owner;
+use shared::cache::{ALL_OWNERS, owner_id};
+use shared::owner::BadOwner;
 
 use crate::{Config, CtlError};
 
 /// Whose caches to clear.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Whose {
-    /// One owner: an API key's name or `oauth:<subject>`.
-    Owner(String),
+    /// One owner: an API key or an OAuth subject.
+    Owner(Owner),
     /// The admin key's tasks.
     Admin,
     /// Every owner's.
@@ -23,9 +25,8 @@ pub enum Whose {
 impl Whose {
     /// One owner, if `name` can own tasks (a key's name or `oauth:<subject>`):
     /// any other name would clear nothing, silently.
-    pub fn owner(name: String) -> Result<Whose, BadOwner> {
-        check_owner(&name)?;
-        Ok(Whose::Owner(name))
+    pub fn owner(name: &str) -> Result<Whose, BadOwner> {
+        Ok(Whose::Owner(Owner::parse(name)?))
     }
 }
 
@@ -45,11 +46,12 @@ pub async fn clear(config: &Config, whose: &Whose) -> Result<Cleared, CtlError> 
     let pool = config.pool(1).await?;
     let mut conn = pool.get().await?;
     let (field, known) = match whose {
-        Whose::Owner(name) => {
-            let score: Option<f64> = conn.zscore(config.keys.usage_owners(), name).await?;
-            (owner_id(Some(name)), Some(score.is_some()))
+        Whose::Owner(owner) => {
+            let name = owner.as_stored();
+            let score: Option<f64> = conn.zscore(config.keys.usage_owners(), &*name).await?;
+            (owner_id(owner), Some(score.is_some()))
         }
-        Whose::Admin => (owner_id(None), None),
+        Whose::Admin => (owner_id(&Owner::Admin), None),
         Whose::All => (ALL_OWNERS.to_owned(), None),
     };
     let generation = conn.hincr(config.keys.cache_clears(), field, 1).await?;

@@ -161,14 +161,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Command::Cache(CacheCommand::Clear { owner, admin, all }) = cli.command {
         let whose = match (owner, admin, all) {
-            (Some(name), ..) => cache::Whose::owner(name)?,
+            (Some(name), ..) => cache::Whose::owner(&name)?,
             (None, true, _) => cache::Whose::Admin,
             _ => cache::Whose::All,
         };
         let cache::Cleared { generation, known } = cache::clear(&config, &whose).await?;
         if cli.json {
             let (owner, admin, all) = match &whose {
-                cache::Whose::Owner(name) => (Some(name.as_str()), false, false),
+                cache::Whose::Owner(owner) => (Some(owner.to_string()), false, false),
                 cache::Whose::Admin => (None, true, false),
                 cache::Whose::All => (None, false, true),
             };
@@ -179,7 +179,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&out)?);
         } else {
             let whose = match &whose {
-                cache::Whose::Owner(name) => format!("{name:?}'s dependency cache"),
+                cache::Whose::Owner(owner) => format!("{:?}'s dependency cache", owner.to_string()),
                 cache::Whose::Admin => "the admin key's dependency cache".to_owned(),
                 cache::Whose::All => "every owner's dependency cache".to_owned(),
             };

@@ -80,7 +80,9 @@ fn owner_dir(stack: &Stack, owner: Option<&str>) -> PathBuf {
         .tasks_dir()
         .join(format!("cache-{}", stack.worker_name))
         .join("owners")
-        .join(shared::cache::owner_id(owner))
+        .join(shared::cache::owner_id(
+            &owner.map_or(shared::Owner::Admin, shared::Owner::from_stored),
+        ))
 }
 
 /// Waits until `owner`'s cache is back on the host (it comes back once its
@@ -544,7 +546,7 @@ async fn a_lost_workers_caches_are_removed_by_the_worker_that_reaps_it() {
         .join(format!("cache-{}", stack.worker("doomed")));
     let alices = doomed_caches
         .join("owners")
-        .join(shared::cache::owner_id(Some("alice")));
+        .join(shared::cache::owner_id(&shared::Owner::Key("alice".into())));
     wait_until(
         "alice's cache back on the doomed worker's host",
         Duration::from_secs(30),

@@ -13,6 +13,7 @@ pub mod functions;
 pub mod keys;
 mod names;
 pub mod options;
+pub mod owner;
 pub mod record;
 pub mod runtimes;
 pub mod scripts;
@@ -25,6 +26,7 @@ pub mod zipcheck;
 
 pub use keys::{Field, Keys};
 pub use names::UnknownName;
+pub use owner::Owner;
 pub use record::{RecordError, TaskRecord};
 pub use runtimes::{RuntimeCatalog, RuntimeError};
 pub use task::{ReasonKind, TaskState};

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use crate::egress::{AllowList, EgressLog};
 use crate::keys::Field;
 use crate::options::{CacheUse, Network};
+use crate::owner::Owner;
 use crate::task::{ReasonKind, TaskState};
 
 /// A task record, typed. Timestamps are Unix milliseconds by Redis's clock.
@@ -52,8 +53,9 @@ pub struct TaskRecord {
     pub stderr_tail: Option<Vec<u8>>,
     pub stdout_bytes: Option<u64>,
     pub stderr_bytes: Option<u64>,
-    /// The key name that submitted it (`None`: the admin key).
-    pub owner: Option<String>,
+    /// Who submitted it: an API key or an OAuth subject. `None`: the admin
+    /// key (whose tasks have no owner field), or not read.
+    pub owner: Option<Owner>,
     pub usage_cpu_ms: Option<u64>,
     pub usage_peak_memory_bytes: Option<u64>,
     pub usage_workspace_bytes: Option<u64>,
@@ -228,7 +230,12 @@ impl TaskRecord {
             Field::StderrTail => self.stderr_tail.clone(),
             Field::StdoutBytes => count(self.stdout_bytes),
             Field::StderrBytes => count(self.stderr_bytes),
-            Field::Owner => text(&self.owner),
+            // The admin's tasks have no owner field.
+            Field::Owner => self
+                .owner
+                .as_ref()
+                .filter(|o| !o.is_admin())
+                .map(|o| o.as_stored().as_bytes().to_vec()),
             Field::UsageCpuMs => count(self.usage_cpu_ms),
             Field::UsagePeakMemoryBytes => count(self.usage_peak_memory_bytes),
             Field::UsageWorkspaceBytes => count(self.usage_workspace_bytes),
@@ -277,7 +284,7 @@ impl TaskRecord {
             Field::StderrTail => self.stderr_tail = Some(v.to_vec()),
             Field::StdoutBytes => self.stdout_bytes = Some(parse(f, v)?),
             Field::StderrBytes => self.stderr_bytes = Some(parse(f, v)?),
-            Field::Owner => self.owner = text(),
+            Field::Owner => self.owner = text().map(|name| Owner::from_stored(&name)),
             Field::UsageCpuMs => self.usage_cpu_ms = Some(parse(f, v)?),
             Field::UsagePeakMemoryBytes => self.usage_peak_memory_bytes = Some(parse(f, v)?),
             Field::UsageWorkspaceBytes => self.usage_workspace_bytes = Some(parse(f, v)?),
@@ -353,7 +360,7 @@ mod tests {
             stderr_tail: Some(Vec::new()),
             stdout_bytes: Some(4),
             stderr_bytes: Some(0),
-            owner: Some("alice".into()),
+            owner: Some(Owner::Key("alice".into())),
             usage_cpu_ms: Some(2000),
             usage_peak_memory_bytes: Some(200 << 20),
             usage_workspace_bytes: Some(4096),

@@ -23,6 +23,7 @@
 use crate::apikey::{ApiKeyField, Limits};
 use crate::keys::{Keys, WORKER_GROUP};
 use crate::names::{UnknownName, stored_names};
+use crate::owner::Owner;
 use crate::record::TaskRecord;
 use crate::task::{Outcome, ReasonKind, TaskState};
 use crate::usage::{CPU_LEDGER_WINDOW_MS, Usage};
@@ -136,9 +137,9 @@ pub struct Submit<'a> {
     pub index_horizon_ms: u64,
     /// `MAX_QUEUED_TASKS`: with this many jobs in the stream, nothing is stored.
     pub max_queued: u64,
-    /// Who submits it (an API key's name, `oauth:<subject>`), with its quotas;
-    /// `None` for the admin key.
-    pub owner: Option<(&'a str, Limits)>,
+    /// Who submits it, with its quotas (none for the admin).
+    pub owner: &'a Owner,
+    pub limits: Limits,
 }
 
 /// An owner's quota that refused a submit. Named in SUBMIT's reply as `as_str`.
@@ -230,7 +231,7 @@ impl ScriptCall<SubmitReply> {
         let (horizon, max) = (s.index_horizon_ms.to_string(), s.max_queued.to_string());
         // The admin key has no owner: the owner keys are named (for the
         // header's count) but never touched.
-        let (owner, limits) = s.owner.unwrap_or_default();
+        let (owner, limits) = (s.owner.as_stored(), s.limits);
         let opt = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
         let cpu_ms = opt(limits.cpu_seconds_per_day.map(|s| s.saturating_mul(1000)));
         let (max_q, max_r) = (opt(limits.max_queued), opt(limits.max_running));
@@ -243,9 +244,9 @@ impl ScriptCall<SubmitReply> {
                 keys.stats(),
                 keys.jobs(),
                 keys.task_index(),
-                keys.owner_active(owner),
-                keys.owner_cpu(owner),
-                keys.owner_tasks(owner),
+                keys.owner_active(&owner),
+                keys.owner_cpu(&owner),
+                keys.owner_tasks(&owner),
             ],
             [
                 id.as_bytes(),
@@ -358,7 +359,7 @@ impl ScriptCall<TaskStateReply> {
             figure(u.peak_memory_bytes),
             figure(u.workspace_bytes),
         );
-        let owner = ended.owner.unwrap_or_default();
+        let owner = ended.owner.as_stored();
         let window = CPU_LEDGER_WINDOW_MS.to_string();
         ScriptCall::new(
             Script::Finish,
@@ -368,8 +369,8 @@ impl ScriptCall<TaskStateReply> {
                 keys.stats(),
                 keys.task_stdin(task_id),
                 keys.task_files(task_id),
-                keys.owner_cpu(owner),
-                keys.owner_usage(owner),
+                keys.owner_cpu(&owner),
+                keys.owner_usage(&owner),
                 keys.usage_owners(),
                 keys.usage_totals(),
                 keys.task_events(task_id),
@@ -396,15 +397,25 @@ impl ScriptCall<TaskStateReply> {
 
 /// What FINISH records besides the outcome. `Default`: nothing (a reaper
 /// settling a lost worker's task).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Ended<'a> {
     /// The files `collect` gathered: their zip and its listing (JSON).
     pub collected: Option<(&'a [u8], &'a str)>,
     /// What the container used (nothing unknown is written).
     pub usage: Usage,
-    /// The task's owner as the worker read it at claim (`None`: the admin
-    /// key's task): its CPU ledger and totals are counted.
-    pub owner: Option<&'a str>,
+    /// The task's owner as the worker read it at claim: its CPU ledger and
+    /// totals are counted (none for the admin's).
+    pub owner: &'a Owner,
+}
+
+impl Default for Ended<'_> {
+    fn default() -> Self {
+        Ended {
+            collected: None,
+            usage: Usage::default(),
+            owner: &crate::owner::ADMIN,
+        }
+    }
 }
 
 /// `kill_task`.
@@ -420,7 +431,7 @@ impl ScriptCall<KillReply> {
         reason: &str,
         kind: ReasonKind,
         retention_seconds: u64,
-        owner: Option<&str>,
+        owner: &Owner,
     ) -> Self {
         let retention = retention_seconds.to_string();
         ScriptCall::new(
@@ -436,7 +447,7 @@ impl ScriptCall<KillReply> {
                 reason.as_bytes(),
                 kind.as_str().as_bytes(),
                 retention.as_bytes(),
-                owner.unwrap_or_default().as_bytes(),
+                owner.as_stored().as_bytes(),
             ],
         )
     }
@@ -724,7 +735,8 @@ mod tests {
                     stdin: Some(b"in"),
                     index_horizon_ms: 1,
                     max_queued: 2,
-                    owner: Some(("alice", Limits::default())),
+                    owner: &Owner::Key("alice".into()),
+                    limits: Limits::default(),
                 };
                 ScriptCall::submit(keys, &s, &record).untyped()
             }
@@ -742,19 +754,26 @@ mod tests {
                 ScriptCall::progress(keys, "t", "w", &p).untyped()
             }
             Script::Finish => {
+                let alice = Owner::Key("alice".into());
                 let ended = Ended {
                     usage: Usage {
                         cpu_ms: Some(5),
                         ..Usage::default()
                     },
-                    owner: Some("alice"),
+                    owner: &alice,
                     ..Ended::default()
                 };
                 ScriptCall::finish(keys, "t", "w", &outcome, 60, &ended).untyped()
             }
-            Script::Kill => {
-                ScriptCall::kill(keys, "t", "why", ReasonKind::KilledByUser, 60, None).untyped()
-            }
+            Script::Kill => ScriptCall::kill(
+                keys,
+                "t",
+                "why",
+                ReasonKind::KilledByUser,
+                60,
+                &Owner::Admin,
+            )
+            .untyped(),
             Script::ForgetWorker => ScriptCall::forget_worker(keys, "w").untyped(),
             Script::Requeue => ScriptCall::requeue(keys, "1-0", "t").untyped(),
             Script::KeyCreate => ScriptCall::key_create(

@@ -14,7 +14,7 @@ use script_runner_store::scripts::Reply;
 use shared::scripts::{self, Ended, KillReply, Progress, ScriptCall, Submit, TaskStateReply};
 use shared::task::Outcome;
 use shared::usage::{CPU_LEDGER_WINDOW_MS, OwnerTotals, Usage};
-use shared::{Keys, ReasonKind, TaskRecord, TaskState};
+use shared::{Keys, Owner, ReasonKind, TaskRecord, TaskState};
 
 /// The task every test here works on: `t:task:1` and its zip and stdin.
 const ID: &str = "1";
@@ -119,8 +119,17 @@ fn finish(worker: &str, code: i64) -> ScriptCall<TaskStateReply> {
     ScriptCall::finish(&keys(), ID, worker, &outcome, 600, &Ended::default())
 }
 
+fn alice_key() -> Owner {
+    Owner::Key("alice".into())
+}
+
+/// The owner a test names (`None`: the admin).
+fn owner_of(name: Option<&str>) -> Owner {
+    name.map_or(Owner::Admin, Owner::from_stored)
+}
+
 /// FINISH as `worker` (exit 0) with `usage`, for the task of `owner`.
-fn finish_with(worker: &str, owner: Option<&str>, usage: Usage) -> ScriptCall<TaskStateReply> {
+fn finish_with(worker: &str, owner: &Owner, usage: Usage) -> ScriptCall<TaskStateReply> {
     let outcome = Outcome {
         state: TaskState::Succeeded,
         kind: ReasonKind::Exited,
@@ -136,7 +145,14 @@ fn finish_with(worker: &str, owner: Option<&str>, usage: Usage) -> ScriptCall<Ta
 }
 
 fn kill(reason: &str) -> ScriptCall<KillReply> {
-    ScriptCall::kill(&keys(), ID, reason, ReasonKind::KilledByUser, 600, None)
+    ScriptCall::kill(
+        &keys(),
+        ID,
+        reason,
+        ReasonKind::KilledByUser,
+        600,
+        &Owner::Admin,
+    )
 }
 
 async fn field(c: &mut MultiplexedConnection, f: &str) -> Option<String> {
@@ -151,7 +167,7 @@ async fn queued_task_of(c: &mut MultiplexedConnection, owner: Option<&str>) {
     let _: () = c.del(&[TASK, ZIP, STDIN]).await.expect("del");
     let record = TaskRecord {
         runtime: Some("python3.13".into()),
-        owner: owner.map(str::to_owned),
+        owner: owner.map(Owner::from_stored),
         ..TaskRecord::new(TaskState::Queued)
     };
     let fields: Vec<(&str, Vec<u8>)> = record
@@ -369,7 +385,8 @@ async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
         stdin: Some(b"some stdin"),
         index_horizon_ms: 86_400_000,
         max_queued: 10,
-        owner: None,
+        owner: &Owner::Admin,
+        limits: Limits::default(),
     };
     let record = TaskRecord::new(TaskState::Queued);
     let queued = run(&mut c, ScriptCall::submit(&keys, &submit, &record)).await;
@@ -417,7 +434,8 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         stdin: None,
         index_horizon_ms: 86_400_000,
         max_queued: 1,
-        owner: None,
+        owner: &Owner::Admin,
+        limits: Limits::default(),
     };
     let _queued = run(&mut c, ScriptCall::submit(&keys, &submit("a"), &record)).await;
     let hash: std::collections::HashMap<String, Vec<u8>> =
@@ -460,10 +478,11 @@ async fn submit_as(
         stdin: None,
         index_horizon_ms: 86_400_000,
         max_queued: 100,
-        owner: owner.map(|o| (o, limits)),
+        owner: &owner_of(owner),
+        limits,
     };
     let record = TaskRecord {
-        owner: owner.map(str::to_owned),
+        owner: owner.map(Owner::from_stored),
         ..TaskRecord::new(TaskState::Queued)
     };
     run(c, ScriptCall::submit(&keys(), &submit, &record)).await
@@ -694,12 +713,13 @@ async fn kill_answers_another_owners_task_as_missing_and_leaves_it() {
         submit_as(&mut c, ID, Some("alice"), Limits::default()).await,
         SubmitReply::Queued
     );
-    let kill_as = |owner| ScriptCall::kill(&keys(), ID, "r", ReasonKind::KilledByUser, 600, owner);
-    let reply: (String, i64) = run(&mut c, kill_as(Some("bob"))).await;
+    let kill_as =
+        |owner: &Owner| ScriptCall::kill(&keys(), ID, "r", ReasonKind::KilledByUser, 600, owner);
+    let reply: (String, i64) = run(&mut c, kill_as(&Owner::Key("bob".into()))).await;
     assert_eq!(reply, (scripts::MISSING.to_owned(), 0));
     let state: String = c.hget(TASK, "state").await.expect("hget");
     assert_eq!(state, "queued");
-    let reply: (String, i64) = run(&mut c, kill_as(Some("alice"))).await;
+    let reply: (String, i64) = run(&mut c, kill_as(&Owner::Key("alice".into()))).await;
     assert_eq!(reply, ("killed".to_owned(), 1));
 }
 
@@ -806,11 +826,11 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
     // A kill recorded first does not stop the worker recording what ran.
     let _killed = run(&mut c, kill("stop")).await;
     assert_eq!(
-        run(&mut c, finish_with("a", Some("alice"), usage)).await,
+        run(&mut c, finish_with("a", &alice_key(), usage)).await,
         "killed"
     );
     // Retried (its first reply lost): counted once.
-    run(&mut c, finish_with("a", Some("alice"), usage)).await;
+    run(&mut c, finish_with("a", &alice_key(), usage)).await;
     assert_eq!(field(&mut c, "usage_cpu_ms").await.as_deref(), Some("2000"));
     assert_eq!(
         field(&mut c, "usage_peak_memory_bytes").await.as_deref(),
@@ -848,7 +868,7 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
         peak_memory_bytes: Some(1 << 20),
         workspace_bytes: None,
     };
-    run(&mut c, finish_with("a", Some("alice"), small)).await;
+    run(&mut c, finish_with("a", &alice_key(), small)).await;
     let t = totals(&mut c, &k.owner_usage("alice")).await;
     assert_eq!(
         (t.tasks, t.cpu_ms, t.peak_memory_bytes, t.workspace_bytes),
@@ -858,7 +878,7 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
     // The admin key's task (no owner): its record gets usage, nobody's totals do.
     queued_task_of(&mut c, None).await;
     run(&mut c, claim("a", "3-0")).await;
-    run(&mut c, finish_with("a", None, usage)).await;
+    run(&mut c, finish_with("a", &Owner::Admin, usage)).await;
     assert_eq!(field(&mut c, "usage_cpu_ms").await.as_deref(), Some("2000"));
     assert_eq!(totals(&mut c, &k.usage_totals()).await.tasks, 2);
     let owners: u64 = c.zcard(k.usage_owners()).await.expect("zcard");
@@ -867,7 +887,7 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
     // No figure at all (the container was gone): nothing written, nothing counted.
     queued_task_of(&mut c, Some("alice")).await;
     run(&mut c, claim("a", "4-0")).await;
-    run(&mut c, finish_with("a", Some("alice"), Usage::default())).await;
+    run(&mut c, finish_with("a", &alice_key(), Usage::default())).await;
     assert_eq!(field(&mut c, "usage_cpu_ms").await, None);
     assert_eq!(totals(&mut c, &k.owner_usage("alice")).await.tasks, 2);
 }

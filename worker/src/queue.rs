@@ -18,7 +18,7 @@ use shared::options::{CacheUse, Network};
 use shared::scripts::{Ended, ScriptCall};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::task::{Outcome, RecordedEnd};
-use shared::{Field, Keys, RecordError};
+use shared::{Field, Keys, Owner, RecordError};
 use store::scripts;
 use store::tasks::{TaskReadError, Tasks};
 
@@ -162,8 +162,8 @@ pub struct TaskSpec {
     pub egress: Egress,
     /// `collect`: paths or globs under /workspace to keep after the run.
     pub collect: Vec<String>,
-    /// Who submitted it (`None`: the admin key): its usage is counted to them.
-    pub owner: Option<String>,
+    /// Who submitted it: its usage is counted to them (none for the admin).
+    pub owner: Owner,
     /// Whether it uses its owner's dependency caches.
     pub cache: CacheUse,
 }
@@ -481,7 +481,8 @@ impl Queue {
                 r.network.unwrap_or(Network::Internet),
                 r.egress_allow.as_ref(),
             ),
-            owner: r.owner,
+            // The admin's tasks have no owner field.
+            owner: r.owner.unwrap_or(Owner::Admin),
             // Records written before the field existed: the default.
             cache: r.cache.unwrap_or_default(),
         }))

@@ -2,7 +2,7 @@
 
 use shared::scripts::{KillReply, ScriptCall};
 use shared::task::KILLED_BY_USER_REASON;
-use shared::{ReasonKind, TaskState};
+use shared::{Owner, ReasonKind, TaskState};
 use store::scripts;
 
 use super::{Store, StoreError};
@@ -16,7 +16,7 @@ impl Store {
         &self,
         id: &str,
         retention_seconds: u64,
-        owner: Option<&str>,
+        owner: &Owner,
     ) -> Result<Option<(TaskState, bool)>, StoreError> {
         let mut conn = self.pool.get().await?;
         let call = ScriptCall::kill(

@@ -1,7 +1,7 @@
 //! `list_tasks`: pages of the creation-time index, newest first, bounded per call.
 
 use deadpool_redis::redis::{self, AsyncCommands};
-use shared::{Field, ReasonKind, TaskState};
+use shared::{Field, Owner, ReasonKind, TaskState};
 
 use super::{Store, StoreError};
 
@@ -78,7 +78,7 @@ impl Store {
     /// `owner`: only that owner's tasks (its own index); `None`: everyone's.
     pub async fn list(
         &self,
-        owner: Option<&str>,
+        owner: &Owner,
         cursor: Option<&ListCursor>,
         limit: usize,
         max_examined: usize,
@@ -86,8 +86,8 @@ impl Store {
     ) -> Result<(Vec<ListedTask>, Option<ListCursor>), StoreError> {
         let mut conn = self.pool.get().await?;
         let index = match owner {
-            Some(o) => self.keys.owner_tasks(o),
-            None => self.keys.task_index(),
+            Owner::Admin => self.keys.task_index(),
+            o => self.keys.owner_tasks(&o.as_stored()),
         };
         let mut page = Vec::new();
         let mut last = cursor.cloned();

@@ -2,7 +2,7 @@
 //! from) and its collected files.
 
 use deadpool_redis::redis::AsyncCommands;
-use shared::{Field, TaskState};
+use shared::{Field, Owner, TaskState};
 use store::tasks::EventMark;
 
 use super::{Store, StoreError};
@@ -26,12 +26,12 @@ impl Store {
     pub async fn files(
         &self,
         id: &str,
-        sees: impl FnOnce(Option<&str>) -> bool,
+        sees: impl FnOnce(Option<&Owner>) -> bool,
     ) -> Result<Option<TaskFiles>, StoreError> {
         let mut conn = self.pool.get().await?;
         const FIELDS: [Field; 3] = [Field::State, Field::Files, Field::Owner];
         let record = self.tasks.read(&mut conn, id, &FIELDS).await?;
-        let Some(r) = record.filter(|r| sees(r.owner.as_deref())) else {
+        let Some(r) = record.filter(|r| sees(r.owner.as_ref())) else {
             return Ok(None);
         };
         let zip = if r.state.is_terminal() {

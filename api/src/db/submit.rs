@@ -51,7 +51,7 @@ impl Store {
             ReasonKind::NotReplicated,
             // Nobody was given its id: kept only long enough for an operator to see it.
             shared::envvar::MIN_RETENTION_SECONDS,
-            None,
+            &shared::owner::ADMIN,
         );
         // On the submit's connection while it works (so to the same node, after
         // it), waiting for the replicas as long as the submit did: a replica

@@ -208,7 +208,7 @@ impl OAuth {
             &settings.scopes,
         );
         Ok(OAuthGrant {
-            owner: format!("oauth:{sub}"),
+            owner: shared::Owner::OAuth(sub.to_owned()),
             scopes,
             limits: settings.limits,
         })

@@ -62,10 +62,10 @@ pub struct OAuthLimits {
     pub networks: Option<shared::options::Networks>,
 }
 
-/// Who a valid token speaks for: `owner` is `oauth:<sub>`.
+/// Who a valid token speaks for: `owner` is its subject (`Owner::OAuth`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OAuthGrant {
-    pub owner: String,
+    pub owner: shared::Owner,
     pub scopes: BTreeSet<OAuthScope>,
     pub limits: OAuthLimits,
 }

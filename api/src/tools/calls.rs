@@ -22,6 +22,7 @@ use super::output::{KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutpu
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
 use crate::auth::{Principal, Scope};
+use shared::apikey::Limits;
 use shared::scripts::{Quota, Submit, SubmitReply};
 
 /// Index entries one `list_tasks` call examines at most (a rare state filter
@@ -127,10 +128,6 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             });
         }
         let task_id = uuid::Uuid::new_v4().to_string();
-        let owner = match &who {
-            Principal::Admin => None,
-            Principal::Owner(g) => Some((g.owner.as_str(), g.limits)),
-        };
         let record = TaskRecord {
             runtime: Some(input.runtime.clone()),
             image: Some(image.to_owned()),
@@ -145,7 +142,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             collect,
             stdout_bytes: Some(0),
             stderr_bytes: Some(0),
-            owner: owner.map(|(o, _)| o.to_owned()),
+            owner: Some(who.owner().clone()).filter(|o| !o.is_admin()),
             ..TaskRecord::new(TaskState::Queued)
         };
         let submit = Submit {
@@ -154,7 +151,11 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             stdin: stdin.as_deref(),
             index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
             max_queued: cfg.max_queued_tasks,
-            owner,
+            owner: who.owner(),
+            limits: match &who {
+                Principal::Admin => Limits::default(),
+                Principal::Owner(g) => g.limits,
+            },
         };
         let submitted = self.store.submit(&submit, &record).await?;
         match submitted {
@@ -180,7 +181,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 });
             }
         }
-        let owner = who.owner().unwrap_or("-");
+        let owner = who.owner();
         tracing::info!(%task_id, %owner, runtime = %input.runtime, timeout_seconds, "task queued");
         // A client that declared the tasks extension gets a task handle (only now
         // that the record exists, so tasks/get on any replica finds it).

@@ -41,7 +41,7 @@ impl ScriptRunner {
         self.store
             .get(task_id)
             .await?
-            .filter(|r| who.sees(r.record.owner.as_deref()))
+            .filter(|r| who.sees(r.record.owner.as_ref()))
             .ok_or_else(|| ToolError::UnknownTask(task_id.to_owned()))
     }
 
@@ -75,7 +75,7 @@ impl ScriptRunner {
                 .store
                 .get_marked(&task_id)
                 .await?
-                .filter(|(r, _)| who.sees(r.record.owner.as_deref()))
+                .filter(|(r, _)| who.sees(r.record.owner.as_ref()))
                 .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
             if last_read || record.record.state.is_terminal() || self.shutdown.is_cancelled() {
                 return status_from_record(task_id, &record, tail_bytes);

@@ -149,7 +149,7 @@ async fn lend_cache(
         Some(mount) => (mount?, false),
         None => (ctx.caches.cold_mount(task_id)?, true),
     };
-    let owner_id = shared::cache::owner_id(spec.owner.as_deref());
+    let owner_id = shared::cache::owner_id(&spec.owner);
     let current = match ctx.queue.cache_generations(&owner_id).await {
         Ok(g) => g,
         Err(e) => {

@@ -83,7 +83,7 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     let ended = Ended {
         collected: collected.as_ref().map(|c| (&c.zip[..], c.listing.as_str())),
         usage,
-        owner: spec.owner.as_deref(),
+        owner: &spec.owner,
     };
     let reply = retry::redis("finish", &ctx.abort, || {
         ctx.queue
