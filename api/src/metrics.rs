@@ -236,8 +236,8 @@ mod tests {
                 all: OwnerTotals::default(),
             },
         };
-        let served = store::exposition::families(&text(Some(s)));
-        assert_eq!(served, store::exposition::listed(FAMILIES));
+        let served = testkit::exposition::families(&text(Some(s)));
+        assert_eq!(served, testkit::exposition::listed(FAMILIES));
     }
 
     #[test]

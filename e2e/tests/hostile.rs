@@ -390,10 +390,9 @@ async fn metrics_text(url: &str) -> String {
     resp.text().await.expect("metrics text")
 }
 
-/// One unlabelled sample from a metrics page.
+/// One unlabelled count from a metrics page.
 fn sample(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} "))?.parse().ok())
+    exposition::read(text).count(name, &[])
 }
 
 /// Free bytes of the file systems under Docker's data and the temporary directory.

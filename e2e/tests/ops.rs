@@ -469,15 +469,6 @@ fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
-/// The sample names in a Prometheus text exposition.
-fn sample_names(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| l.split(['{', ' ']).next())
-        .map(str::to_owned)
-        .collect()
-}
-
 #[tokio::test]
 async fn the_dashboard_queries_only_metrics_a_real_api_and_worker_serve() {
     let metrics_port = free_port();
@@ -507,9 +498,10 @@ async fn the_dashboard_queries_only_metrics_a_real_api_and_worker_serve() {
     .await;
     check_worker_saw_two_tasks(&worker, &stack.worker_name);
 
-    let served: BTreeSet<String> = sample_names(&api)
+    let served: BTreeSet<String> = exposition::read(&api)
+        .sample_names()
         .into_iter()
-        .chain(sample_names(&worker))
+        .chain(exposition::read(&worker).sample_names())
         .collect();
     let queried = dashboard_queries(&served);
     // The list: queue depth, running, throughput by state, latencies, workers alive.
@@ -564,20 +556,21 @@ fn check_worker_saw_two_tasks(worker: &str, worker_name: &str) {
         worker.contains("script_runner_worker_firewall_enabled 1\n"),
         "{worker}"
     );
-    let count = |name: &str| -> u64 {
-        worker
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    for name in [
-        "script_runner_worker_task_run_seconds_count{runtime=\"python3.13\"} ",
-        "script_runner_worker_container_create_seconds_count ",
-        "script_runner_worker_container_start_seconds_count ",
-        "script_runner_worker_container_remove_seconds_count ",
+    let served = exposition::read(worker);
+    for (name, labels) in [
+        (
+            "script_runner_worker_task_run_seconds_count",
+            &[("runtime", "python3.13")][..],
+        ),
+        ("script_runner_worker_container_create_seconds_count", &[]),
+        ("script_runner_worker_container_start_seconds_count", &[]),
+        ("script_runner_worker_container_remove_seconds_count", &[]),
     ] {
-        assert_eq!(count(name), 2, "{name}in:\n{worker}");
+        assert_eq!(
+            served.count(name, labels),
+            Some(2),
+            "{name}{labels:?} in:\n{worker}"
+        );
     }
 }
 
@@ -696,11 +689,10 @@ async fn per_owner_usage_totals_show_in_metrics_and_the_ctl() {
         !text.contains("{owner=\"(other)\"}"),
         "every owner is named: {text}"
     );
+    let served = exposition::read(&text);
     let cpu = |owner: &str| {
-        let prefix = format!("script_runner_owner_cpu_seconds{{owner=\"{owner}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|v| v.parse::<f64>().ok())
+        served
+            .value("script_runner_owner_cpu_seconds", &[("owner", owner)])
             .unwrap_or(-1.0)
     };
     assert!((0.5..2.0).contains(&cpu("alice")), "{text}");

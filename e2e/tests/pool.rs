@@ -33,13 +33,11 @@ async fn worker_metrics(port: u16) -> String {
         .expect("metrics text")
 }
 
-/// The value of the sample `name` (with its labels) in `metrics`.
-fn sample(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+/// The count in the series `name` with exactly `labels` in `metrics`.
+fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+    exposition::read(metrics)
+        .count(name, labels)
+        .unwrap_or_else(|| panic!("no {name}{labels:?} in:\n{metrics}"))
 }
 
 /// Waits until worker `worker` keeps `n` idle containers of `runtime`; their ids.
@@ -521,9 +519,15 @@ async fn the_pool_refills_after_a_burst() {
     let after = wait_pool(&stack.worker_name, "python3.13", 2).await;
     // The worker's metrics tell the same story.
     let metrics = worker_metrics(metrics_port).await;
-    let sample = |name: &str| sample(&metrics, name);
-    let warm = sample("script_runner_worker_pool_claims_total{path=\"warm\"}");
-    let cold = sample("script_runner_worker_pool_claims_total{path=\"cold\"}");
+    let sample = |name: &str, labels: &[(&str, &str)]| sample(&metrics, name, labels);
+    let warm = sample(
+        "script_runner_worker_pool_claims_total",
+        &[("path", "warm")],
+    );
+    let cold = sample(
+        "script_runner_worker_pool_claims_total",
+        &[("path", "cold")],
+    );
     assert_eq!(
         (warm + cold, warm as usize),
         (8, containers.len()),
@@ -531,11 +535,14 @@ async fn the_pool_refills_after_a_burst() {
     );
     // Every task is handed to a prelude: in a warm container or in its own.
     assert_eq!(
-        sample("script_runner_worker_container_handoff_seconds_count"),
+        sample("script_runner_worker_container_handoff_seconds_count", &[]),
         warm + cold
     );
     assert_eq!(
-        sample("script_runner_worker_pool_idle{runtime=\"python3.13\"}"),
+        sample(
+            "script_runner_worker_pool_idle",
+            &[("runtime", "python3.13")]
+        ),
         2
     );
     assert!(
@@ -614,11 +621,13 @@ async fn a_pool_container_that_died_idle_costs_a_cold_start_not_the_task() {
         [
             sample(
                 &metrics,
-                "script_runner_worker_pool_claims_total{path=\"fallback\"}"
+                "script_runner_worker_pool_claims_total",
+                &[("path", "fallback")]
             ),
             sample(
                 &metrics,
-                "script_runner_worker_pool_claims_total{path=\"warm\"}"
+                "script_runner_worker_pool_claims_total",
+                &[("path", "warm")]
             ),
         ],
         [1, 0],

@@ -7,7 +7,6 @@
 //! need and does I/O lives here instead, so neither binary carries a twin copy.
 
 pub mod apikeys;
-pub mod exposition;
 pub mod jobs;
 pub mod redis_pool;
 pub mod redis_setup;

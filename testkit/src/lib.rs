@@ -1,11 +1,13 @@
 //! What the tests of every crate share, none of it tied to one binary: a real
 //! `redis-server` per test on a free port, the built binaries run as processes,
-//! the rmcp client over Streamable HTTP and its tool-call helpers. Nothing is
-//! mocked. The api-and-worker stack lives in `e2e/tests/common`, which builds on
-//! this crate.
+//! the rmcp client over Streamable HTTP and its tool-call helpers, and a reader
+//! of the Prometheus text `/metrics` serves (`exposition`). Nothing is mocked.
+//! The api-and-worker stack lives in the e2e crate's harness (`e2e/src/lib.rs`),
+//! which builds on this crate.
 //!
 //! Waiting is always on a condition with a deadline, never a bare sleep.
 
+pub mod exposition;
 mod mcp;
 pub mod process;
 mod redis_server;

@@ -618,8 +618,8 @@ mod tests {
         for op in Op::ALL {
             let _ = m.docker(op, async { Ok::<_, ()>(()) }).await;
         }
-        let served = store::exposition::families(&text(&m));
-        assert_eq!(served, store::exposition::listed(FAMILIES));
+        let served = testkit::exposition::families(&text(&m));
+        assert_eq!(served, testkit::exposition::listed(FAMILIES));
     }
 
     #[tokio::test]
