@@ -54,10 +54,9 @@ pub struct StatusView {
     /// A short sentence for every final state (e.g. "exited with code 3",
     /// "timed out after 300 s"); null while queued or running.
     pub reason: Option<String>,
-    /// Why it ended, for a program to branch on: exited, timed-out,
-    /// killed-by-user, out-of-memory, start-failed, container-lost,
-    /// workspace-failed, worker-lost, worker-restarted, worker-shutdown,
-    /// disk-full, process-limit, image-refused or not-replicated; null while queued or running.
+    // The api fills `{reason_kinds}` from `ReasonKind::ALL`, so the list
+    // clients read cannot fall behind the enum.
+    /// Why it ended, for a program to branch on: {reason_kinds}; null while queued or running.
     pub reason_kind: Option<ReasonKind>,
     /// The runtime the task runs in.
     pub runtime: String,
