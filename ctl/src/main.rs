@@ -393,8 +393,15 @@ async fn follow_task(
         };
         outage = false;
         let changed = last.as_ref().is_none_or(|p| {
-            (p.state.as_str(), p.stdout_bytes, p.stderr_bytes)
-                != (t.state.as_str(), t.stdout_bytes, t.stderr_bytes)
+            (
+                p.status.state.as_str(),
+                p.status.stdout_bytes,
+                p.status.stderr_bytes,
+            ) != (
+                t.status.state.as_str(),
+                t.status.stdout_bytes,
+                t.status.stderr_bytes,
+            )
         });
         if json {
             if changed {
@@ -403,20 +410,20 @@ async fn follow_task(
         } else {
             match &last {
                 None => {
-                    writeln!(err, "task {id}: {}", t.state)?;
-                    out.write_all(t.stdout_tail.as_bytes())?;
-                    err.write_all(t.stderr_tail.as_bytes())?;
+                    writeln!(err, "task {id}: {}", t.status.state)?;
+                    out.write_all(t.status.stdout_tail.as_bytes())?;
+                    err.write_all(t.status.stderr_tail.as_bytes())?;
                 }
                 Some(_) => {
                     write_growth(
                         &mut out,
                         &t.raw_stdout,
-                        t.stdout_bytes.saturating_sub(shown.0),
+                        t.status.stdout_bytes.saturating_sub(shown.0),
                     )?;
                     write_growth(
                         &mut err,
                         &t.raw_stderr,
-                        t.stderr_bytes.saturating_sub(shown.1),
+                        t.status.stderr_bytes.saturating_sub(shown.1),
                     )?;
                 }
             }
@@ -424,13 +431,16 @@ async fn follow_task(
             // output the new one does not have yet (the worker writes the
             // same bytes there again), and counting from the smaller figure
             // would print them twice.
-            shown = (shown.0.max(t.stdout_bytes), shown.1.max(t.stderr_bytes));
+            shown = (
+                shown.0.max(t.status.stdout_bytes),
+                shown.1.max(t.status.stderr_bytes),
+            );
             out.flush()?;
         }
         if t.is_terminal() {
             if !json {
-                let reason = t.reason.as_deref().unwrap_or("-");
-                writeln!(err, "task {id}: {} ({reason})", t.state)?;
+                let reason = t.status.reason.as_deref().unwrap_or("-");
+                writeln!(err, "task {id}: {} ({reason})", t.status.state)?;
             }
             return Ok(());
         }

@@ -7,7 +7,6 @@ use redis::streams::StreamRangeReply;
 use serde::Serialize;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::time::{redis_time_ms, rfc3339_ms, task_clock};
-use shared::usage::UsageView;
 use shared::view::StatusView;
 use shared::{Field, Keys, ReasonKind, TaskRecord, TaskState};
 use store::redis_pool::Pool;
@@ -89,33 +88,19 @@ pub struct FinishedCount {
     pub count: u64,
 }
 
-/// One task's record, as `task ID` shows it.
+/// One task's record, as `task ID` shows it: its status as `get_task_status`
+/// shows it, then what only an operator sees.
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskView {
     pub task_id: String,
-    pub state: TaskState,
-    pub reason: Option<String>,
-    pub reason_kind: Option<ReasonKind>,
-    pub exit_code: Option<i64>,
-    pub runtime: Option<String>,
+    // Flattened, so `--json` has the api's field names, order and defaults;
+    // the operator's fields come after it.
+    #[serde(flatten)]
+    pub status: StatusView,
     pub image: Option<String>,
     pub command: Option<String>,
     pub worker: Option<String>,
-    pub timeout_seconds: Option<u64>,
-    pub created_at: Option<String>,
     pub claimed_at: Option<String>,
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    pub runtime_seconds: Option<f64>,
-    pub seconds_since_last_output: Option<f64>,
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-    pub stdout_tail: String,
-    pub stderr_tail: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    /// What it used, once it ended (as `get_task_status` shows it).
-    pub usage: Option<UsageView>,
     /// Seconds until the record expires; null while it has no TTL (queued, running).
     pub expires_in_seconds: Option<i64>,
     /// The raw stored tails, for `--follow` (not in the JSON).
@@ -127,7 +112,7 @@ pub struct TaskView {
 
 impl TaskView {
     pub fn is_terminal(&self) -> bool {
-        self.state.is_terminal()
+        self.status.state.is_terminal()
     }
 }
 
@@ -426,31 +411,13 @@ pub fn task_view(
     ttl: i64,
     tail_bytes: usize,
 ) -> TaskView {
-    let v = StatusView::new(r, now_ms, tail_bytes);
     TaskView {
         task_id: task_id.to_owned(),
-        state: v.state,
-        reason: v.reason,
-        reason_kind: v.reason_kind,
-        exit_code: v.exit_code,
-        runtime: v.runtime,
+        status: StatusView::new(r, now_ms, tail_bytes),
         image: r.image.clone(),
         command: r.command.clone(),
         worker: r.worker.clone(),
-        timeout_seconds: v.timeout_seconds,
-        created_at: v.created_at,
         claimed_at: r.claimed_at.map(rfc3339_ms),
-        started_at: v.started_at,
-        finished_at: v.finished_at,
-        runtime_seconds: v.runtime_seconds,
-        seconds_since_last_output: v.seconds_since_last_output,
-        stdout_bytes: v.stdout_bytes,
-        stderr_bytes: v.stderr_bytes,
-        stdout_tail: v.stdout.text,
-        stderr_tail: v.stderr.text,
-        stdout_truncated: v.stdout.truncated,
-        stderr_truncated: v.stderr.truncated,
-        usage: v.usage.map(|u| u.view()),
         expires_in_seconds: (ttl >= 0).then_some(ttl),
         raw_stdout: r.stdout_tail.clone().unwrap_or_default(),
         raw_stderr: r.stderr_tail.clone().unwrap_or_default(),
@@ -460,6 +427,76 @@ pub fn task_view(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+
+    /// The keys of a JSON object, in the order they are written.
+    fn keys_in_order(json: &str) -> Result<Vec<String>, serde_json::Error> {
+        struct Keys;
+        impl<'de> Visitor<'de> for Keys {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+                let mut keys = Vec::new();
+                while let Some((key, IgnoredAny)) = map.next_entry::<String, IgnoredAny>()? {
+                    keys.push(key);
+                }
+                Ok(keys)
+            }
+        }
+        serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_str(json), Keys)
+    }
+
+    #[test]
+    fn task_json_is_the_api_status_then_the_operators_fields() -> Result<(), serde_json::Error> {
+        let r = TaskRecord {
+            runtime: Some("python3.13".into()),
+            worker: Some("w1".into()),
+            claimed_at: Some(500),
+            ..TaskRecord::new(TaskState::Running)
+        };
+        let t = task_view("t", &r, 9_000, -1, 100);
+        let json = serde_json::to_string(&t)?;
+        // `--json`'s order: get_task_status's fields (its `egress` only for an
+        // allow-list task), then the record's.
+        let want = [
+            "task_id",
+            "state",
+            "exit_code",
+            "reason",
+            "reason_kind",
+            "runtime",
+            "runtime_seconds",
+            "seconds_since_last_output",
+            "stdout_tail",
+            "stderr_tail",
+            "stdout_truncated",
+            "stderr_truncated",
+            "stdout_bytes",
+            "stderr_bytes",
+            "timeout_seconds",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "usage",
+            "image",
+            "command",
+            "worker",
+            "claimed_at",
+            "expires_in_seconds",
+        ];
+        assert_eq!(keys_in_order(&json)?, want);
+        assert_eq!(
+            (
+                t.worker.as_deref(),
+                t.claimed_at.as_deref(),
+                t.expires_in_seconds
+            ),
+            (Some("w1"), Some("1970-01-01T00:00:00.500Z"), None)
+        );
+        Ok(())
+    }
 
     fn task(id: &str, silent: Option<f64>) -> RunningTask {
         RunningTask {

@@ -164,32 +164,38 @@ pub fn status(s: &Status) -> String {
 
 /// The record, then each stream's tail under a header.
 pub fn task(t: &TaskView) -> String {
+    let s = &t.status;
     let mut out = String::new();
     let mut field = |name: &str, v: String| {
         let _ = writeln!(out, "{name:<26} {v}");
     };
     field("task_id", t.task_id.clone());
-    field("state", t.state.to_string());
-    field("reason", opt(&t.reason));
-    field("reason_kind", opt(&t.reason_kind));
-    field("exit_code", opt(&t.exit_code));
-    field("runtime", opt(&t.runtime));
+    field("state", s.state.to_string());
+    field("reason", opt(&s.reason));
+    field("reason_kind", opt(&s.reason_kind));
+    field("exit_code", opt(&s.exit_code));
+    // The view reads a record without a runtime or timeout as "" and 0 (the
+    // api's defaults); here they show as "-", like any field not recorded.
+    field("runtime", opt(&Some(&s.runtime).filter(|r| !r.is_empty())));
     field("image", opt(&t.image));
     field("command", opt(&t.command));
     field("worker", opt(&t.worker));
-    field("timeout_seconds", opt(&t.timeout_seconds));
-    field("created_at", opt(&t.created_at));
+    field(
+        "timeout_seconds",
+        opt(&Some(s.timeout_seconds).filter(|&t| t > 0)),
+    );
+    field("created_at", opt(&s.created_at));
     field("claimed_at", opt(&t.claimed_at));
-    field("started_at", opt(&t.started_at));
-    field("finished_at", opt(&t.finished_at));
-    field("runtime_seconds", opt(&t.runtime_seconds));
+    field("started_at", opt(&s.started_at));
+    field("finished_at", opt(&s.finished_at));
+    field("runtime_seconds", opt(&s.runtime_seconds));
     field(
         "seconds_since_last_output",
-        opt(&t.seconds_since_last_output),
+        opt(&s.seconds_since_last_output),
     );
-    field("stdout_bytes", t.stdout_bytes.to_string());
-    field("stderr_bytes", t.stderr_bytes.to_string());
-    let usage = t.usage.as_ref();
+    field("stdout_bytes", s.stdout_bytes.to_string());
+    field("stderr_bytes", s.stderr_bytes.to_string());
+    let usage = s.usage.as_ref();
     field("usage.cpu_seconds", opt(&usage.and_then(|u| u.cpu_seconds)));
     field(
         "usage.peak_memory_bytes",
@@ -201,8 +207,8 @@ pub fn task(t: &TaskView) -> String {
     );
     field("expires_in_seconds", opt(&t.expires_in_seconds));
     for (name, tail, truncated, total) in [
-        ("stdout", &t.stdout_tail, t.stdout_truncated, t.stdout_bytes),
-        ("stderr", &t.stderr_tail, t.stderr_truncated, t.stderr_bytes),
+        ("stdout", &s.stdout_tail, s.stdout_truncated, s.stdout_bytes),
+        ("stderr", &s.stderr_tail, s.stderr_truncated, s.stderr_bytes),
     ] {
         let shown = if truncated {
             format!("last {} of {total} bytes", tail.len())

@@ -1,15 +1,18 @@
 //! A task's status as people and clients see it, built from its record once:
 //! the api's `get_task_status` (and the views built on it) and the ctl's
-//! `task` map this onto their own output types, so the clock, the timestamps
-//! and the tails are computed one way.
+//! `task` flatten it into their own output types, so the fields, the clock,
+//! the timestamps and the tails are defined and computed one way.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::egress::EgressLog;
 use crate::keys::Field;
 use crate::record::TaskRecord;
-use crate::tail::{RenderedTail, render_tail};
+use crate::tail::render_tail;
 use crate::task::{ReasonKind, TaskState};
 use crate::time::{rfc3339_ms, task_clock};
-use crate::usage::Usage;
+use crate::usage::{Usage, UsageView};
 
 /// The fields a [`StatusView`] is built from: what a reader asks Redis for
 /// (`HMGET`) when it shows only the status. The command, image, env and the
@@ -37,39 +40,69 @@ pub const STATUS_FIELDS: [Field; 20] = [
     Field::EgressLog,
 ];
 
-/// A task's status at one moment. Unset record fields stay `None` here; each
-/// output decides its own defaults.
-#[derive(Debug, Clone, PartialEq)]
+/// A task's status at one moment, as clients see it: the fields of
+/// `get_task_status` but its `task_id`. Its doc comments are the tool's
+/// outputSchema descriptions (placeholders filled in by the api's
+/// `describe`); the api's `TaskStatus` and the ctl's `TaskView` flatten it and
+/// add their own fields, so the fields and their defaults exist once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StatusView {
+    /// queued | running | succeeded | failed | killed | timed-out. The last four are final.
     pub state: TaskState,
-    /// The sentence, as recorded (only an ended task has one).
-    pub reason: Option<String>,
-    pub reason_kind: Option<ReasonKind>,
+    /// The container's exit code once it exited, else null.
     pub exit_code: Option<i64>,
-    pub runtime: Option<String>,
-    pub timeout_seconds: Option<u64>,
-    /// RFC 3339 UTC.
-    pub created_at: Option<String>,
-    pub started_at: Option<String>,
-    pub finished_at: Option<String>,
-    /// Seconds since its container started (until it finished); `None` before.
+    /// A short sentence for every final state (e.g. "exited with code 3",
+    /// "timed out after 300 s"); null while queued or running.
+    pub reason: Option<String>,
+    // The api fills `{reason_kinds}` from `ReasonKind::ALL`, so the list
+    // clients read cannot fall behind the enum.
+    /// Why it ended, for a program to branch on: {reason_kinds}; null while queued or running.
+    pub reason_kind: Option<ReasonKind>,
+    /// The runtime the task runs in.
+    pub runtime: String,
+    /// Wall time since the container started (so far, while running); null if it never started.
     pub runtime_seconds: Option<f64>,
-    /// Seconds since its last output byte (since the start if none).
+    /// Seconds since the last byte on stdout or stderr (since start if none yet),
+    /// up to the end for a finished task; null if it never started. Growing while
+    /// running means the script may be stuck.
     pub seconds_since_last_output: Option<f64>,
+    /// The last tail_bytes bytes of stdout, cut on a character boundary.
+    pub stdout_tail: String,
+    /// The last tail_bytes bytes of stderr, cut on a character boundary.
+    pub stderr_tail: String,
+    /// True when stdout holds more than stdout_tail shows.
+    pub stdout_truncated: bool,
+    /// True when stderr holds more than stderr_tail shows.
+    pub stderr_truncated: bool,
+    /// Total bytes the script wrote to stdout.
     pub stdout_bytes: u64,
+    /// Total bytes the script wrote to stderr.
     pub stderr_bytes: u64,
-    /// The last `tail_bytes` of each stream, cut on a UTF-8 boundary.
-    pub stdout: RenderedTail,
-    pub stderr: RenderedTail,
-    /// What its container used, once it ended (if it could be read).
-    pub usage: Option<Usage>,
-    /// An allow-list task's hosts and what the egress proxy saw of it.
+    /// The effective timeout.
+    pub timeout_seconds: u64,
+    /// When run_script accepted it (RFC 3339, UTC).
+    pub created_at: Option<String>,
+    /// When its container started; null if it has not.
+    pub started_at: Option<String>,
+    /// When it reached its final state; null until then.
+    pub finished_at: Option<String>,
+    /// What it used, as its container's cgroup reported at the end: cpu_seconds,
+    /// peak_memory_bytes (files in /workspace and /tmp count), workspace_bytes
+    /// (bytes in /workspace at the end). Null until it ended, or if it never
+    /// ran; a figure the host could not report is null.
+    pub usage: Option<UsageView>,
+    /// Only for a task run with network {"allow": [...]}: its allow-list
+    /// (`allow`) and each host it asked the egress proxy for (`attempts`: host,
+    /// port, verdict "allowed" or why it was refused, count, bytes_out,
+    /// bytes_in; `dropped` counts attempts past the log's 64 lines). Filled in
+    /// as the task runs and complete once it has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressView>,
 }
 
 /// An allow-list task's egress: its list and its log (empty until the
 /// worker's proxy has seen an attempt).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EgressView {
     /// The hosts the task may reach, as given (`*.` for every name under a domain).
     pub allow: Vec<String>,
@@ -81,7 +114,9 @@ pub struct EgressView {
 
 impl StatusView {
     /// The view of `r` at `now_ms` (Redis's clock, read with the record), with
-    /// tails of at most `tail_bytes`.
+    /// tails of at most `tail_bytes`. A field the record lacks reads as its
+    /// type's empty value (a runtime of "", a timeout of 0), and the reason is
+    /// shown only once the task has ended.
     pub fn new(r: &TaskRecord, now_ms: i64, tail_bytes: usize) -> StatusView {
         let (runtime_seconds, seconds_since_last_output) =
             task_clock(r.started_at, r.last_output_at, r.finished_at, now_ms);
@@ -90,37 +125,36 @@ impl StatusView {
         let tail = |t: &Option<Vec<u8>>, total| {
             render_tail(t.as_deref().unwrap_or_default(), tail_bytes, total)
         };
+        let (stdout, stderr) = (
+            tail(&r.stdout_tail, stdout_bytes),
+            tail(&r.stderr_tail, stderr_bytes),
+        );
+        // Only the scripts that end a task write a reason; a reason beside an
+        // open state would be a stale or hand-made one, not an answer.
+        let ended = r.state.is_terminal();
         StatusView {
             state: r.state,
-            reason: r.reason.clone(),
-            reason_kind: r.reason_kind,
             exit_code: r.exit_code,
-            runtime: r.runtime.clone(),
-            timeout_seconds: r.timeout_seconds,
+            reason: r.reason.clone().filter(|_| ended),
+            reason_kind: r.reason_kind.filter(|_| ended),
+            runtime: r.runtime.clone().unwrap_or_default(),
+            runtime_seconds,
+            seconds_since_last_output,
+            stdout_tail: stdout.text,
+            stderr_tail: stderr.text,
+            stdout_truncated: stdout.truncated,
+            stderr_truncated: stderr.truncated,
+            stdout_bytes,
+            stderr_bytes,
+            timeout_seconds: r.timeout_seconds.unwrap_or(0),
             created_at: r.created_at.map(rfc3339_ms),
             started_at: r.started_at.map(rfc3339_ms),
             finished_at: r.finished_at.map(rfc3339_ms),
-            runtime_seconds,
-            seconds_since_last_output,
-            stdout_bytes,
-            stderr_bytes,
-            stdout: tail(&r.stdout_tail, stdout_bytes),
-            stderr: tail(&r.stderr_tail, stderr_bytes),
-            usage: Usage::of(r),
+            usage: Usage::of(r).map(|u| u.view()),
             egress: r.egress_allow.as_ref().map(|l| EgressView {
                 allow: l.entries().iter().map(ToString::to_string).collect(),
                 log: r.egress_log.clone().unwrap_or_default(),
             }),
-        }
-    }
-
-    /// The reason and its kind once the task has ended; `None` before (what
-    /// clients are shown).
-    pub fn end_reason(&self) -> Option<(&str, Option<ReasonKind>)> {
-        if self.state.is_terminal() {
-            self.reason.as_deref().map(|r| (r, self.reason_kind))
-        } else {
-            None
         }
     }
 }
@@ -150,12 +184,13 @@ mod tests {
             (Some(1.5), Some(0.5))
         );
         assert_eq!(v.started_at.as_deref(), Some("1970-01-01T00:00:01.000Z"));
-        assert_eq!((v.stdout.text.as_str(), v.stdout.truncated), ("lo\n", true));
-        assert_eq!((v.stderr.text.as_str(), v.stderr_bytes), ("", 0));
+        assert_eq!((v.stdout_tail.as_str(), v.stdout_truncated), ("lo\n", true));
+        assert_eq!((v.stderr_tail.as_str(), v.stderr_bytes), ("", 0));
         assert_eq!(
-            v.end_reason(),
-            Some(("exited with code 0", Some(ReasonKind::Exited)))
+            (v.reason.as_deref(), v.reason_kind),
+            (Some("exited with code 0"), Some(ReasonKind::Exited))
         );
+        assert_eq!((v.runtime.as_str(), v.timeout_seconds), ("python3.13", 0));
     }
 
     #[test]
@@ -165,7 +200,27 @@ mod tests {
             (v.runtime_seconds, v.seconds_since_last_output),
             (None, None)
         );
-        assert_eq!(v.end_reason(), None);
-        assert_eq!((v.stdout.text.as_str(), v.stdout.truncated), ("", false));
+        assert_eq!((v.reason, v.reason_kind), (None, None));
+        assert_eq!((v.stdout_tail.as_str(), v.stdout_truncated), ("", false));
+    }
+
+    #[test]
+    fn an_open_task_shows_no_reason_even_if_one_is_recorded() {
+        let r = TaskRecord {
+            reason: Some("left over".into()),
+            reason_kind: Some(ReasonKind::WorkerLost),
+            ..TaskRecord::new(TaskState::Running)
+        };
+        let v = StatusView::new(&r, 9_000, 100);
+        assert_eq!((v.reason, v.reason_kind), (None, None));
+    }
+
+    #[test]
+    fn no_egress_field_for_a_task_without_an_allow_list() -> Result<(), serde_json::Error> {
+        let v = StatusView::new(&TaskRecord::new(TaskState::Queued), 9_000, 100);
+        let json = serde_json::to_value(&v)?;
+        assert!(json.get("egress").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<StatusView>(json)?, v);
+        Ok(())
     }
 }

@@ -206,11 +206,11 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 .await
             {
                 // Ended in time: the call answers what get_task_status would.
-                Ok(status) if status.state.is_terminal() => {
+                Ok(status) if status.view.state.is_terminal() => {
                     let value = serde_json::to_value(status).map_err(ToolError::Encode)?;
                     return Ok(CallToolResult::structured(value).into());
                 }
-                Ok(status) => state = status.state,
+                Ok(status) => state = status.view.state,
                 // The task exists: an error now must not read as "not
                 // created" (a client would submit it again).
                 Err(e) => tracing::warn!(%task_id, error = %e, "waiting for a new task failed"),

@@ -1,14 +1,15 @@
 //! The tool descriptions and schemas quote the limits this server runs with, not
 //! copies of their defaults: the `#[tool]` descriptions and the argument and
 //! output doc comments say `{max_stdin}` or `{default_timeout_seconds}`, and
-//! `with_limits` fills those in from the config (and the shared constants) once,
-//! when the tools are built.
+//! `with_limits` fills those in from the config (and the shared constants and
+//! enums: `{reason_kinds}` is `ReasonKind::ALL`) once, when the tools are built.
 
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::JsonObject;
 use serde_json::Value;
+use shared::ReasonKind;
 use shared::options::{MAX_COLLECT_BYTES, MAX_COLLECT_FILES, MAX_ENV_BYTES, MAX_ENV_VARS};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 
@@ -68,7 +69,19 @@ fn placeholders(config: &Config) -> Vec<(&'static str, String)> {
         ("{default_list_limit}", DEFAULT_LIST_LIMIT.to_string()),
         ("{max_list_limit}", MAX_LIST_LIMIT.to_string()),
         ("{list_command_chars}", LIST_COMMAND_CHARS.to_string()),
+        ("{reason_kinds}", reason_kinds()),
     ]
+}
+
+/// Every reason kind, in the enum's order, as a sentence lists them: "exited,
+/// timed-out, ... or not-replicated".
+fn reason_kinds() -> String {
+    let names: Vec<&str> = ReasonKind::ALL.iter().map(|k| k.as_str()).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
 }
 
 /// A byte count as a reader would write it: "16 MiB", "32 KiB", "1000 bytes".
@@ -168,6 +181,33 @@ mod tests {
             text.contains("1000 files and 16 MiB"),
             "collect limits not shown"
         );
+    }
+
+    #[test]
+    fn get_task_status_lists_every_reason_kind() {
+        let tools = with_limits(ScriptRunner::tool_router(), &config(&[])).list_all();
+        let description = tools
+            .iter()
+            .find(|t| t.name == "get_task_status")
+            .and_then(|t| t.output_schema.as_ref())
+            .and_then(|s| s.get("properties"))
+            .and_then(|p| p.get("reason_kind"))
+            .and_then(|k| k.get("description"))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        // The list between "...branch on: " and "; null ...", word by word.
+        let listed: Vec<&str> = description
+            .split_once(": ")
+            .and_then(|(_, rest)| rest.split_once(';'))
+            .map(|(list, _)| {
+                list.split([',', ' '])
+                    .filter(|w| !w.is_empty() && *w != "or")
+            })
+            .into_iter()
+            .flatten()
+            .collect();
+        let every: Vec<&str> = ReasonKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(listed, every, "{description}");
     }
 
     #[test]

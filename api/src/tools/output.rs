@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use shared::options::CollectedFile;
 use shared::time::rfc3339_ms;
 use shared::usage::UsageView;
-use shared::view::EgressView;
+use shared::view::StatusView;
 use shared::{ReasonKind, TaskState};
 
 use crate::db::ListedTask;
@@ -33,58 +33,10 @@ pub struct RunScriptOutput {
 #[derive(Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TaskStatus {
     pub task_id: String,
-    /// queued | running | succeeded | failed | killed | timed-out. The last four are final.
-    pub state: TaskState,
-    /// The container's exit code once it exited, else null.
-    pub exit_code: Option<i64>,
-    /// A short sentence for every final state (e.g. "exited with code 3",
-    /// "timed out after 300 s"); null while queued or running.
-    pub reason: Option<String>,
-    /// Why it ended, for a program to branch on: exited, timed-out,
-    /// killed-by-user, out-of-memory, start-failed, container-lost,
-    /// workspace-failed, worker-lost, worker-restarted, worker-shutdown,
-    /// disk-full, process-limit, image-refused or not-replicated; null while queued or running.
-    pub reason_kind: Option<ReasonKind>,
-    /// The runtime the task runs in.
-    pub runtime: String,
-    /// Wall time since the container started (so far, while running); null if it never started.
-    pub runtime_seconds: Option<f64>,
-    /// Seconds since the last byte on stdout or stderr (since start if none yet),
-    /// up to the end for a finished task; null if it never started. Growing while
-    /// running means the script may be stuck.
-    pub seconds_since_last_output: Option<f64>,
-    /// The last tail_bytes bytes of stdout, cut on a character boundary.
-    pub stdout_tail: String,
-    /// The last tail_bytes bytes of stderr, cut on a character boundary.
-    pub stderr_tail: String,
-    /// True when stdout holds more than stdout_tail shows.
-    pub stdout_truncated: bool,
-    /// True when stderr holds more than stderr_tail shows.
-    pub stderr_truncated: bool,
-    /// Total bytes the script wrote to stdout.
-    pub stdout_bytes: u64,
-    /// Total bytes the script wrote to stderr.
-    pub stderr_bytes: u64,
-    /// The effective timeout.
-    pub timeout_seconds: u64,
-    /// When run_script accepted it (RFC 3339, UTC).
-    pub created_at: Option<String>,
-    /// When its container started; null if it has not.
-    pub started_at: Option<String>,
-    /// When it reached its final state; null until then.
-    pub finished_at: Option<String>,
-    /// What it used, as its container's cgroup reported at the end: cpu_seconds,
-    /// peak_memory_bytes (files in /workspace and /tmp count), workspace_bytes
-    /// (bytes in /workspace at the end). Null until it ended, or if it never
-    /// ran; a figure the host could not report is null.
-    pub usage: Option<UsageView>,
-    /// Only for a task run with network {"allow": [...]}: its allow-list
-    /// (`allow`) and each host it asked the egress proxy for (`attempts`: host,
-    /// port, verdict "allowed" or why it was refused, count, bytes_out,
-    /// bytes_in; `dropped` counts attempts past the log's 64 lines). Filled in
-    /// as the task runs and complete once it has ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<EgressView>,
+    // Every other field, with its schema description, is the shared view's;
+    // flattened after `task_id`, the JSON's order is docs/tools.md's.
+    #[serde(flatten)]
+    pub view: StatusView,
 }
 
 /// One task in `list_tasks`.
@@ -162,5 +114,73 @@ impl From<ListedTask> for TaskSummary {
             command: first_line.chars().take(LIST_COMMAND_CHARS).collect(),
             usage: t.usage.map(|u| u.view()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::de::{IgnoredAny, MapAccess, Visitor};
+    use shared::TaskRecord;
+    use shared::egress::AllowList;
+
+    /// The keys of a JSON object, in the order they are written.
+    fn keys_in_order(json: &str) -> Result<Vec<String>, serde_json::Error> {
+        struct Keys;
+        impl<'de> Visitor<'de> for Keys {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
+                let mut keys = Vec::new();
+                while let Some((key, IgnoredAny)) = map.next_entry::<String, IgnoredAny>()? {
+                    keys.push(key);
+                }
+                Ok(keys)
+            }
+        }
+        serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_str(json), Keys)
+    }
+
+    #[test]
+    fn get_task_status_keeps_its_fields_and_their_order() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let record = TaskRecord {
+            egress_allow: Some(AllowList::parse(&["pypi.org"])?),
+            ..TaskRecord::new(TaskState::Succeeded)
+        };
+        let status = TaskStatus {
+            task_id: "t".into(),
+            view: StatusView::new(&record, 0, 100),
+        };
+        let json = serde_json::to_string(&status)?;
+        // docs/tools.md's table, in its order; `egress` only for an allow-list task.
+        let want = [
+            "task_id",
+            "state",
+            "exit_code",
+            "reason",
+            "reason_kind",
+            "runtime",
+            "runtime_seconds",
+            "seconds_since_last_output",
+            "stdout_tail",
+            "stderr_tail",
+            "stdout_truncated",
+            "stderr_truncated",
+            "stdout_bytes",
+            "stderr_bytes",
+            "timeout_seconds",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "usage",
+            "egress",
+        ];
+        assert_eq!(keys_in_order(&json)?, want);
+        let back: TaskStatus = serde_json::from_str(&json)?;
+        assert_eq!((back.task_id.as_str(), &back.view), ("t", &status.view));
+        Ok(())
     }
 }

@@ -97,31 +97,8 @@ pub(super) fn status_from_record(
 ) -> Result<TaskStatus, ToolError> {
     // A record that reads at all has a known state (`TaskRecord::from_values`
     // refuses one without), so every view of it can be built.
-    let v = StatusView::new(&r.record, r.now_ms, tail_bytes);
-    let (reason, reason_kind) = match v.end_reason() {
-        Some((reason, kind)) => (Some(reason.to_owned()), kind),
-        None => (None, None),
-    };
     Ok(TaskStatus {
         task_id,
-        state: v.state,
-        exit_code: v.exit_code,
-        reason,
-        reason_kind,
-        runtime: v.runtime.unwrap_or_default(),
-        runtime_seconds: v.runtime_seconds,
-        seconds_since_last_output: v.seconds_since_last_output,
-        stdout_tail: v.stdout.text,
-        stderr_tail: v.stderr.text,
-        stdout_truncated: v.stdout.truncated,
-        stderr_truncated: v.stderr.truncated,
-        stdout_bytes: v.stdout_bytes,
-        stderr_bytes: v.stderr_bytes,
-        timeout_seconds: v.timeout_seconds.unwrap_or(0),
-        created_at: v.created_at,
-        started_at: v.started_at,
-        finished_at: v.finished_at,
-        usage: v.usage.map(|u| u.view()),
-        egress: v.egress,
+        view: StatusView::new(&r.record, r.now_ms, tail_bytes),
     })
 }

@@ -53,10 +53,10 @@ impl ScriptRunner {
         let status = status_from_record(task_id, &read, DEFAULT_TAIL_BYTES)
             .map_err(ToolError::into_protocol)?;
         let mut meta = MetaObject::new();
-        meta.insert(STATE_META_KEY.into(), serde_json::json!(status.state));
+        meta.insert(STATE_META_KEY.into(), serde_json::json!(status.view.state));
         meta.insert(
             REASON_KIND_META_KEY.into(),
-            serde_json::json!(status.reason_kind),
+            serde_json::json!(status.view.reason_kind),
         );
         let task = self
             .detailed_task(status, poll)
@@ -161,8 +161,8 @@ fn detailed_task(
     ttl_ms: u64,
     poll_ms: Option<u64>,
 ) -> Result<DetailedTask, serde_json::Error> {
-    let created = status.created_at.clone().unwrap_or_default();
-    let updated = [&status.finished_at, &status.started_at]
+    let created = status.view.created_at.clone().unwrap_or_default();
+    let updated = [&status.view.finished_at, &status.view.started_at]
         .into_iter()
         .flatten()
         .next()
@@ -173,13 +173,16 @@ fn detailed_task(
     if let Some(ms) = poll_ms {
         task = task.with_poll_interval_ms(ms);
     }
-    let (task, payload) = match status.state {
+    let (task, payload) = match status.view.state {
         TaskState::Queued => (
             task.with_status_message("queued: waiting for a free worker slot"),
             TaskPayload::Working,
         ),
         TaskState::Running => {
-            let message = match (status.runtime_seconds, status.seconds_since_last_output) {
+            let message = match (
+                status.view.runtime_seconds,
+                status.view.seconds_since_last_output,
+            ) {
                 (Some(ran), Some(quiet)) => {
                     format!("running for {ran:.0} s, last output {quiet:.0} s ago")
                 }
@@ -188,12 +191,16 @@ fn detailed_task(
             (task.with_status_message(message), TaskPayload::Working)
         }
         TaskState::Killed => {
-            let reason = status.reason.clone().unwrap_or_else(|| "killed".into());
+            let reason = status
+                .view
+                .reason
+                .clone()
+                .unwrap_or_else(|| "killed".into());
             (task.with_status_message(reason), TaskPayload::Cancelled)
         }
         TaskState::Succeeded | TaskState::Failed | TaskState::TimedOut => {
-            let failed = status.state != TaskState::Succeeded;
-            let message = status.reason.clone().unwrap_or_default();
+            let failed = status.view.state != TaskState::Succeeded;
+            let message = status.view.reason.clone().unwrap_or_default();
             let value = serde_json::to_value(&status)?;
             let result = if failed {
                 CallToolResult::structured_error(value)
@@ -219,31 +226,33 @@ mod tests {
     fn status(state: TaskState, reason: Option<&str>) -> TaskStatus {
         TaskStatus {
             task_id: "7d0b5c3e-2f7e-4c8e-9a51-0c5a3c9d8e11".into(),
-            state,
-            exit_code: (state == TaskState::Failed).then_some(3),
-            reason: reason.map(str::to_owned),
-            reason_kind: None,
-            runtime: "python3.13".into(),
-            runtime_seconds: Some(2.0),
-            seconds_since_last_output: Some(1.0),
-            stdout_tail: "out\n".into(),
-            stderr_tail: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            stdout_bytes: 4,
-            stderr_bytes: 0,
-            timeout_seconds: 300,
-            created_at: Some("2026-11-30T00:00:00.000Z".into()),
-            started_at: Some("2026-11-30T00:00:01.000Z".into()),
-            finished_at: state
-                .is_terminal()
-                .then(|| "2026-11-30T00:00:03.000Z".into()),
-            usage: state.is_terminal().then_some(shared::usage::UsageView {
-                cpu_seconds: Some(1.5),
-                peak_memory_bytes: Some(1 << 20),
-                workspace_bytes: Some(4096),
-            }),
-            egress: None,
+            view: shared::view::StatusView {
+                state,
+                exit_code: (state == TaskState::Failed).then_some(3),
+                reason: reason.map(str::to_owned),
+                reason_kind: None,
+                runtime: "python3.13".into(),
+                runtime_seconds: Some(2.0),
+                seconds_since_last_output: Some(1.0),
+                stdout_tail: "out\n".into(),
+                stderr_tail: String::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                stdout_bytes: 4,
+                stderr_bytes: 0,
+                timeout_seconds: 300,
+                created_at: Some("2026-11-30T00:00:00.000Z".into()),
+                started_at: Some("2026-11-30T00:00:01.000Z".into()),
+                finished_at: state
+                    .is_terminal()
+                    .then(|| "2026-11-30T00:00:03.000Z".into()),
+                usage: state.is_terminal().then_some(shared::usage::UsageView {
+                    cpu_seconds: Some(1.5),
+                    peak_memory_bytes: Some(1 << 20),
+                    workspace_bytes: Some(4096),
+                }),
+                egress: None,
+            },
         }
     }
 
