@@ -174,6 +174,8 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// Empty: none, and the api refuses to start (`ConfigError::MissingToken`).
+const SCRIPT_RUNNER_TOKEN: Var = Var::new("SCRIPT_RUNNER_TOKEN", "");
 const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
 /// Empty: no health details listener.
 const HEALTH_ADDR: Var = Var::new("HEALTH_ADDR", "");
@@ -200,9 +202,10 @@ const MAX_BODY_BYTES_PER_CLIENT: Var = Var::new("MAX_BODY_BYTES_PER_CLIENT", "")
 const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
-/// The api's own variables with literal defaults (besides `shared`'s common ones);
+/// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 30] = [
+pub const VARS: [Var; 31] = [
+    SCRIPT_RUNNER_TOKEN,
     EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
@@ -246,7 +249,10 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let var = non_blank(get);
         let common = Common::from_lookup(&var)?;
-        let token = var("SCRIPT_RUNNER_TOKEN").ok_or(ConfigError::MissingToken)?;
+        let token = SCRIPT_RUNNER_TOKEN.get(&var);
+        if token.is_empty() {
+            return Err(ConfigError::MissingToken);
+        }
         if token.chars().count() < MIN_TOKEN_LEN {
             return Err(ConfigError::ShortToken(token.chars().count()));
         }
@@ -269,7 +275,7 @@ impl Config {
             health_addr: health_addr(&var)?,
             allowed_hosts,
             allowed_origins: allowed_origins(&var)?,
-            runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
+            runtimes: RuntimeCatalog::from_lookup(&var)?,
             default_timeout_seconds,
             max_timeout_seconds,
             max_command_bytes,
