@@ -4,11 +4,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::http::Uri;
+
 use crate::clients::{TrustedProxies, parse_proxy};
 use shared::egress::Egress;
 
 use crate::oauth::{self, OAuthConfigError, OAuthSettings};
-use crate::origin::AllowedOrigins;
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
@@ -173,6 +174,8 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// Empty: none, and the api refuses to start (`ConfigError::MissingToken`).
+const SCRIPT_RUNNER_TOKEN: Var = Var::new("SCRIPT_RUNNER_TOKEN", "");
 const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
 /// Empty: no health details listener.
 const HEALTH_ADDR: Var = Var::new("HEALTH_ADDR", "");
@@ -199,9 +202,10 @@ const MAX_BODY_BYTES_PER_CLIENT: Var = Var::new("MAX_BODY_BYTES_PER_CLIENT", "")
 const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
-/// The api's own variables with literal defaults (besides `shared`'s common ones);
+/// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 30] = [
+pub const VARS: [Var; 31] = [
+    SCRIPT_RUNNER_TOKEN,
     EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
@@ -245,7 +249,10 @@ impl Config {
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let var = non_blank(get);
         let common = Common::from_lookup(&var)?;
-        let token = var("SCRIPT_RUNNER_TOKEN").ok_or(ConfigError::MissingToken)?;
+        let token = SCRIPT_RUNNER_TOKEN.get(&var);
+        if token.is_empty() {
+            return Err(ConfigError::MissingToken);
+        }
         if token.chars().count() < MIN_TOKEN_LEN {
             return Err(ConfigError::ShortToken(token.chars().count()));
         }
@@ -268,7 +275,7 @@ impl Config {
             health_addr: health_addr(&var)?,
             allowed_hosts,
             allowed_origins: allowed_origins(&var)?,
-            runtimes: RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?,
+            runtimes: RuntimeCatalog::from_lookup(&var)?,
             default_timeout_seconds,
             max_timeout_seconds,
             max_command_bytes,
@@ -385,6 +392,72 @@ fn health_addr(var: &impl Fn(&str) -> Option<String>) -> Result<Option<SocketAdd
 fn allowed_origins(var: &impl Fn(&str) -> Option<String>) -> Result<AllowedOrigins, VarError> {
     let raw = ALLOWED_ORIGINS.get(var);
     AllowedOrigins::parse(&raw).map_err(|e| VarError::new(ALLOWED_ORIGINS.name, &raw, e))
+}
+
+/// `ALLOWED_ORIGINS`, each as `canonical` writes it. A setting, so it lives
+/// with the config: `origin` (the check) and `http` use the config, and the
+/// config uses neither.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowedOrigins(Vec<String>);
+
+/// An `ALLOWED_ORIGINS` entry that is no origin.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0:?} is not an origin: write each as a browser sends it, scheme://host or \
+     scheme://host:port (e.g. https://claude.ai), with no path, user or wildcard"
+)]
+pub struct BadOrigin(pub String);
+
+impl AllowedOrigins {
+    /// Comma-separated origins; blank entries are skipped.
+    pub fn parse(raw: &str) -> Result<AllowedOrigins, BadOrigin> {
+        raw.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| canonical(s).ok_or_else(|| BadOrigin(s.to_owned())))
+            .collect::<Result<Vec<_>, _>>()
+            .map(AllowedOrigins)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether a request's `Origin` value names one of them. `null` (sandboxed
+    /// frames, `file:` pages) and anything that is no origin never do.
+    pub fn allows(&self, origin: &str) -> bool {
+        canonical(origin).is_some_and(|o| self.0.contains(&o))
+    }
+}
+
+/// An origin as RFC 6454 compares them: the scheme and host in lower case and
+/// the port written out (80 for `http`, 443 for `https` when left out), so
+/// `HTTPS://Claude.AI` and `https://claude.ai:443` are one origin. `None` for
+/// what no browser sends as an origin: no scheme or host, a user, a query, a
+/// path (a lone `/` is forgiven), `*`, `null`.
+pub fn canonical(value: &str) -> Option<String> {
+    let uri = Uri::try_from(value.trim()).ok()?;
+    let scheme = uri.scheme_str()?.to_ascii_lowercase();
+    let authority = uri.authority()?;
+    if authority.as_str().contains('@') || authority.host().is_empty() {
+        return None;
+    }
+    if uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+    {
+        return None;
+    }
+    let host = authority.host().to_ascii_lowercase();
+    let port = authority.port_u16().or(match scheme.as_str() {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    });
+    Some(match port {
+        Some(port) => format!("{scheme}://{host}:{port}"),
+        None => format!("{scheme}://{host}"),
+    })
 }
 
 /// `DEFAULT_TIMEOUT_SECONDS` and `MAX_TIMEOUT_SECONDS`. An operator who lowers
@@ -617,5 +690,57 @@ mod tests {
     fn lowering_only_the_cap_lowers_the_default_timeout_to_it() {
         let c = load(&[TOKEN, ("MAX_TIMEOUT_SECONDS", "60")]).expect("config");
         assert_eq!((c.default_timeout_seconds, c.max_timeout_seconds), (60, 60));
+    }
+
+    #[test]
+    fn origins_compare_by_scheme_host_and_port() {
+        let allowed = AllowedOrigins::parse(" https://claude.ai , http://localhost:6274,")
+            .expect("two origins");
+        for yes in [
+            "https://claude.ai",
+            "HTTPS://Claude.AI",
+            "https://claude.ai:443",
+            "http://localhost:6274",
+        ] {
+            assert!(allowed.allows(yes), "{yes}");
+        }
+        for no in [
+            "https://evil.example.com",
+            "http://claude.ai",
+            "https://claude.ai:8443",
+            "https://claude.ai.evil.example",
+            "https://evil@claude.ai",
+            "https://claude.ai/path",
+            "http://localhost",
+            "null",
+            "",
+            "claude.ai",
+        ] {
+            assert!(!allowed.allows(no), "{no}");
+        }
+        assert!(!AllowedOrigins::default().allows("https://claude.ai"));
+        let ipv6 = AllowedOrigins::parse("http://[::1]:3000").expect("an IPv6 origin");
+        assert!(ipv6.allows("http://[::1]:3000") && !ipv6.allows("http://[::1]:3001"));
+    }
+
+    #[test]
+    fn entries_that_are_no_origin_are_refused_by_name() {
+        for bad in [
+            "*",
+            "null",
+            "claude.ai",
+            "https://claude.ai/mcp",
+            "https://u@x.ai",
+        ] {
+            let e = AllowedOrigins::parse(&format!("https://ok.example,{bad}"))
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                e.as_deref()
+                    .is_some_and(|m| m.starts_with(&format!("{bad:?} is not an origin"))),
+                "{bad}: {e:?}"
+            );
+        }
+        assert!(AllowedOrigins::parse(" , ").is_ok_and(|a| a.is_empty()));
     }
 }

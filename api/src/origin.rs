@@ -18,79 +18,16 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 
+use crate::config::AllowedOrigins;
 use crate::http::{rpc_error, rpc_response};
 use crate::throttle::{self, Throttle};
 
 /// The longest part of a refused `Origin` quoted back in the answer and the log.
 const QUOTED_CHARS: usize = 200;
-
-/// `ALLOWED_ORIGINS`, each as `canonical` writes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AllowedOrigins(Vec<String>);
-
-/// An `ALLOWED_ORIGINS` entry that is no origin.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{0:?} is not an origin: write each as a browser sends it, scheme://host or \
-     scheme://host:port (e.g. https://claude.ai), with no path, user or wildcard"
-)]
-pub struct BadOrigin(pub String);
-
-impl AllowedOrigins {
-    /// Comma-separated origins; blank entries are skipped.
-    pub fn parse(raw: &str) -> Result<AllowedOrigins, BadOrigin> {
-        raw.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| canonical(s).ok_or_else(|| BadOrigin(s.to_owned())))
-            .collect::<Result<Vec<_>, _>>()
-            .map(AllowedOrigins)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether a request's `Origin` value names one of them. `null` (sandboxed
-    /// frames, `file:` pages) and anything that is no origin never do.
-    pub fn allows(&self, origin: &str) -> bool {
-        canonical(origin).is_some_and(|o| self.0.contains(&o))
-    }
-}
-
-/// An origin as RFC 6454 compares them: the scheme and host in lower case and
-/// the port written out (80 for `http`, 443 for `https` when left out), so
-/// `HTTPS://Claude.AI` and `https://claude.ai:443` are one origin. `None` for
-/// what no browser sends as an origin: no scheme or host, a user, a query, a
-/// path (a lone `/` is forgiven), `*`, `null`.
-pub fn canonical(value: &str) -> Option<String> {
-    let uri = Uri::try_from(value.trim()).ok()?;
-    let scheme = uri.scheme_str()?.to_ascii_lowercase();
-    let authority = uri.authority()?;
-    if authority.as_str().contains('@') || authority.host().is_empty() {
-        return None;
-    }
-    if uri
-        .path_and_query()
-        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
-    {
-        return None;
-    }
-    let host = authority.host().to_ascii_lowercase();
-    let port = authority.port_u16().or(match scheme.as_str() {
-        "http" => Some(80),
-        "https" => Some(443),
-        _ => None,
-    });
-    Some(match port {
-        Some(port) => format!("{scheme}://{host}:{port}"),
-        None => format!("{scheme}://{host}"),
-    })
-}
 
 /// What `require_allowed_origin` needs: the list, and the refusals' log budget.
 #[derive(Clone)]
@@ -161,58 +98,6 @@ fn forbidden(origin: &str, none_allowed: bool) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn origins_compare_by_scheme_host_and_port() {
-        let allowed = AllowedOrigins::parse(" https://claude.ai , http://localhost:6274,")
-            .expect("two origins");
-        for yes in [
-            "https://claude.ai",
-            "HTTPS://Claude.AI",
-            "https://claude.ai:443",
-            "http://localhost:6274",
-        ] {
-            assert!(allowed.allows(yes), "{yes}");
-        }
-        for no in [
-            "https://evil.example.com",
-            "http://claude.ai",
-            "https://claude.ai:8443",
-            "https://claude.ai.evil.example",
-            "https://evil@claude.ai",
-            "https://claude.ai/path",
-            "http://localhost",
-            "null",
-            "",
-            "claude.ai",
-        ] {
-            assert!(!allowed.allows(no), "{no}");
-        }
-        assert!(!AllowedOrigins::default().allows("https://claude.ai"));
-        let ipv6 = AllowedOrigins::parse("http://[::1]:3000").expect("an IPv6 origin");
-        assert!(ipv6.allows("http://[::1]:3000") && !ipv6.allows("http://[::1]:3001"));
-    }
-
-    #[test]
-    fn entries_that_are_no_origin_are_refused_by_name() {
-        for bad in [
-            "*",
-            "null",
-            "claude.ai",
-            "https://claude.ai/mcp",
-            "https://u@x.ai",
-        ] {
-            let e = AllowedOrigins::parse(&format!("https://ok.example,{bad}"))
-                .err()
-                .map(|e| e.to_string());
-            assert!(
-                e.as_deref()
-                    .is_some_and(|m| m.starts_with(&format!("{bad:?} is not an origin"))),
-                "{bad}: {e:?}"
-            );
-        }
-        assert!(AllowedOrigins::parse(" , ").is_ok_and(|a| a.is_empty()));
-    }
 
     #[test]
     fn a_long_origin_is_quoted_cut() {

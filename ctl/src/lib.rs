@@ -74,10 +74,10 @@ impl CtlError {
         match self {
             // A login refused (WRONGPASS, NOPERM) is no outage.
             CtlError::Pool(store::redis_pool::GetError::Backend(e)) => {
-                store::redis_pool::breaks_connection(e)
+                store::redis_error::breaks_connection(e)
             }
             CtlError::Pool(_) => true,
-            CtlError::Redis(e) => store::redis_pool::breaks_connection(e),
+            CtlError::Redis(e) => store::redis_error::breaks_connection(e),
             _ => false,
         }
     }

@@ -109,9 +109,12 @@ pub const REDIS_SENTINELS: Var = Var::new("REDIS_SENTINELS", "");
 pub const REDIS_SENTINEL_MASTER: Var = Var::new("REDIS_SENTINEL_MASTER", "mymaster");
 pub const REDIS_MIN_REPLICAS_ACK: Var = Var::new("REDIS_MIN_REPLICAS_ACK", "0");
 pub const REDIS_REPLICA_ACK_TIMEOUT_MS: Var = Var::new("REDIS_REPLICA_ACK_TIMEOUT_MS", "1000");
+/// Empty: the built-in catalogue (`runtimes::DEFAULT_RUNTIMES`) alone; entries
+/// replace or add to it, so its text is no default of the variable.
+pub const RUNTIME_IMAGES: Var = Var::new("RUNTIME_IMAGES", "");
 
-/// The variables both binaries read, with literal defaults.
-pub const COMMON_VARS: [Var; 11] = [
+/// The variables both binaries read, with their defaults (`""`: empty).
+pub const COMMON_VARS: [Var; 12] = [
     REDIS_URL,
     REDIS_KEY_PREFIX,
     TASK_RETENTION_SECONDS,
@@ -123,6 +126,7 @@ pub const COMMON_VARS: [Var; 11] = [
     REDIS_SENTINEL_MASTER,
     REDIS_MIN_REPLICAS_ACK,
     REDIS_REPLICA_ACK_TIMEOUT_MS,
+    RUNTIME_IMAGES,
 ];
 
 /// `raw` parsed as `T`, or `default` when unset or blank.

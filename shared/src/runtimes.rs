@@ -53,6 +53,14 @@ pub struct RuntimeCatalog {
 }
 
 impl RuntimeCatalog {
+    /// The catalogue `RUNTIME_IMAGES` makes, read through `var` (a binary's
+    /// lookup), as both binaries read it.
+    pub fn from_lookup(
+        var: &impl Fn(&str) -> Option<String>,
+    ) -> Result<RuntimeCatalog, RuntimeError> {
+        RuntimeCatalog::from_env_value(Some(&crate::envvar::RUNTIME_IMAGES.get(var)))
+    }
+
     /// The defaults, with `RUNTIME_IMAGES` (`name=image,name=image`) replacing or
     /// adding entries. `None` or an empty string keeps the defaults.
     pub fn from_env_value(value: Option<&str>) -> Result<RuntimeCatalog, RuntimeError> {

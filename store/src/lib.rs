@@ -8,6 +8,7 @@
 
 pub mod apikeys;
 pub mod jobs;
+pub mod redis_error;
 pub mod redis_pool;
 pub mod redis_setup;
 pub mod redis_target;

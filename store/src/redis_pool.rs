@@ -14,6 +14,7 @@ use shared::envvar::{
     ClientCertFiles, REDIS_CLIENT_CERT, REDIS_CLIENT_KEY, RedisSettings, ReplicaAck,
 };
 
+use crate::redis_error::{breaks_connection, says_not_primary};
 use crate::redis_target::Node;
 pub use crate::redis_target::RedisTarget;
 
@@ -287,40 +288,6 @@ fn moved() -> redis::RedisError {
         std::io::ErrorKind::ConnectionReset,
         "the sentinels name another Redis primary now; not sent to the old one",
     ))
-}
-
-/// Whether an error means the connection cannot be trusted any more (rather than
-/// Redis answering a command with an error): a connection-level failure, or
-/// the node no longer being the primary.
-pub fn breaks_connection(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
-        || is_not_primary(e)
-}
-
-/// Whether a reply is (or, for a transaction's, holds) an error saying the
-/// node is not the primary (see `is_not_primary`).
-fn says_not_primary(v: &Value) -> bool {
-    match v {
-        Value::ServerError(e) => NOT_PRIMARY.contains(&e.code()),
-        Value::Array(items) => items
-            .iter()
-            .any(|i| matches!(i, Value::ServerError(e) if NOT_PRIMARY.contains(&e.code()))),
-        _ => false,
-    }
-}
-
-/// The error codes of a node that is not (or no longer) a writable primary.
-const NOT_PRIMARY: [&str; 4] = ["READONLY", "UNBLOCKED", "MASTERDOWN", "NOREPLICAS"];
-
-/// Whether Redis refused because the node is not (or no longer) a writable
-/// primary: `READONLY` (a replica), `-UNBLOCKED` (a blocked read ended by a
-/// demotion), `MASTERDOWN` (a replica cut off from its primary), `NOREPLICAS`
-/// (a primary with fewer replicas than `min-replicas-to-write`).
-pub fn is_not_primary(e: &redis::RedisError) -> bool {
-    e.code().is_some_and(|c| NOT_PRIMARY.contains(&c))
 }
 
 impl ConnectionLike for Pooled {

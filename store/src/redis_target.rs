@@ -10,7 +10,7 @@
 //! and takes writes for seconds until the sentinels demote it, and those writes
 //! are lost when it resyncs. Here a connection is tied to the primary it was
 //! made for, and `is_current` tells a pool to drop it once the sentinels name
-//! another; see `redis_pool`.)
+//! another; see `redis_pool`, which builds on this module, not the other way.)
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -317,7 +317,7 @@ async fn follow(
                 let conn = slot.as_mut()?;
                 match ask(conn, master).await {
                     Ok(answer) => answer,
-                    Err(e) if crate::redis_pool::breaks_connection(&e) => {
+                    Err(e) if crate::redis_error::breaks_connection(&e) => {
                         tracing::debug!(error = %e, "a sentinel did not answer");
                         *slot = None;
                         None

@@ -14,6 +14,7 @@ use std::time::Duration;
 use common::Redis;
 use common::sentinel::{MASTER, Sentinels};
 use redis::AsyncCommands;
+use script_runner_store::redis_error;
 use script_runner_store::redis_pool::{self, RedisTarget};
 use shared::envvar::{RedisSettings, Sentinels as SentinelSettings};
 
@@ -144,7 +145,7 @@ async fn a_connection_to_a_node_that_is_now_a_replica_is_dropped() {
     let first = client_id(&mut conn).await;
     let refused: redis::RedisResult<()> = conn.set("k", "v").await;
     assert!(
-        refused.as_ref().is_err_and(redis_pool::is_not_primary),
+        refused.as_ref().is_err_and(redis_error::is_not_primary),
         "{refused:?}"
     );
     drop(conn);

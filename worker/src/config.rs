@@ -244,6 +244,10 @@ impl std::fmt::Debug for Config {
     }
 }
 
+/// Empty: the contents of `/etc/hostname` (`default_worker_name`).
+const WORKER_NAME: Var = Var::new("WORKER_NAME", "");
+/// Empty: the number of CPUs.
+const WORKER_CONCURRENCY: Var = Var::new("WORKER_CONCURRENCY", "");
 const TASKS_DIR: Var = Var::new("TASKS_DIR", "./tasks-data");
 const TASK_MEMORY_MB: Var = Var::new("TASK_MEMORY_MB", "1024");
 const TASK_CPUS: Var = Var::new("TASK_CPUS", "1");
@@ -271,9 +275,11 @@ const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
 const CACHE_MB_PER_OWNER: Var = Var::new("CACHE_MB_PER_OWNER", "1024");
 const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
 
-/// The worker's own variables with literal defaults (besides `shared`'s common
+/// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 25] = [
+pub const VARS: [Var; 27] = [
+    WORKER_NAME,
+    WORKER_CONCURRENCY,
     TASK_EGRESS_NETWORK,
     TASK_EGRESS_BRIDGE,
     EGRESS_PROXY_PORTS,
@@ -315,14 +321,17 @@ impl Config {
         let cpus_default = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let worker_name = var("WORKER_NAME").unwrap_or_else(default_worker_name);
+        let worker_name = match WORKER_NAME.get(&var) {
+            name if name.is_empty() => default_worker_name(),
+            name => name,
+        };
         if !worker_name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         {
             return Err(ConfigError::BadWorkerName(worker_name));
         }
-        let catalog = RuntimeCatalog::from_env_value(var("RUNTIME_IMAGES").as_deref())?;
+        let catalog = RuntimeCatalog::from_lookup(&var)?;
         let pool = PoolConfig::parse(
             &POOL_SIZE.get(&var),
             &catalog,
@@ -349,9 +358,11 @@ impl Config {
             redis: common.redis,
             keys: common.keys,
             worker_name,
+            // The default is computed (the CPUs), not the Var's text, so
+            // `parse_range` rather than `Var::range`.
             concurrency: parse_range(
-                "WORKER_CONCURRENCY",
-                var("WORKER_CONCURRENCY").as_deref(),
+                WORKER_CONCURRENCY.name,
+                Some(&WORKER_CONCURRENCY.get(&var)),
                 cpus_default as u64,
                 1,
                 1024,

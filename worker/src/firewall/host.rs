@@ -97,7 +97,7 @@ pub async fn iptables(args: &[&str]) -> Result<String, FirewallError> {
 /// The IPv4 addresses of the Redis hosts (`RedisTarget::hosts`: `REDIS_URL`'s,
 /// or the sentinels and every node they know), as `/32` ranges. Only host names
 /// are looked at: no password is ever logged.
-pub async fn redis_addresses(redis: &RedisTarget) -> Result<Vec<String>, FirewallError> {
+pub async fn redis_addresses(redis: &RedisTarget) -> Result<Vec<Ipv4Net>, FirewallError> {
     let hosts = redis.hosts().await.map_err(FirewallError::RedisHosts)?;
     let mut nets = Vec::new();
     for (host, port) in hosts {
@@ -108,7 +108,7 @@ pub async fn redis_addresses(redis: &RedisTarget) -> Result<Vec<String>, Firewal
             Err(error) => return Err(FirewallError::Resolve { host, error }),
         };
         nets.extend(addrs.filter_map(|a| match a.ip() {
-            IpAddr::V4(v4) => Some(format!("{v4}/32")),
+            IpAddr::V4(v4) => Some(Ipv4Net::from(v4)),
             IpAddr::V6(_) => None,
         }));
     }
@@ -140,7 +140,7 @@ fn parse_nameservers(conf: &str) -> Vec<Ipv4Addr> {
 }
 
 /// Every IPv4 subnet the host has an address in, e.g. its LAN (where Redis may live).
-pub async fn host_subnets() -> Result<Vec<String>, FirewallError> {
+pub async fn host_subnets() -> Result<Vec<Ipv4Net>, FirewallError> {
     // A failed `ip` must not read as "no subnets": that would install fewer
     // rejections and leave the host's own networks open to tasks. Nor may output
     // that does not read as `ip -j`'s: it is an error too.
@@ -233,8 +233,8 @@ fn inet6(links: &[Link]) -> Vec<String> {
 
 /// The networks of the IPv4 addresses in `links`, loopback's left out, sorted
 /// and without repeats.
-fn subnets(links: &[Link]) -> Vec<String> {
-    let mut nets: Vec<String> = links
+fn subnets(links: &[Link]) -> Vec<Ipv4Net> {
+    let mut nets: Vec<Ipv4Net> = links
         .iter()
         .flat_map(|l| &l.addr_info)
         // A point-to-point address is left out, as the text listing left it
@@ -246,7 +246,7 @@ fn subnets(links: &[Link]) -> Vec<String> {
             let (addr, len) = a.own("inet")?;
             let net = Ipv4Net::new(addr.parse().ok()?, len).ok()?;
             // The network the address is in, not the address: 192.0.2.0/24.
-            (!net.addr().is_loopback()).then(|| net.trunc().to_string())
+            (!net.addr().is_loopback()).then_some(net.trunc())
         })
         .collect();
     nets.sort();
@@ -262,13 +262,18 @@ mod tests {
         read_links(&["-j"], json).expect("`ip -j` output")
     }
 
+    /// Networks as `iptables-save` prints a rule's `-d`.
+    fn shown(nets: &[Ipv4Net]) -> Vec<String> {
+        nets.iter().map(Ipv4Net::to_string).collect()
+    }
+
     #[test]
     fn host_subnets_are_networks_not_addresses() {
         // `ip -j -4 addr show` as iproute2 6.1 prints it (one line), with a
         // point-to-point address, an impossible prefix and a /0 added.
         let out = r#"[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK","UP","LOWER_UP"],"mtu":65536,"qdisc":"noqueue","operstate":"UNKNOWN","group":"default","txqlen":1000,"addr_info":[{"family":"inet","local":"127.0.0.1","prefixlen":8,"scope":"host","label":"lo","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":2,"ifname":"eth0","flags":["BROADCAST","MULTICAST","UP","LOWER_UP"],"mtu":1500,"qdisc":"pfifo_fast","operstate":"UP","group":"default","txqlen":1000,"addr_info":[{"family":"inet","local":"192.0.2.2","prefixlen":24,"broadcast":"192.0.2.255","scope":"global","label":"eth0","valid_life_time":4294967295,"preferred_life_time":4294967295},{"family":"inet","local":"192.0.2.9","prefixlen":24,"broadcast":"192.0.2.255","scope":"global","secondary":true,"label":"eth0","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":3,"ifname":"docker0","flags":["NO-CARRIER","BROADCAST","MULTICAST","UP"],"mtu":1500,"qdisc":"noqueue","operstate":"DOWN","group":"default","addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16,"broadcast":"172.17.255.255","scope":"global","label":"docker0","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":4,"ifname":"wg0","flags":["POINTOPOINT","NOARP","UP","LOWER_UP"],"mtu":1420,"qdisc":"noqueue","operstate":"UNKNOWN","group":"default","txqlen":1000,"addr_info":[{"family":"inet","local":"10.9.0.1","address":"10.9.0.2","prefixlen":32,"scope":"global","label":"wg0","valid_life_time":4294967295,"preferred_life_time":4294967295}]},{"ifindex":5,"ifname":"odd0","addr_info":[{"family":"inet","local":"10.8.0.1","prefixlen":33,"scope":"global","label":"odd0"}]},{"ifindex":6,"ifname":"all0","addr_info":[{"family":"inet","local":"198.51.100.7","prefixlen":0,"scope":"global","label":"all0"}]}]"#;
         assert_eq!(
-            subnets(&links(out)),
+            shown(&subnets(&links(out))),
             ["0.0.0.0/0", "172.17.0.0/16", "192.0.2.0/24"]
         );
     }
@@ -277,7 +282,7 @@ mod tests {
     fn interfaces_and_addresses_a_filter_left_out_are_empty_objects() {
         // `ip -j -4 addr show type bridge` on a host with lo and eth0 besides.
         let out = r#"[{},{},{"ifindex":5,"ifname":"docker0","flags":["NO-CARRIER","BROADCAST","MULTICAST","UP"],"mtu":1500,"qdisc":"noqueue","operstate":"DOWN","group":"default","addr_info":[{"family":"inet","local":"172.17.0.1","prefixlen":16,"broadcast":"172.17.255.255","scope":"global","label":"docker0","valid_life_time":4294967295,"preferred_life_time":4294967295},{}]}]"#;
-        assert_eq!(subnets(&links(out)), ["172.17.0.0/16"]);
+        assert_eq!(shown(&subnets(&links(out))), ["172.17.0.0/16"]);
         assert!(subnets(&links("[]")).is_empty());
     }
 
@@ -313,9 +318,15 @@ mod tests {
     async fn the_redis_address_is_blocked_even_when_public() {
         let at = |url: &str| RedisTarget::url(url).expect("a Redis URL");
         let nets = redis_addresses(&at("rediss://worker:secret@203.0.113.7:6380")).await;
-        assert_eq!(nets.ok(), Some(vec!["203.0.113.7/32".to_owned()]));
+        assert_eq!(
+            nets.ok().as_deref().map(shown),
+            Some(vec!["203.0.113.7/32".to_owned()])
+        );
         let nets = redis_addresses(&at("redis://127.0.0.1")).await;
-        assert_eq!(nets.ok(), Some(vec!["127.0.0.1/32".to_owned()]));
+        assert_eq!(
+            nets.ok().as_deref().map(shown),
+            Some(vec!["127.0.0.1/32".to_owned()])
+        );
         let nets = redis_addresses(&at("redis+unix:///run/redis.sock")).await;
         assert_eq!(nets.ok(), Some(vec![]));
     }

@@ -39,7 +39,7 @@ use tokio::sync::Mutex;
 use crate::metrics::Metrics;
 use host::{ensure_jump, iptables, restore, save};
 pub use rules::{BLOCKED, FWD_PREFIX, IN_PREFIX};
-use rules::{LEGACY_CHAINS, Wanted};
+use rules::{Destination, LEGACY_CHAINS, Wanted};
 
 /// How long a check (and its repair) may take before the rules count as not
 /// in place: a task never waits on a stuck `iptables` longer than this.
@@ -85,8 +85,9 @@ pub struct EgressDoor<'a> {
 /// connects from the host, where the rules do not apply) both refuse it.
 #[derive(Debug, Clone)]
 pub struct Refused {
-    subnets: Vec<String>,
-    extra: Vec<String>,
+    subnets: Vec<ipnet::Ipv4Net>,
+    /// The Redis hosts' addresses, then `TASK_BLOCKED_CIDRS` as written.
+    extra: Vec<Destination>,
 }
 
 impl Refused {
@@ -97,8 +98,12 @@ impl Refused {
         redis: &RedisTarget,
     ) -> Result<Refused, FirewallError> {
         let subnets = host::host_subnets().await?;
-        let mut extra = host::redis_addresses(redis).await?;
-        extra.extend(extra_blocked.iter().cloned());
+        let mut extra: Vec<Destination> = host::redis_addresses(redis)
+            .await?
+            .into_iter()
+            .map(Destination::Net)
+            .collect();
+        extra.extend(extra_blocked.iter().map(|e| Destination::parse(e)));
         Ok(Refused { subnets, extra })
     }
 
@@ -106,13 +111,11 @@ impl Refused {
     /// `TASK_BLOCKED_CIDRS` that is not one is skipped, with a warning).
     pub fn networks(&self) -> Vec<ipnet::Ipv4Net> {
         let mut out = BLOCKED.to_vec();
-        for n in self.subnets.iter().chain(&self.extra) {
-            match n
-                .parse::<ipnet::Ipv4Net>()
-                .or_else(|_| n.parse::<Ipv4Addr>().map(ipnet::Ipv4Net::from))
-            {
-                Ok(net) => out.push(net),
-                Err(_) => {
+        out.extend(&self.subnets);
+        for d in &self.extra {
+            match d {
+                Destination::Net(net) => out.push(*net),
+                Destination::Verbatim(n) => {
                     tracing::warn!(network = %n, "not an IPv4 network; the egress proxy skips it")
                 }
             }
@@ -271,4 +274,30 @@ async fn reinstall(wanted: &Wanted, listing: &str) -> Result<(), FirewallError> 
         ensure_jump(parent, &wanted.bridge, target).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_egress_proxy_refuses_every_network_the_rules_do_but_a_verbatim_entry() {
+        let net = |s: &str| s.parse::<ipnet::Ipv4Net>().expect("a network");
+        let refused = Refused {
+            subnets: vec![net("192.0.2.0/24")],
+            extra: ["203.0.113.7/32", "198.51.100.9/24", "example.com"]
+                .map(Destination::parse)
+                .to_vec(),
+        };
+        let networks = refused.networks();
+        assert_eq!(networks[..BLOCKED.len()], BLOCKED);
+        assert_eq!(
+            networks[BLOCKED.len()..],
+            [
+                net("192.0.2.0/24"),
+                net("203.0.113.7/32"),
+                net("198.51.100.9/24")
+            ]
+        );
+    }
 }

@@ -75,6 +75,33 @@ const fn net(a: u8, b: u8, c: u8, d: u8, len: u8) -> Ipv4Net {
     Ipv4Net::new_assert(Ipv4Addr::new(a, b, c, d), len)
 }
 
+/// One destination tasks may not reach, kept typed until `ruleset` writes it
+/// as `iptables-save` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// An IPv4 network; a bare address is its `/32`.
+    Net(Ipv4Net),
+    /// A `TASK_BLOCKED_CIDRS` entry that is neither: the worker does not
+    /// refuse that variable itself (docs/configuration.md), so the entry
+    /// reaches `iptables-restore` as written, which refuses it or prints back
+    /// another rule than the one written (a host name as its address); either
+    /// way the firewall is not in place and the worker does not start.
+    Verbatim(String),
+}
+
+impl Destination {
+    /// A `TASK_BLOCKED_CIDRS` entry: `a.b.c.d/len`, or `a.b.c.d` for one address.
+    pub fn parse(entry: &str) -> Destination {
+        entry
+            .parse::<Ipv4Net>()
+            .or_else(|_| entry.parse::<Ipv4Addr>().map(Ipv4Net::from))
+            .map_or_else(
+                |_| Destination::Verbatim(entry.to_owned()),
+                Destination::Net,
+            )
+    }
+}
+
 /// Every rule and jump one worker installs for its bridge, each line as
 /// `iptables-save` prints it, so a listing compares line by line.
 #[derive(Debug)]
@@ -91,7 +118,12 @@ pub struct Wanted {
 }
 
 impl Wanted {
-    pub fn new(bridge: &str, dns: &[Ipv4Addr], subnets: &[String], extra: &[String]) -> Wanted {
+    pub fn new(
+        bridge: &str,
+        dns: &[Ipv4Addr],
+        subnets: &[Ipv4Net],
+        extra: &[Destination],
+    ) -> Wanted {
         let chain_in = format!("{IN_PREFIX}{bridge}");
         let chain_fwd = format!("{FWD_PREFIX}{bridge}");
         let rules = ruleset(&chain_in, &chain_fwd, dns, subnets, extra);
@@ -367,8 +399,8 @@ fn ruleset(
     chain_in: &str,
     chain_fwd: &str,
     dns: &[Ipv4Addr],
-    subnets: &[String],
-    extra: &[String],
+    subnets: &[Ipv4Net],
+    extra: &[Destination],
 ) -> String {
     let mut r = String::new();
     r += &format!("-A {chain_in} -p tcp -j REJECT --reject-with tcp-reset\n");
@@ -378,13 +410,14 @@ fn ruleset(
             r += &format!("-A {chain_fwd} -d {ns}/32 -p {proto} -m {proto} --dport 53 -j RETURN\n");
         }
     }
-    for cidr in BLOCKED
+    for to in BLOCKED
         .iter()
-        .map(Ipv4Net::to_string)
-        .chain(subnets.iter().cloned())
+        .chain(subnets)
+        .copied()
+        .map(Destination::Net)
         .chain(extra.iter().cloned())
     {
-        let d = destination(&cidr);
+        let d = destination(&to);
         r += &format!("-A {chain_fwd}{d} -p tcp -j REJECT --reject-with tcp-reset\n");
         r += &format!("-A {chain_fwd}{d} -j REJECT --reject-with icmp-net-prohibited\n");
     }
@@ -393,15 +426,12 @@ fn ruleset(
 }
 
 /// ` -d <network>/<len>` as `iptables-save` prints it: the network address,
-/// `/32` for one address, nothing at all for `/0`. Anything else as given.
-fn destination(cidr: &str) -> String {
-    let net = cidr
-        .parse::<Ipv4Net>()
-        .or_else(|_| cidr.parse::<Ipv4Addr>().map(Ipv4Net::from));
-    match net {
-        Ok(net) if net.prefix_len() == 0 => String::new(),
-        Ok(net) => format!(" -d {}", net.trunc()),
-        Err(_) => format!(" -d {cidr}"),
+/// `/32` for one address, nothing at all for `/0`. A `Verbatim` entry as given.
+fn destination(to: &Destination) -> String {
+    match to {
+        Destination::Net(net) if net.prefix_len() == 0 => String::new(),
+        Destination::Net(net) => format!(" -d {}", net.trunc()),
+        Destination::Verbatim(entry) => format!(" -d {entry}"),
     }
 }
 
@@ -416,8 +446,8 @@ mod tests {
             "I",
             "F",
             &dns,
-            &["192.0.2.0/24".into()],
-            &["203.0.113.0/24".into()],
+            &[net(192, 0, 2, 0, 24)],
+            &[Destination::parse("203.0.113.0/24")],
         );
         let dns_at = r.find("-d 10.0.0.53/32 -p udp -m udp --dport 53 -j RETURN");
         let reject_at = r.find("-d 10.0.0.0/8 -p tcp -j REJECT");
@@ -512,8 +542,11 @@ mod tests {
         Wanted::new(
             "sr-tasks0",
             &[Ipv4Addr::new(10, 0, 0, 53)],
-            &["192.0.2.0/24".into()],
-            &["203.0.113.7".into(), "198.51.100.9/24".into()],
+            &[net(192, 0, 2, 0, 24)],
+            &[
+                Destination::parse("203.0.113.7"),
+                Destination::parse("198.51.100.9/24"),
+            ],
         )
     }
 
@@ -537,13 +570,34 @@ mod tests {
         assert!(w.forward.contains(
             &"-A SR-FWD-sr-tasks0 -d 198.51.100.0/24 -j REJECT --reject-with icmp-net-prohibited".into()
         ));
-        assert_eq!(destination("0.0.0.0/0"), "");
+        assert_eq!(destination(&Destination::parse("0.0.0.0/0")), "");
         assert_eq!(
             w.forward.last().map(String::as_str),
             Some("-A SR-FWD-sr-tasks0 -j RETURN")
         );
         // Another bridge's chain (which lets 10/8 out) is none of its business.
         assert_eq!(w.problems(&listing_of(&w, &[])), Vec::<String>::new());
+    }
+
+    #[test]
+    fn blocked_cidrs_entries_are_written_as_iptables_save_prints_them_or_as_given() {
+        // iptables-save prints a range's network address and `/32` for one
+        // address: a rule written so compares equal to the listing.
+        let d = |entry: &str| destination(&Destination::parse(entry));
+        assert_eq!(d("203.0.113.7"), " -d 203.0.113.7/32");
+        assert_eq!(d("203.0.113.7/32"), " -d 203.0.113.7/32");
+        assert_eq!(d("198.51.100.9/24"), " -d 198.51.100.0/24");
+        assert_eq!(d("0.0.0.0/0"), "");
+        // No IPv4 network: handed to iptables-restore as written, to refuse.
+        for bad in [
+            "example.com",
+            "10.0.0.0/255.0.0.0",
+            "10.0.0.0/33",
+            "fd00::/8",
+        ] {
+            assert_eq!(Destination::parse(bad), Destination::Verbatim(bad.into()));
+            assert_eq!(d(bad), format!(" -d {bad}"));
+        }
     }
 
     #[test]
