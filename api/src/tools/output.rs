@@ -120,28 +120,9 @@ impl From<ListedTask> for TaskSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::de::{IgnoredAny, MapAccess, Visitor};
     use shared::TaskRecord;
     use shared::egress::AllowList;
-
-    /// The keys of a JSON object, in the order they are written.
-    fn keys_in_order(json: &str) -> Result<Vec<String>, serde_json::Error> {
-        struct Keys;
-        impl<'de> Visitor<'de> for Keys {
-            type Value = Vec<String>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<String>, A::Error> {
-                let mut keys = Vec::new();
-                while let Some((key, IgnoredAny)) = map.next_entry::<String, IgnoredAny>()? {
-                    keys.push(key);
-                }
-                Ok(keys)
-            }
-        }
-        serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_str(json), Keys)
-    }
+    use testkit::json::keys_in_order;
 
     #[test]
     fn get_task_status_keeps_its_fields_and_their_order() -> Result<(), Box<dyn std::error::Error>>
