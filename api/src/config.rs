@@ -540,7 +540,10 @@ mod tests {
             (c.default_timeout_seconds, c.max_timeout_seconds),
             (300, 3600)
         );
-        assert_eq!(c.runtimes.image("python3.8"), Some("python:3.8-slim"));
+        assert_eq!(
+            c.runtimes.lookup("python3.8").map(|(_, i)| i),
+            Some("python:3.8-slim")
+        );
     }
 
     #[test]

@@ -355,7 +355,7 @@ fn running_task(
         task_id,
         state: r.state,
         worker: r.worker.clone().or(Some(consumer)),
-        runtime: r.runtime.clone(),
+        runtime: r.runtime.as_ref().map(ToString::to_string),
         runtime_seconds,
         seconds_since_last_output,
         timeout_seconds: r.timeout_seconds,
@@ -432,7 +432,7 @@ mod tests {
     #[test]
     fn task_json_is_the_api_status_then_the_operators_fields() -> Result<(), serde_json::Error> {
         let r = TaskRecord {
-            runtime: Some("python3.13".into()),
+            runtime: Some(shared::RuntimeName::from_stored("python3.13")),
             worker: Some("w1".into()),
             claimed_at: Some(500),
             ..TaskRecord::new(TaskState::Running)

@@ -28,5 +28,5 @@ pub use keys::{Field, Keys};
 pub use names::UnknownName;
 pub use owner::Owner;
 pub use record::{RecordError, TaskRecord};
-pub use runtimes::{RuntimeCatalog, RuntimeError};
+pub use runtimes::{RuntimeCatalog, RuntimeError, RuntimeName};
 pub use task::{ReasonKind, TaskState};

@@ -18,13 +18,14 @@ use crate::egress::{AllowList, EgressLog};
 use crate::keys::Field;
 use crate::options::{CacheUse, Network};
 use crate::owner::Owner;
+use crate::runtimes::RuntimeName;
 use crate::task::{ReasonKind, TaskState};
 
 /// A task record, typed. Timestamps are Unix milliseconds by Redis's clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskRecord {
     pub state: TaskState,
-    pub runtime: Option<String>,
+    pub runtime: Option<RuntimeName>,
     pub image: Option<String>,
     pub command: Option<String>,
     pub timeout_seconds: Option<u64>,
@@ -195,7 +196,10 @@ impl TaskRecord {
         let flag = |b: Option<bool>| b.map(|b| if b { b"1".to_vec() } else { b"0".to_vec() });
         match f {
             Field::State => Some(self.state.as_str().as_bytes().to_vec()),
-            Field::Runtime => text(&self.runtime),
+            Field::Runtime => self
+                .runtime
+                .as_ref()
+                .map(|r| r.as_str().as_bytes().to_vec()),
             Field::Image => text(&self.image),
             Field::Command => text(&self.command),
             Field::TimeoutSeconds => count(self.timeout_seconds),
@@ -259,7 +263,7 @@ impl TaskRecord {
         let text = || Some(String::from_utf8_lossy(v).into_owned());
         match f {
             Field::State => self.state = parse(f, v)?,
-            Field::Runtime => self.runtime = text(),
+            Field::Runtime => self.runtime = text().map(|n| RuntimeName::from_stored(&n)),
             Field::Image => self.image = text(),
             Field::Command => self.command = text(),
             Field::TimeoutSeconds => self.timeout_seconds = Some(parse(f, v)?),
@@ -335,7 +339,7 @@ mod tests {
 
     fn full() -> TaskRecord {
         TaskRecord {
-            runtime: Some("python3.13".into()),
+            runtime: Some(crate::RuntimeName::from_stored("python3.13")),
             image: Some("python:3.13".into()),
             command: Some("echo hi".into()),
             timeout_seconds: Some(60),

@@ -1,6 +1,8 @@
 //! The runtime catalogue: runtime name -> container image.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::fmt;
 
 /// The runtimes every deployment has unless `RUNTIME_IMAGES` says otherwise.
 pub const DEFAULT_RUNTIMES: [(&str, &str); 3] = [
@@ -46,10 +48,42 @@ pub enum ImageRefusal {
     },
 }
 
+/// A runtime's name (`python3.13`): what a client asks for, a task record
+/// stores, and a worker's catalogue and warm pool are keyed by. A catalogue
+/// makes one from a name it holds ([`RuntimeCatalog::lookup`]); a record's
+/// field is read back as one ([`RuntimeName::from_stored`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RuntimeName(String);
+
+impl RuntimeName {
+    /// A record's `runtime` field: what the api wrote from its catalogue.
+    /// Whether this worker's catalogue has it is [`RuntimeCatalog::resolve`]'s.
+    pub fn from_stored(name: &str) -> RuntimeName {
+        RuntimeName(name.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RuntimeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// So a catalogue is looked up by a client's text without making a name first.
+impl Borrow<str> for RuntimeName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Configured runtimes, sorted by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimeCatalog {
-    images: BTreeMap<String, String>,
+    images: BTreeMap<RuntimeName, String>,
 }
 
 impl RuntimeCatalog {
@@ -67,7 +101,7 @@ impl RuntimeCatalog {
         let mut catalog = RuntimeCatalog {
             images: DEFAULT_RUNTIMES
                 .iter()
-                .map(|(n, i)| ((*n).to_owned(), (*i).to_owned()))
+                .map(|(n, i)| (RuntimeName((*n).to_owned()), (*i).to_owned()))
                 .collect(),
         };
         catalog
@@ -97,7 +131,7 @@ impl RuntimeCatalog {
             if !name_ok {
                 return Err(RuntimeError::BadName(name.to_owned()));
             }
-            images.insert(name.to_owned(), image.to_owned());
+            images.insert(RuntimeName(name.to_owned()), image.to_owned());
         }
         Ok(RuntimeCatalog { images })
     }
@@ -110,14 +144,18 @@ impl RuntimeCatalog {
     /// runtime nor the runtime's default (what an api without an override
     /// records), so a record written by anything but an api that agrees with
     /// this worker cannot choose what runs.
-    pub fn resolve(&self, runtime: &str, recorded_image: &str) -> Result<&str, ImageRefusal> {
+    pub fn resolve(
+        &self,
+        runtime: &RuntimeName,
+        recorded_image: &str,
+    ) -> Result<&str, ImageRefusal> {
         let Some(image) = self.image(runtime) else {
             return Err(ImageRefusal::UnknownRuntime {
-                runtime: runtime.to_owned(),
+                runtime: runtime.to_string(),
                 known: self.names_list(),
             });
         };
-        let default = default_image(runtime);
+        let default = default_image(runtime.as_str());
         if recorded_image == image || default == Some(recorded_image) {
             return Ok(image);
         }
@@ -126,18 +164,25 @@ impl RuntimeCatalog {
             _ => format!("{image:?}"),
         };
         Err(ImageRefusal::ImageNotInCatalogue {
-            runtime: runtime.to_owned(),
+            runtime: runtime.to_string(),
             recorded: recorded_image.to_owned(),
             accepted,
         })
     }
 
-    pub fn image(&self, runtime: &str) -> Option<&str> {
+    pub fn image(&self, runtime: &RuntimeName) -> Option<&str> {
         self.images.get(runtime).map(String::as_str)
     }
 
+    /// The runtime a client named, and its image, if this catalogue has it.
+    pub fn lookup(&self, name: &str) -> Option<(&RuntimeName, &str)> {
+        self.images
+            .get_key_value(name)
+            .map(|(n, i)| (n, i.as_str()))
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.images.keys().map(String::as_str)
+        self.images.keys().map(RuntimeName::as_str)
     }
 
     /// `node24, python3.13, ...` for error messages and tool descriptions.
@@ -154,7 +199,10 @@ mod tests {
     fn defaults_are_the_three_spec_runtimes() {
         let c = RuntimeCatalog::from_env_value(None).ok();
         let c = c.as_ref();
-        assert_eq!(c.and_then(|c| c.image("node24")), Some("node:24-slim"));
+        assert_eq!(
+            c.and_then(|c| c.lookup("node24").map(|(_, i)| i)),
+            Some("node:24-slim")
+        );
         assert_eq!(
             c.map(|c| c.names_list()),
             Some("node24, python3.13, python3.8".to_owned())
@@ -165,12 +213,16 @@ mod tests {
     fn env_value_replaces_and_adds() {
         let c = RuntimeCatalog::from_env_value(Some("node24=local/node, ruby3=ruby:3")).ok();
         assert_eq!(
-            c.as_ref().and_then(|c| c.image("node24")),
+            c.as_ref().and_then(|c| c.lookup("node24").map(|(_, i)| i)),
             Some("local/node")
         );
-        assert_eq!(c.as_ref().and_then(|c| c.image("ruby3")), Some("ruby:3"));
         assert_eq!(
-            c.as_ref().and_then(|c| c.image("python3.8")),
+            c.as_ref().and_then(|c| c.lookup("ruby3").map(|(_, i)| i)),
+            Some("ruby:3")
+        );
+        assert_eq!(
+            c.as_ref()
+                .and_then(|c| c.lookup("python3.8").map(|(_, i)| i)),
             Some("python:3.8-slim")
         );
     }
@@ -179,10 +231,14 @@ mod tests {
     fn overrides_hold_only_what_the_variable_lists() {
         let o = RuntimeCatalog::overrides(Some("node24=mirror/node:24")).ok();
         assert_eq!(
-            o.as_ref().and_then(|c| c.image("node24")),
+            o.as_ref().and_then(|c| c.lookup("node24").map(|(_, i)| i)),
             Some("mirror/node:24")
         );
-        assert_eq!(o.as_ref().and_then(|c| c.image("python3.13")), None);
+        assert_eq!(
+            o.as_ref()
+                .and_then(|c| c.lookup("python3.13").map(|(_, i)| i)),
+            None
+        );
         assert_eq!(
             RuntimeCatalog::overrides(None)
                 .ok()
@@ -194,7 +250,12 @@ mod tests {
     #[test]
     fn a_worker_runs_its_own_image_and_accepts_only_the_default_or_its_override() {
         let c = RuntimeCatalog::from_env_value(Some("node24=mirror/node:24,ruby3=ruby:3")).ok();
-        let resolve = |r: &str, i: &str| c.as_ref().map(|c| c.resolve(r, i).map(str::to_owned));
+        let resolve = |r: &str, i: &str| {
+            c.as_ref().map(|c| {
+                c.resolve(&RuntimeName::from_stored(r), i)
+                    .map(str::to_owned)
+            })
+        };
         // The override runs whether the api recorded the default or the override.
         assert_eq!(
             resolve("node24", "node:24-slim"),

@@ -727,7 +727,7 @@ mod tests {
         match script {
             Script::Submit => {
                 let mut record = TaskRecord::new(TaskState::Queued);
-                record.runtime = Some("python3.13".into());
+                record.runtime = Some(crate::RuntimeName::from_stored("python3.13"));
                 record.network = Some(Network::None);
                 let s = Submit {
                     task_id: "t",

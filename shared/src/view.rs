@@ -137,7 +137,11 @@ impl StatusView {
             exit_code: r.exit_code,
             reason: r.reason.clone().filter(|_| ended),
             reason_kind: r.reason_kind.filter(|_| ended),
-            runtime: r.runtime.clone().unwrap_or_default(),
+            runtime: r
+                .runtime
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
             runtime_seconds,
             seconds_since_last_output,
             stdout_tail: stdout.text,
@@ -166,7 +170,7 @@ mod tests {
     #[test]
     fn a_finished_task_reads_its_clock_times_and_tails_from_the_record() {
         let r = TaskRecord {
-            runtime: Some("python3.13".into()),
+            runtime: Some(crate::RuntimeName::from_stored("python3.13")),
             created_at: Some(0),
             started_at: Some(1_000),
             last_output_at: Some(2_000),

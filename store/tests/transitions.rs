@@ -168,7 +168,7 @@ async fn queued_task(c: &mut MultiplexedConnection) {
 async fn queued_task_of(c: &mut MultiplexedConnection, owner: Option<&str>) {
     let _: () = c.del(&[TASK, ZIP, STDIN]).await.expect("del");
     let record = TaskRecord {
-        runtime: Some("python3.13".into()),
+        runtime: Some(shared::RuntimeName::from_stored("python3.13")),
         owner: owner.map(Owner::from_stored),
         ..TaskRecord::new(TaskState::Queued)
     };
@@ -419,7 +419,7 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
     let mut c = conn(&redis).await;
     let keys = keys();
     let record = TaskRecord {
-        runtime: Some("python3.13".into()),
+        runtime: Some(shared::RuntimeName::from_stored("python3.13")),
         command: Some("echo 'hi'".into()),
         timeout_seconds: Some(30),
         has_zip: Some(false),

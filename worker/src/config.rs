@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list, parse_range};
 use shared::zipcheck::ZipLimits;
-use shared::{Keys, RuntimeCatalog, RuntimeError};
+use shared::{Keys, RuntimeCatalog, RuntimeError, RuntimeName};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -167,7 +167,7 @@ pub struct PoolConfig {
 /// One runtime's share of the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolTarget {
-    pub runtime: String,
+    pub runtime: RuntimeName,
     pub image: String,
     pub size: usize,
 }
@@ -195,7 +195,7 @@ impl PoolConfig {
                 else {
                     return Err(bad(PoolSizeError::NotAPair(entry.to_owned())));
                 };
-                let Some(image) = catalog.image(runtime) else {
+                let Some((name, image)) = catalog.lookup(runtime) else {
                     return Err(bad(PoolSizeError::UnknownRuntime {
                         runtime: runtime.to_owned(),
                         known: catalog.names_list(),
@@ -211,12 +211,12 @@ impl PoolConfig {
                             count: n.to_owned(),
                         })
                     })?;
-                if sizes.iter().any(|t| t.runtime == runtime) {
+                if sizes.iter().any(|t| t.runtime.as_str() == runtime) {
                     return Err(bad(PoolSizeError::Twice(runtime.to_owned())));
                 }
                 if size > 0 {
                     sizes.push(PoolTarget {
-                        runtime: runtime.to_owned(),
+                        runtime: name.clone(),
                         image: image.to_owned(),
                         size,
                     });
@@ -561,7 +561,7 @@ mod tests {
         assert_eq!(
             c.pool.sizes,
             [PoolTarget {
-                runtime: "node24".into(),
+                runtime: RuntimeName::from_stored("node24"),
                 image: "mirror/node".into(),
                 size: 3
             }]

@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use shared::RuntimeName;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -89,7 +90,7 @@ struct Inner {
     config: PoolConfig,
     /// `TASKS_DIR/pool-<worker>`: every pool container's host directory.
     root: PathBuf,
-    idle: Mutex<HashMap<String, VecDeque<Warm>>>,
+    idle: Mutex<HashMap<RuntimeName, VecDeque<Warm>>>,
     /// Woken when a container was taken.
     taken: Notify,
     /// Whether containers get a cache mount directory.
@@ -125,7 +126,7 @@ impl Pool {
     /// refill starts at once. `None` means: start a cold one. Pool containers
     /// run this worker's catalogue image for their runtime (`PoolConfig::parse`
     /// takes it from the catalogue), the one a task of that runtime runs in.
-    pub fn take(&self, runtime: &str) -> Option<Warm> {
+    pub fn take(&self, runtime: &RuntimeName) -> Option<Warm> {
         let inner = &self.inner;
         let warm = {
             let mut idle = inner.lock();
@@ -136,7 +137,10 @@ impl Pool {
                 .iter()
                 .position(|w| w.born.elapsed() < inner.config.max_age)?;
             let warm = queue.remove(fresh);
-            inner.sandbox.metrics().set_pool_idle(runtime, queue.len());
+            inner
+                .sandbox
+                .metrics()
+                .set_pool_idle(runtime.as_str(), queue.len());
             warm
         };
         inner.taken.notify_one();
@@ -165,7 +169,7 @@ impl Pool {
                     let mut schedule = failed.take().map_or_else(retry_schedule, |(s, ..)| s);
                     let wait = schedule.next().unwrap_or(RETRY_MAX);
                     tracing::warn!(
-                        runtime,
+                        %runtime,
                         image,
                         "pool container not made; next try in {wait:?}"
                     );
@@ -189,7 +193,7 @@ impl Pool {
     }
 
     /// The first runtime short of its size, and its image.
-    fn next_missing(&self) -> Option<(String, String)> {
+    fn next_missing(&self) -> Option<(RuntimeName, String)> {
         let idle = self.inner.lock();
         self.inner
             .config
@@ -212,7 +216,7 @@ impl Pool {
 
     /// Creates and starts one container for `runtime`'s pool. False if it could
     /// not be made (logged).
-    async fn add(&self, runtime: &str, image: &str, stop: &CancellationToken) -> bool {
+    async fn add(&self, runtime: &RuntimeName, image: &str, stop: &CancellationToken) -> bool {
         let inner = &self.inner;
         let name = pool_container_name();
         let dir = inner.root.join(&name);
@@ -229,7 +233,7 @@ impl Pool {
         let cache_dir = inner.caches.then(|| dir.join("cache"));
         let spec = WarmSpec {
             name: &name,
-            runtime,
+            runtime: runtime.as_str(),
             image,
             source: &dir.join("src"),
             fifo: &dir.join("collect"),
@@ -251,13 +255,16 @@ impl Pool {
                     return true;
                 }
                 let mut idle = inner.lock();
-                let queue = idle.entry(runtime.to_owned()).or_default();
+                let queue = idle.entry(runtime.clone()).or_default();
                 queue.push_back(warm);
-                inner.sandbox.metrics().set_pool_idle(runtime, queue.len());
+                inner
+                    .sandbox
+                    .metrics()
+                    .set_pool_idle(runtime.as_str(), queue.len());
                 true
             }
             Err(e) => {
-                tracing::warn!(runtime, image, error = %e, "could not start a pool container");
+                tracing::warn!(%runtime, image, error = %e, "could not start a pool container");
                 remove_dir(dir).await;
                 false
             }
@@ -277,7 +284,7 @@ impl Pool {
                 self.inner
                     .sandbox
                     .metrics()
-                    .set_pool_idle(runtime, queue.len());
+                    .set_pool_idle(runtime.as_str(), queue.len());
                 old.extend(expired);
             }
             old
@@ -294,7 +301,10 @@ impl Pool {
             let mut idle = self.inner.lock();
             for (runtime, queue) in idle.iter() {
                 if !queue.is_empty() {
-                    self.inner.sandbox.metrics().set_pool_idle(runtime, 0);
+                    self.inner
+                        .sandbox
+                        .metrics()
+                        .set_pool_idle(runtime.as_str(), 0);
                 }
             }
             idle.drain().flat_map(|(_, q)| q).collect()
@@ -317,7 +327,7 @@ impl Pool {
 
 impl Inner {
     /// Only held for a lookup or a push, never across an await.
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Warm>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<RuntimeName, VecDeque<Warm>>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -18,7 +18,7 @@ use shared::options::{CacheUse, Network};
 use shared::scripts::{Ended, ScriptCall};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::task::{Outcome, RecordedEnd};
-use shared::{Field, Keys, Owner, RecordError};
+use shared::{Field, Keys, Owner, RecordError, RuntimeName};
 use store::scripts;
 use store::tasks::{TaskReadError, Tasks};
 
@@ -150,7 +150,7 @@ pub struct Job {
 /// What a worker needs of a task to run it.
 #[derive(Debug, Clone)]
 pub struct TaskSpec {
-    pub runtime: String,
+    pub runtime: RuntimeName,
     pub image: String,
     pub command: String,
     pub timeout_seconds: u64,
@@ -466,7 +466,7 @@ impl Queue {
         let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
         let need = |v, f| RecordError::required(v, f).map_err(corrupt);
         Ok(Some(TaskSpec {
-            runtime: need(r.runtime, Field::Runtime)?,
+            runtime: RecordError::required(r.runtime, Field::Runtime).map_err(corrupt)?,
             image: need(r.image, Field::Image)?,
             command: need(r.command, Field::Command)?,
             timeout_seconds: RecordError::required(r.timeout_seconds, Field::TimeoutSeconds)

@@ -58,7 +58,7 @@ impl ListedTask {
             task_id,
             created_ms,
             state: r.state,
-            runtime: r.runtime.unwrap_or_default(),
+            runtime: r.runtime.map(|n| n.to_string()).unwrap_or_default(),
             command: r.command.unwrap_or_default(),
             exit_code: r.exit_code,
             reason: r.reason,

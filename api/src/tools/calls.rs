@@ -62,9 +62,9 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
     ) -> Result<CallToolResponse, ToolError> {
         let who = allowed(&ctx, Scope::Run, "run_script")?;
         let cfg = &self.config;
-        let image =
+        let (runtime, image) =
             cfg.runtimes
-                .image(&input.runtime)
+                .lookup(&input.runtime)
                 .ok_or_else(|| ToolError::UnknownRuntime {
                     given: input.runtime.clone(),
                     allowed: cfg.runtimes.names_list(),
@@ -129,7 +129,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
         }
         let task_id = uuid::Uuid::new_v4().to_string();
         let record = TaskRecord {
-            runtime: Some(input.runtime.clone()),
+            runtime: Some(runtime.clone()),
             image: Some(image.to_owned()),
             command: Some(command),
             timeout_seconds: Some(timeout_seconds),
@@ -182,7 +182,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             }
         }
         let owner = who.owner();
-        tracing::info!(%task_id, %owner, runtime = %input.runtime, timeout_seconds, "task queued");
+        tracing::info!(%task_id, %owner, %runtime, timeout_seconds, "task queued");
         // A client that declared the tasks extension gets a task handle (only now
         // that the record exists, so tasks/get on any replica finds it).
         if ctx

@@ -165,7 +165,9 @@ pub(super) async fn supervise(
         }
         output.drain(&mut tails).await;
     }
-    sandbox.metrics().task_ran(&spec.runtime, started.elapsed());
+    sandbox
+        .metrics()
+        .task_ran(spec.runtime.as_str(), started.elapsed());
     let outcome = match end {
         End::Exited(exit) => {
             let l = sandbox.limits();
