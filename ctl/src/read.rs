@@ -305,7 +305,9 @@ impl Reader {
         let mut pipe = redis::pipe();
         tasks.add_read(&mut pipe, task_id, Field::ALL);
         pipe.cmd("TIME");
-        tasks.add_ttl(&mut pipe, task_id);
+        // Its time to live: -2 when there is no such task, -1 while it runs
+        // and has none yet. Key metadata, not a field: the ctl's alone.
+        pipe.ttl(self.keys.task(task_id));
         let (values, time, ttl): (Values, (i64, i64), i64) = pipe.query_async(&mut conn).await?;
         let record = Tasks::record(task_id, Field::ALL, values)?
             .ok_or_else(|| CtlError::NoSuchTask(task_id.to_owned()))?;

@@ -202,6 +202,15 @@ impl Stack {
         name: &str,
         extra: &[(&str, &str)],
     ) -> WorkerProcess {
+        // A process reads its settings from variables only: a test resolver
+        // cannot reach it, so such a stack's process workers would use DNS.
+        assert!(
+            matches!(
+                self.egress_resolver,
+                script_runner_worker::egress::Resolver::Dns
+            ),
+            "a worker process cannot take the stack's egress resolver"
+        );
         let name = &self.worker(name);
         let bin = binary("script-runner-worker", "SCRIPT_RUNNER_WORKER_BIN");
         let child = Command::new(&bin)

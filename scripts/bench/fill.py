@@ -53,7 +53,7 @@ class Filler:
                 raise
 
     def _record(self) -> dict[str, Any]:
-        """The new record's fields, as api/src/store.rs `submit` writes them."""
+        """The new record's fields, as api/src/db/submit.rs `submit` writes them."""
         return {
             Field.STATE: "queued", Field.RUNTIME: self.runtime, Field.IMAGE: self.image, Field.COMMAND: COMMAND,
             Field.TIMEOUT_SECONDS: TIMEOUT_SECONDS, Field.HAS_ZIP: 0, Field.HAS_STDIN: 0, Field.NETWORK: "internet", Field.CACHE: "owner",
@@ -68,7 +68,7 @@ class Filler:
         while len(ids) < n:
             chunk = [str(uuid.uuid4()) for _ in range(min(batch, n - len(ids)))]
             pipe = self.r.pipeline(transaction=False)
-            for i in chunk:  # run_script: api/src/store.rs `submit`
+            for i in chunk:  # run_script: api/src/db/submit.rs `submit`
                 keys = {"task": k.task(i), "zip": k.task_zip(i), "stdin": k.task_stdin(i), "stats": k.stats(),
                         "jobs": k.jobs(), "index": k.task_index(), "owner_active": k.owner_active(""),
                         "owner_cpu": k.owner_cpu(""), "owner_index": k.owner_tasks("")}  # fmt: skip

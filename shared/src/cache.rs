@@ -7,20 +7,17 @@ use std::borrow::Cow;
 
 use sha2::{Digest, Sha256};
 
-use crate::owner::Owner;
+use crate::owner::{ADMIN_NAME, Owner};
 
 /// The field of `Keys::cache_clears` that clears every owner's cache.
 pub const ALL_OWNERS: &str = "*";
 
-/// The cache name of the admin key's tasks (which have no owner).
-const ADMIN: &str = "(admin)";
-
-/// An owner's cache name: the SHA-256 (hex) of its stored name (`ADMIN` for
+/// An owner's cache name: the SHA-256 (hex) of its stored name (`ADMIN_NAME` for
 /// the admin), so any owner (`oauth:<sub>`, an API key's name, the admin) is a
 /// safe directory name and a field the ctl can compute from the name alone.
 pub fn owner_id(owner: &Owner) -> String {
     let name = match owner {
-        Owner::Admin => Cow::Borrowed(ADMIN),
+        Owner::Admin => Cow::Borrowed(ADMIN_NAME),
         other => other.as_stored(),
     };
     Sha256::digest(name.as_bytes())

@@ -22,6 +22,10 @@ pub enum Owner {
     OAuth(String),
 }
 
+/// How the admin is shown (and the name its dependency cache is named from,
+/// `cache::owner_id`, so it must not change).
+pub const ADMIN_NAME: &str = "(admin)";
+
 /// The admin, for code that needs a `&'static Owner`.
 pub static ADMIN: Owner = Owner::Admin;
 
@@ -78,7 +82,7 @@ impl Owner {
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Owner::Admin => f.write_str("(admin)"),
+            Owner::Admin => f.write_str(ADMIN_NAME),
             other => f.write_str(&other.as_stored()),
         }
     }

@@ -423,8 +423,8 @@ pub const KILL: &str = include_str!("lua/kill.lua");
 
 impl ScriptCall<KillReply> {
     /// Replies with `{state, killed}`: read as a [`KillReply`].
-    /// `owner`: the caller's (`None` for the admin key); another owner's task
-    /// is answered as missing.
+    /// `owner`: the caller (the admin sees every task, passed as `""`);
+    /// another owner's task is answered as missing.
     pub fn kill(
         keys: &Keys,
         task_id: &str,
@@ -606,7 +606,7 @@ pub const MISSING: &str = "missing";
 /// must stop) it.
 pub const NOT_OWNER: &str = "not-owner";
 
-/// What a state script (or a plain read of the `state` field) answers.
+/// What a state script answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskStateReply {
     /// No such task.
@@ -623,11 +623,6 @@ impl TaskStateReply {
             NOT_OWNER => Ok(TaskStateReply::NotOwner),
             _ => s.parse().map(TaskStateReply::State),
         }
-    }
-
-    /// A plain `HGET state` read: `None` is a missing task.
-    pub fn from_field(state: Option<&str>) -> Result<TaskStateReply, UnknownName> {
-        TaskStateReply::parse(state.unwrap_or(MISSING))
     }
 
     pub fn is_running(self) -> bool {
@@ -962,12 +957,8 @@ mod tests {
             Ok(TaskStateReply::NotOwner)
         );
         assert_eq!(
-            TaskStateReply::from_field(Some("timed-out")),
+            TaskStateReply::parse("timed-out"),
             Ok(TaskStateReply::State(TaskState::TimedOut))
-        );
-        assert_eq!(
-            TaskStateReply::from_field(None),
-            Ok(TaskStateReply::Missing)
         );
         assert!(TaskStateReply::parse("done").is_err());
     }

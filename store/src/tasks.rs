@@ -73,12 +73,6 @@ impl Tasks {
         }
     }
 
-    /// Appends task `id`'s time to live in seconds to `pipe` (`TTL`: -2 when
-    /// there is no such task, -1 while it runs and has none yet).
-    pub fn add_ttl(&self, pipe: &mut redis::Pipeline, id: &str) {
-        pipe.ttl(self.keys.task(id));
-    }
-
     /// The record an [`add_read`](Tasks::add_read) of `fields` replied with.
     pub fn record(
         id: &str,

@@ -9,7 +9,7 @@ use super::{Store, StoreError};
 
 impl Store {
     /// Kills a queued or running task. `None` if there is no such task, or
-    /// (`owner` given) it is another owner's; otherwise its state after the
+    /// (`owner` not the admin) it is another owner's; otherwise its state after the
     /// call and whether this call killed it. The owner is checked in the same
     /// script, so another owner's task is never touched.
     pub async fn kill(

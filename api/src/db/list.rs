@@ -75,7 +75,7 @@ impl Store {
     /// Examines at most `max_examined` index entries, so a rare filter costs a
     /// bounded amount per call: the page may then be short, with a cursor to go on.
     /// Index entries whose record expired are dropped on the way.
-    /// `owner`: only that owner's tasks (its own index); `None`: everyone's.
+    /// `owner`: only that owner's tasks (its own index); the admin: everyone's.
     pub async fn list(
         &self,
         owner: &Owner,

@@ -42,7 +42,7 @@ pub enum StoreError {
         source: RecordError,
     },
     /// A script replied with something this version does not know.
-    #[error("the {script} script replied {reply:?}, which this version does not know")]
+    #[error("the {script} script replied {reply}, which this version does not know")]
     Reply { script: &'static str, reply: String },
     #[error(transparent)]
     BuildPool(#[from] store::redis_pool::PoolError),
