@@ -132,6 +132,8 @@ const RUNNING_FIELDS: [Field; 8] = [
 pub struct Reader {
     pub(crate) pool: Pool,
     pub(crate) keys: Keys,
+    /// The task records, read through the store's one repository.
+    tasks: Tasks,
 }
 
 impl Reader {
@@ -139,6 +141,7 @@ impl Reader {
         Ok(Reader {
             pool: config.pool(2).await?,
             keys: config.keys.clone(),
+            tasks: Tasks::new(config.keys.clone()),
         })
     }
 
@@ -267,7 +270,8 @@ impl Reader {
         // Jobs acknowledged (and deleted) since XPENDING listed them leave
         // nothing to read.
         let task_ids: Vec<&str> = ids.iter().map(|(id, _)| id.as_str()).collect();
-        let records = Tasks::new(self.keys.clone())
+        let records = self
+            .tasks
             .read_many(conn, &task_ids, &RUNNING_FIELDS)
             .await?;
         let mut running: Vec<RunningTask> = ids
@@ -301,9 +305,8 @@ impl Reader {
     pub async fn task(&self, task_id: &str, tail_bytes: usize) -> Result<TaskView, CtlError> {
         let mut conn = self.pool.get().await?;
         // The record, the clock and its time to live, all in one round trip.
-        let tasks = Tasks::new(self.keys.clone());
         let mut pipe = redis::pipe();
-        tasks.add_read(&mut pipe, task_id, Field::ALL);
+        self.tasks.add_read(&mut pipe, task_id, Field::ALL);
         pipe.cmd("TIME");
         // Its time to live: -2 when there is no such task, -1 while it runs
         // and has none yet. Key metadata, not a field: the ctl's alone.
