@@ -2,6 +2,7 @@
 //! variable with its default; docs/configuration.md explains each.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Uri;
@@ -11,6 +12,7 @@ use shared::egress::Egress;
 
 use crate::oauth::{self, OAuthConfigError, OAuthSettings};
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
+use shared::spec::{KeyError, SpecSigner};
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError};
 
@@ -45,6 +47,13 @@ pub enum ConfigError {
     MissingToken,
     #[error("SCRIPT_RUNNER_TOKEN is {0} characters long; it must be at least {MIN_TOKEN_LEN}")]
     ShortToken(usize),
+    #[error(
+        "TASK_SIGNING_KEY is not set: the api signs every task's spec with it, and workers run \
+         only what it signed (make a key pair with `script-runner-ctl signing-key generate`)"
+    )]
+    MissingSigningKey,
+    #[error("TASK_SIGNING_KEY: {0}")]
+    SigningKey(#[source] KeyError),
     #[error(transparent)]
     Var(#[from] VarError),
     #[error("RUNTIME_IMAGES: {0}")]
@@ -81,6 +90,8 @@ pub enum ConfigError {
 pub struct Config {
     /// `SCRIPT_RUNNER_TOKEN`: the bearer token every `/mcp` request must carry.
     pub token: String,
+    /// `TASK_SIGNING_KEY`: signs each task's spec at submit (`shared::spec`).
+    pub signer: Arc<SpecSigner>,
     /// `REDIS_URL` or `REDIS_SENTINELS`, the client certificate, and
     /// `REDIS_MIN_REPLICAS_ACK`: where Redis is and what counts as acknowledged.
     pub redis: shared::envvar::RedisSettings,
@@ -159,6 +170,7 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print the token, nor the Redis password.
         f.debug_struct("Config")
+            .field("signing_key", &self.signer.key_id())
             .field(
                 "redis_url",
                 &store::redis_pool::redacted_url(&self.redis.url),
@@ -176,6 +188,8 @@ impl std::fmt::Debug for Config {
 
 /// Empty: none, and the api refuses to start (`ConfigError::MissingToken`).
 const SCRIPT_RUNNER_TOKEN: Var = Var::new("SCRIPT_RUNNER_TOKEN", "");
+/// Empty: none, and the api refuses to start (`ConfigError::MissingSigningKey`).
+const TASK_SIGNING_KEY: Var = Var::new("TASK_SIGNING_KEY", "");
 const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
 /// Empty: no health details listener.
 const HEALTH_ADDR: Var = Var::new("HEALTH_ADDR", "");
@@ -204,8 +218,9 @@ const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
 /// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 31] = [
+pub const VARS: [Var; 32] = [
     SCRIPT_RUNNER_TOKEN,
+    TASK_SIGNING_KEY,
     EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
@@ -256,6 +271,11 @@ impl Config {
         if token.chars().count() < MIN_TOKEN_LEN {
             return Err(ConfigError::ShortToken(token.chars().count()));
         }
+        let signing_key = TASK_SIGNING_KEY.get(&var);
+        if signing_key.is_empty() {
+            return Err(ConfigError::MissingSigningKey);
+        }
+        let signer = SpecSigner::from_base64(&signing_key).map_err(ConfigError::SigningKey)?;
         let (default_timeout_seconds, max_timeout_seconds) = timeouts(&var)?;
         let allowed_hosts = parse_list(Some(&ALLOWED_HOSTS.get(&var)), "");
         // An empty list would make rmcp accept every Host: refuse it instead.
@@ -269,6 +289,7 @@ impl Config {
         let http = http_limits(&var, needed)?;
         Ok(Config {
             token,
+            signer: Arc::new(signer),
             redis: common.redis,
             keys: common.keys,
             listen_addr: LISTEN_ADDR.parse(&var, "an address and port such as 0.0.0.0:8080")?,
@@ -486,10 +507,13 @@ mod tests {
 
     #[test]
     fn the_health_details_listener_is_loopback_only() {
-        let base = [(
-            "SCRIPT_RUNNER_TOKEN",
-            "a-token-that-is-long-enough-0123456789",
-        )];
+        let base = [
+            (
+                "SCRIPT_RUNNER_TOKEN",
+                "a-token-that-is-long-enough-0123456789",
+            ),
+            SIGNING_KEY,
+        ];
         let with = |v: &'static str| {
             let vars: Vec<(&str, &str)> =
                 base.iter().copied().chain([("HEALTH_ADDR", v)]).collect();
@@ -511,8 +535,37 @@ mod tests {
         }
     }
 
+    /// `vars`, with a signing key unless they give one.
     fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        Config::from_lookup(shared::envvar::lookup_of(vars))
+        let mut all = vars.to_vec();
+        if !vars.iter().any(|(k, _)| *k == SIGNING_KEY.0) {
+            all.push(SIGNING_KEY);
+        }
+        Config::from_lookup(shared::envvar::lookup_of(&all))
+    }
+
+    /// 32 bytes of 0x01, base64.
+    const SIGNING_KEY: (&str, &str) = (
+        "TASK_SIGNING_KEY",
+        "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=",
+    );
+
+    #[test]
+    fn refuses_to_start_without_a_signing_key_or_with_a_bad_one_naming_it() {
+        let missing = load(&[TOKEN, ("TASK_SIGNING_KEY", " ")]).err();
+        assert!(matches!(missing, Some(ConfigError::MissingSigningKey)));
+        let text = missing.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("signing-key generate"), "{text}");
+        for (bad, says) in [("not base64!", "is not base64"), ("AAAA", "holds 3 bytes")] {
+            let e = load(&[TOKEN, ("TASK_SIGNING_KEY", bad)]).err();
+            let text = e.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                text.starts_with("TASK_SIGNING_KEY: ") && text.contains(says),
+                "{text}"
+            );
+        }
+        let ok = load(&[TOKEN]).map(|c| c.signer.key_id().to_string());
+        assert_eq!(ok.map(|id| id.len()).ok(), Some(16));
     }
 
     const TOKEN: (&str, &str) = ("SCRIPT_RUNNER_TOKEN", "0123456789abcdef0123456789abcdef");

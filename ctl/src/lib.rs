@@ -26,6 +26,7 @@ pub mod functions;
 pub mod keys;
 pub mod read;
 pub mod render;
+pub mod signing;
 pub mod top;
 pub mod usage;
 

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use script_runner_ctl::functions::FunctionsAdmin;
 use script_runner_ctl::keys::{IssuedKey, KeyAdmin, render_list};
 use script_runner_ctl::read::{Reader, TaskView};
-use script_runner_ctl::{Config, cache, render, top, usage};
+use script_runner_ctl::{Config, cache, render, signing, top, usage};
 use shared::apikey::{Limits, Scopes};
 use shared::options::Networks;
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
@@ -66,6 +66,18 @@ enum Command {
     /// The workers' dependency caches (pip, npm) kept per owner.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// The key pair task specs are signed with (api) and verified by (workers).
+    /// Needs no Redis.
+    #[command(subcommand)]
+    SigningKey(SigningKeyCommand),
+}
+
+#[derive(Subcommand)]
+enum SigningKeyCommand {
+    /// A new key pair: TASK_SIGNING_KEY for the api, TASK_VERIFY_KEYS for the workers.
+    Generate,
+    /// The public key (TASK_VERIFY_KEYS) of the TASK_SIGNING_KEY read from stdin.
+    Public,
 }
 
 #[derive(Subcommand)]
@@ -135,6 +147,33 @@ enum KeysCommand {
     Rotate { name: String },
 }
 
+fn signing_key(cmd: SigningKeyCommand, json: bool) -> anyhow::Result<()> {
+    let generated = matches!(cmd, SigningKeyCommand::Generate);
+    let signer = match cmd {
+        SigningKeyCommand::Generate => signing::generate()?,
+        SigningKeyCommand::Public => {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            signing::from_line(&line)?
+        }
+    };
+    match (json, generated) {
+        (true, _) => {
+            let mut out = serde_json::json!({
+                "key_id": signer.key_id().to_string(),
+                "verify_key": signer.public_base64(),
+            });
+            if generated {
+                out["signing_key"] = signer.seed_base64().into();
+            }
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        (false, true) => print!("{}", signing::render_pair(&signer)),
+        (false, false) => println!("TASK_VERIFY_KEYS={}", signer.public_base64()),
+    }
+    Ok(())
+}
+
 fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.1, 3600.0))
 }
@@ -152,6 +191,9 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::SigningKey(cmd) = cli.command {
+        return signing_key(cmd, cli.json);
+    }
     let config = Config::from_env()?;
     if let Command::Keys(cmd) = cli.command {
         return keys(&config, cmd, cli.json).await;
@@ -198,7 +240,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let reader = Reader::new(&config).await?;
     match cli.command {
-        Command::Keys(_) | Command::Redis(_) | Command::Cache(_) => {}
+        Command::Keys(_) | Command::Redis(_) | Command::Cache(_) | Command::SigningKey(_) => {}
         Command::Status => {
             let s = reader.status().await?;
             if cli.json {

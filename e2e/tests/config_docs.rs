@@ -430,7 +430,12 @@ fn names_read() -> BTreeSet<String> {
     let seen = RefCell::new(BTreeSet::new());
     let record = |name: &str| {
         seen.borrow_mut().insert(name.to_owned());
-        (name == "SCRIPT_RUNNER_TOKEN").then(|| TOKEN.to_owned())
+        match name {
+            "SCRIPT_RUNNER_TOKEN" => Some(TOKEN.to_owned()),
+            "TASK_SIGNING_KEY" => Some(testkit::SIGNING_KEY.to_owned()),
+            "TASK_VERIFY_KEYS" => Some(testkit::VERIFY_KEY.to_owned()),
+            _ => None,
+        }
     };
     script_runner_api::Config::from_lookup(record).expect("api defaults load");
     script_runner_worker::Config::from_lookup(record).expect("worker defaults load");

@@ -359,9 +359,58 @@ pub enum Field {
     EgressAllow,
     /// What the egress proxy saw of an `allow` task: `EgressLog` as JSON.
     EgressLog,
+    /// The api's signature of the task's spec (`shared::spec`):
+    /// `<key id>:<base64 Ed25519 signature>`.
+    SpecSignature,
 }
 
 stored_names!(Field, parse "task record field");
+
+impl Field {
+    /// Whether the api signs the field (`shared::spec`): every field a worker
+    /// acts on, and that nothing changes after submit. No wildcard: a new field
+    /// is put on one side or the other before the code compiles.
+    pub const fn is_signed(self) -> bool {
+        match self {
+            Field::Runtime
+            | Field::Image
+            | Field::Command
+            | Field::TimeoutSeconds
+            | Field::HasZip
+            | Field::HasStdin
+            | Field::Env
+            | Field::Network
+            | Field::Collect
+            | Field::Owner
+            | Field::Cache
+            | Field::EgressAllow => true,
+            // Written after submit (by the worker, the reaper or a kill), or
+            // the signature itself.
+            Field::State
+            | Field::Files
+            | Field::CreatedAt
+            | Field::ClaimedAt
+            | Field::StartedAt
+            | Field::FinishedAt
+            | Field::LastOutputAt
+            | Field::Worker
+            | Field::Entry
+            | Field::Container
+            | Field::ExitCode
+            | Field::Reason
+            | Field::ReasonKind
+            | Field::StdoutTail
+            | Field::StderrTail
+            | Field::StdoutBytes
+            | Field::StderrBytes
+            | Field::UsageCpuMs
+            | Field::UsagePeakMemoryBytes
+            | Field::UsageWorkspaceBytes
+            | Field::EgressLog
+            | Field::SpecSignature => false,
+        }
+    }
+}
 
 /// The field of a jobs-stream entry that names the task.
 pub const JOB_TASK_ID: &str = "task_id";
@@ -462,6 +511,7 @@ mod tests {
                 "cache",
                 "egress_allow",
                 "egress_log",
+                "spec_signature",
             ]
         );
         for &f in Field::ALL {

@@ -17,6 +17,7 @@ pub mod owner;
 pub mod record;
 pub mod runtimes;
 pub mod scripts;
+pub mod spec;
 pub mod tail;
 pub mod task;
 pub mod time;

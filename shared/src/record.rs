@@ -66,6 +66,8 @@ pub struct TaskRecord {
     pub egress_allow: Option<AllowList>,
     /// What the egress proxy saw of an `allow` task.
     pub egress_log: Option<EgressLog>,
+    /// The api's signature of the spec (`shared::spec`), as stored.
+    pub spec_signature: Option<String>,
 }
 
 /// A field whose stored value does not read as its type. Names the field, so
@@ -128,6 +130,7 @@ impl TaskRecord {
             cache: None,
             egress_allow: None,
             egress_log: None,
+            spec_signature: None,
         }
     }
 
@@ -253,6 +256,7 @@ impl TaskRecord {
                 .egress_log
                 .as_ref()
                 .and_then(|l| serde_json::to_vec(l).ok()),
+            Field::SpecSignature => text(&self.spec_signature),
         }
     }
 
@@ -300,6 +304,7 @@ impl TaskRecord {
                 self.egress_allow = Some(list.ok_or_else(|| malformed(f, v))?);
             }
             Field::EgressLog => self.egress_log = Some(json(f, v)?),
+            Field::SpecSignature => self.spec_signature = text(),
         }
         Ok(())
     }
@@ -371,6 +376,7 @@ mod tests {
             cache: Some(CacheUse::None),
             egress_allow: crate::egress::AllowList::parse(&["pypi.org", "*.npmjs.org"]).ok(),
             egress_log: Some(crate::egress::EgressLog::default()),
+            spec_signature: Some("0011223344556677:c2ln".into()),
             ..TaskRecord::new(TaskState::Failed)
         }
     }

@@ -21,10 +21,11 @@
 //! `ScriptCall` with `store::scripts::invoke` (an `FCALL`).
 
 use crate::apikey::{ApiKeyField, Limits};
-use crate::keys::{Keys, WORKER_GROUP};
+use crate::keys::{Field, Keys, WORKER_GROUP};
 use crate::names::{UnknownName, stored_names};
 use crate::owner::Owner;
 use crate::record::TaskRecord;
+use crate::spec::{self, SpecSigner};
 use crate::task::{Outcome, ReasonKind, TaskState};
 use crate::usage::{CPU_LEDGER_WINDOW_MS, Usage};
 
@@ -140,6 +141,9 @@ pub struct Submit<'a> {
     /// Who submits it, with its quotas (none for the admin).
     pub owner: &'a Owner,
     pub limits: Limits,
+    /// The api's key: the record is stored with its spec signed
+    /// (`spec_signature`), so workers run it.
+    pub signer: &'a SpecSigner,
 }
 
 /// An owner's quota that refused a submit. Named in SUBMIT's reply as `as_str`.
@@ -260,7 +264,21 @@ impl ScriptCall<SubmitReply> {
                 cpu_ms.as_bytes(),
             ],
         );
-        for (field, value) in record.to_fields() {
+        // Signed here, from the very pairs the script stores, so no submit
+        // is unsigned and none signs other bytes than it writes.
+        let fields: Vec<_> = record
+            .to_fields()
+            .into_iter()
+            .filter(|(f, _)| *f != Field::SpecSignature)
+            .collect();
+        let signature = s.signer.sign(&spec::message(
+            id,
+            fields.iter().map(|(f, v)| (*f, v)),
+            s.zip,
+            s.stdin,
+        ));
+        let signed = (Field::SpecSignature, signature.into_bytes());
+        for (field, value) in fields.into_iter().chain([signed]) {
             call.args.push(field.as_str().as_bytes().to_vec());
             call.args.push(value);
         }
@@ -732,6 +750,7 @@ mod tests {
                     max_queued: 2,
                     owner: &Owner::Key("alice".into()),
                     limits: Limits::default(),
+                    signer: &crate::spec::SpecSigner::from_seed(&[1; 32]),
                 };
                 ScriptCall::submit(keys, &s, &record).untyped()
             }
@@ -893,7 +912,18 @@ mod tests {
             ("runtime", "python3.13"),
             ("network", "none"),
         ];
-        assert_eq!(pairs, expect.map(|(f, v)| (f.to_owned(), v.to_owned())));
+        let (signature, fields) = pairs.split_last().unwrap();
+        assert_eq!(fields, expect.map(|(f, v)| (f.to_owned(), v.to_owned())));
+        // Last, the signature of those very pairs, the id and the stdin.
+        assert_eq!(signature.0, "spec_signature");
+        let signer = crate::spec::SpecSigner::from_seed(&[1; 32]);
+        let verifier = crate::spec::SpecVerifier::from_list(&signer.public_base64()).unwrap();
+        let stored = fields.iter().map(|(f, v)| (f.parse::<Field>().unwrap(), v));
+        let message = crate::spec::message("t", stored, None, Some(b"in"));
+        assert_eq!(
+            verifier.verify(&message, Some(&signature.1)),
+            Ok(signer.key_id())
+        );
     }
 
     #[test]

@@ -106,6 +106,10 @@ pub enum ReasonKind {
     /// The worker refused the task's record: its runtime or image is not in the
     /// worker's catalogue (nothing was pulled or run).
     ImageRefused,
+    /// The worker refused the task's spec: its signature does not hold (a
+    /// record written or changed in Redis by anything but the api), so nothing
+    /// was pulled or run.
+    SpecRejected,
     /// The api withdrew the submit: Redis could not confirm it on
     /// `REDIS_MIN_REPLICAS_ACK` replicas in time, and the client was told to try
     /// again instead of being given the task's id.
@@ -400,6 +404,14 @@ impl Outcome {
         Outcome::failed(ReasonKind::ImageRefused, refusal.to_string())
     }
 
+    /// The worker refused the task's spec (see `spec::SpecRejection`).
+    pub fn spec_rejected(rejection: &crate::spec::SpecRejection) -> Outcome {
+        Outcome::failed(
+            ReasonKind::SpecRejected,
+            format!("not run: {rejection}; only specs the api signed run"),
+        )
+    }
+
     /// The container had started when the worker lost track of it.
     pub fn container_lost(error: impl fmt::Display) -> Outcome {
         Outcome::failed(
@@ -493,6 +505,7 @@ mod tests {
                 "disk-full",
                 "process-limit",
                 "image-refused",
+                "spec-rejected",
                 "not-replicated",
             ]
         );

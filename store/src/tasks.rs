@@ -49,6 +49,16 @@ impl EventMark {
     }
 }
 
+/// A task as a worker is about to run it: what it read of the record, the
+/// task's zip and stdin, and the message the record's spec signature must
+/// sign, built from the very bytes read (`shared::spec::message`).
+pub struct SpecRead {
+    pub record: TaskRecord,
+    pub message: Vec<u8>,
+    pub zip: Option<Vec<u8>>,
+    pub stdin: Option<Vec<u8>>,
+}
+
 /// `XREVRANGE <events> + - COUNT 1`: the last entry, if any (its fields unread).
 type LastEvent = Vec<(String, redis::Value)>;
 
@@ -154,6 +164,35 @@ impl Tasks {
                 now_ms: redis_time_ms(time),
             };
             (timed, mark)
+        }))
+    }
+
+    /// Task `id`'s `fields` (which should hold every signed field and
+    /// `Field::SpecSignature`), its zip and its stdin, in one round trip, for
+    /// the worker to verify before it acts on any of them; `None` if there is
+    /// no such task.
+    pub async fn read_spec(
+        &self,
+        conn: &mut impl ConnectionLike,
+        id: &str,
+        fields: &[Field],
+    ) -> Result<Option<SpecRead>, TaskReadError> {
+        let mut pipe = redis::pipe();
+        self.add_read(&mut pipe, id, fields);
+        pipe.cmd("GET").arg(self.keys.task_zip(id));
+        pipe.cmd("GET").arg(self.keys.task_stdin(id));
+        let (values, zip, stdin): (Values, Option<Vec<u8>>, Option<Vec<u8>>) =
+            pipe.query_async(conn).await?;
+        let stored = fields
+            .iter()
+            .zip(&values)
+            .filter_map(|(&f, v)| v.as_ref().map(|v| (f, v)));
+        let message = shared::spec::message(id, stored, zip.as_deref(), stdin.as_deref());
+        Ok(Tasks::record(id, fields, values)?.map(|record| SpecRead {
+            record,
+            message,
+            zip,
+            stdin,
         }))
     }
 

@@ -389,6 +389,7 @@ async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
         max_queued: 10,
         owner: &Owner::Admin,
         limits: Limits::default(),
+        signer: signer(),
     };
     let record = TaskRecord::new(TaskState::Queued);
     let queued = run(&mut c, ScriptCall::submit(&keys, &submit, &record)).await;
@@ -438,6 +439,7 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         max_queued: 1,
         owner: &Owner::Admin,
         limits: Limits::default(),
+        signer: signer(),
     };
     let _queued = run(&mut c, ScriptCall::submit(&keys, &submit("a"), &record)).await;
     let hash: std::collections::HashMap<String, Vec<u8>> =
@@ -446,9 +448,15 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         .expect("well-formed")
         .expect("a record");
     assert!(back.created_at.is_some_and(|t| t > 0));
+    // Stored signed: the signature holds over what was stored.
+    let verifier = shared::spec::SpecVerifier::from_list(&signer().public_base64()).unwrap();
+    let message = shared::spec::message("a", record.to_fields(), None, None);
+    let signature = back.spec_signature.as_deref();
+    assert_eq!(verifier.verify(&message, signature), Ok(signer().key_id()));
     assert_eq!(
         TaskRecord {
             created_at: None,
+            spec_signature: None,
             ..back
         },
         record
@@ -460,7 +468,15 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
     assert!(!exists, "a refused task stores nothing");
 }
 
+/// The api's signer in these tests (what it signs is checked in `shared::spec`
+/// and, against a worker, in the e2e suite).
+fn signer() -> &'static shared::spec::SpecSigner {
+    static SIGNER: std::sync::OnceLock<shared::spec::SpecSigner> = std::sync::OnceLock::new();
+    SIGNER.get_or_init(|| shared::spec::SpecSigner::from_seed(&[1; 32]))
+}
+
 // Owners: quotas in SUBMIT, ownership in KILL, the API key scripts and usage.
+
 #[path = "transitions/owners.rs"]
 mod owners;
 

@@ -28,6 +28,12 @@ pub use redis_server::{DURABLE, Redis};
 /// The bearer token every test service is started with.
 pub const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
 
+/// The api's spec signing key in tests (`TASK_SIGNING_KEY`: 32 bytes of 0x01),
+/// and its public key, which every test worker verifies with
+/// (`TASK_VERIFY_KEYS`; `script-runner-ctl signing-key public` prints it).
+pub const SIGNING_KEY: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+pub const VERIFY_KEY: &str = "iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w=";
+
 /// The image the Python runtimes (python3.13, python3.8) map to in tests: no
 /// registry here, so it is built by scripts/build-test-image.sh (Debian trixie's
 /// Python 3.13 with pip and venv, like `python:3.13-slim`).
@@ -110,6 +116,8 @@ pub fn service_env(
     let (img, node) = (runtime_image(), node_image());
     let mut env: HashMap<String, String> = [
         ("SCRIPT_RUNNER_TOKEN", TOKEN.to_owned()),
+        ("TASK_SIGNING_KEY", SIGNING_KEY.to_owned()),
+        ("TASK_VERIFY_KEYS", VERIFY_KEY.to_owned()),
         ("REDIS_URL", redis.url()),
         ("REDIS_KEY_PREFIX", prefix.to_owned()),
         ("LISTEN_ADDR", "127.0.0.1:0".to_owned()),

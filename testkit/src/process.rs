@@ -117,6 +117,7 @@ impl ApiProcess {
         let listen = addr.to_string();
         let defaults = [
             ("SCRIPT_RUNNER_TOKEN", TOKEN),
+            ("TASK_SIGNING_KEY", crate::SIGNING_KEY),
             ("REDIS_URL", redis_url),
             ("REDIS_KEY_PREFIX", &prefix),
             ("LISTEN_ADDR", &listen),

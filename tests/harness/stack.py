@@ -38,6 +38,11 @@ RUNTIMES = ("node24", "python3.13", "python3.8")
 RUNTIME_IMAGES = f"node24={NODE_IMAGE},python3.13={IMAGE},python3.8={IMAGE}"
 API_BIN = "script-runner-api"
 WORKER_BIN = "script-runner-worker"
+# The api's spec signing key in tests (TASK_SIGNING_KEY: 32 bytes of 0x01), and
+# its public key, which every worker verifies with (TASK_VERIFY_KEYS); the same
+# pair as testkit's (`script-runner-ctl signing-key public` prints the second).
+SIGNING_KEY = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="
+VERIFY_KEY = "iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w="
 CTL_BIN = "script-runner-ctl"
 
 # The Docker label every task (and pool) container carries (worker/src/sandbox.rs).
@@ -400,6 +405,7 @@ class Stack:
         settings = self.redis_env() | {
             "REDIS_KEY_PREFIX": prefix,
             "WORKER_NAME": name,
+            "TASK_VERIFY_KEYS": VERIFY_KEY,
             "TASKS_DIR": str(tasks_dir),
             "RUNTIME_IMAGES": self.runtime_images,
         }
@@ -441,6 +447,7 @@ class Stack:
         prefix = prefix or self.prefix
         settings = self.redis_env() | {
             "SCRIPT_RUNNER_TOKEN": self.token,
+            "TASK_SIGNING_KEY": SIGNING_KEY,
             "REDIS_KEY_PREFIX": prefix,
             "LISTEN_ADDR": f"127.0.0.1:{port}",
             "RUNTIME_IMAGES": self.runtime_images,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list, parse_range};
+use shared::spec::SpecVerifier;
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError, RuntimeName};
 
@@ -16,6 +17,13 @@ pub enum ConfigError {
     Runtime(#[from] RuntimeError),
     #[error("WORKER_NAME {0:?} is not allowed: use letters, digits, '.', '-' and '_'")]
     BadWorkerName(String),
+    #[error(
+        "TASK_VERIFY_KEYS is not set: a worker runs only task specs the api signed, and this \
+         names the api's public key (`script-runner-ctl signing-key generate` makes a pair)"
+    )]
+    MissingVerifyKeys,
+    #[error("TASK_VERIFY_KEYS: {0}")]
+    VerifyKeys(#[source] shared::spec::KeyError),
     #[error("POOL_SIZE={value:?}: {why}")]
     PoolSize { value: String, why: PoolSizeError },
 }
@@ -116,6 +124,12 @@ pub struct Config {
     pub cache: CacheConfig,
     /// `EGRESS_*`: the egress proxy of allow-list tasks.
     pub egress: EgressConfig,
+    /// `TASK_VERIFY_KEYS`: the api's public keys (one, or two while rotating);
+    /// a task runs only if its spec is signed by one of them.
+    pub verifier: SpecVerifier,
+    /// `MAX_TIMEOUT_SECONDS`: this worker's own cap on a task's timeout,
+    /// whatever its record says.
+    pub max_timeout_seconds: u64,
 }
 
 /// The egress proxy (`crate::egress`).
@@ -274,11 +288,18 @@ const POOL_SIZE: Var = Var::new("POOL_SIZE", "python3.13=2,node24=1");
 const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
 const CACHE_MB_PER_OWNER: Var = Var::new("CACHE_MB_PER_OWNER", "1024");
 const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
+/// Empty: none, and the worker refuses to start (`ConfigError::MissingVerifyKeys`).
+const TASK_VERIFY_KEYS: Var = Var::new("TASK_VERIFY_KEYS", "");
+/// The api's variable of the same name and default: its cap on what a client
+/// may ask, here the worker's cap on what a record may say.
+const MAX_TIMEOUT_SECONDS: Var = Var::new("MAX_TIMEOUT_SECONDS", "3600");
 
 /// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 27] = [
+pub const VARS: [Var; 29] = [
     WORKER_NAME,
+    TASK_VERIFY_KEYS,
+    MAX_TIMEOUT_SECONDS,
     WORKER_CONCURRENCY,
     TASK_EGRESS_NETWORK,
     TASK_EGRESS_BRIDGE,
@@ -348,7 +369,14 @@ impl Config {
             return Err(e.into());
         }
         let egress = EgressConfig::from_lookup(&var)?;
+        let verify_keys = TASK_VERIFY_KEYS.get(&var);
+        if verify_keys.trim().is_empty() {
+            return Err(ConfigError::MissingVerifyKeys);
+        }
+        let verifier = SpecVerifier::from_list(&verify_keys).map_err(ConfigError::VerifyKeys)?;
         Ok(Config {
+            verifier,
+            max_timeout_seconds: MAX_TIMEOUT_SECONDS.range(&var, 1, 86_400)?,
             pool,
             egress,
             cache: CacheConfig {
@@ -504,8 +532,42 @@ fn default_worker_name() -> String {
 mod tests {
     use super::*;
 
+    /// `vars`, with a verify key unless they give one.
     fn load(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        Config::from_lookup(shared::envvar::lookup_of(vars))
+        let key = public_key(1);
+        let mut all = vars.to_vec();
+        if !vars.iter().any(|(k, _)| *k == "TASK_VERIFY_KEYS") {
+            all.push(("TASK_VERIFY_KEYS", &key));
+        }
+        Config::from_lookup(shared::envvar::lookup_of(&all))
+    }
+
+    fn public_key(seed: u8) -> String {
+        shared::spec::SpecSigner::from_seed(&[seed; 32]).public_base64()
+    }
+
+    #[test]
+    fn refuses_to_start_without_verify_keys_or_with_bad_ones_naming_them() {
+        assert!(matches!(
+            load(&[("TASK_VERIFY_KEYS", " ")]),
+            Err(ConfigError::MissingVerifyKeys)
+        ));
+        let (a, b, c) = (public_key(1), public_key(2), public_key(3));
+        let three = format!("{a},{b},{c}");
+        for (bad, says) in [
+            ("AAAA", "holds 3 bytes"),
+            ("%%%", "is not base64"),
+            (three.as_str(), "3 keys are listed"),
+        ] {
+            let text = refused(&[("TASK_VERIFY_KEYS", bad)]);
+            assert!(
+                text.starts_with("TASK_VERIFY_KEYS: ") && text.contains(says),
+                "{text}"
+            );
+        }
+        let two = format!("{a}, {b}");
+        let c = load(&[("TASK_VERIFY_KEYS", &two)]).expect("two keys");
+        assert_eq!(c.verifier.key_ids().len(), 2);
     }
 
     fn refused(vars: &[(&str, &str)]) -> String {

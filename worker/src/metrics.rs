@@ -166,6 +166,7 @@ struct Inner {
     firewall: Family<Unset, Gauge>,
     firewall_intact: Family<Unset, Gauge>,
     firewall_repairs: Counter,
+    specs_rejected: Counter,
     cache_lends: Family<ResultLabel, Counter>,
     cache_evicted_files: Counter,
     cache_evicted_owners: Counter,
@@ -217,6 +218,13 @@ impl Default for Metrics {
             "Times a check found the task firewall's rules or jumps missing or altered and \
              reinstalled them",
             firewall_repairs.clone(),
+        );
+        let specs_rejected = Counter::default();
+        registry.register(
+            "script_runner_worker_specs_rejected",
+            "Tasks refused because their spec's signature did not hold (a record written or \
+             changed in Redis by anything but the api); nothing of them ran",
+            specs_rejected.clone(),
         );
         let latency = Op::TIMED
             .into_iter()
@@ -313,6 +321,7 @@ impl Default for Metrics {
             firewall,
             firewall_intact,
             firewall_repairs,
+            specs_rejected,
             cache_lends,
             egress,
             cache_evicted_files,
@@ -403,6 +412,11 @@ impl Metrics {
     /// A check found the firewall missing or altered and reinstalled it.
     pub fn firewall_repaired(&self) {
         self.0.firewall_repairs.inc();
+    }
+
+    /// A task's spec did not verify (`shared::spec`): it ended `spec-rejected`.
+    pub fn spec_rejected(&self) {
+        self.0.specs_rejected.inc();
     }
 
     pub fn set_identity(&self, worker: &str, host: &str, version: &str, slots: usize) {
@@ -543,6 +557,7 @@ mod tests {
             "counter",
             &[],
         ),
+        ("script_runner_worker_specs_rejected_total", "counter", &[]),
         (
             "script_runner_worker_container_create_seconds",
             "histogram",

@@ -1,6 +1,7 @@
 //! The worker's view of Redis: the jobs stream (consumer group), the task hash
 //! transitions (Lua scripts from `shared`), zips and the heartbeat.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use shared::envvar::ReplicaAck;
@@ -17,10 +18,11 @@ use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::options::{CacheUse, Network};
 use shared::scripts::{Ended, ScriptCall};
 pub use shared::scripts::{Progress, TaskStateReply};
+use shared::spec::{SpecRejection, SpecVerifier};
 use shared::task::{Outcome, RecordedEnd};
 use shared::{Field, Keys, Owner, RecordError, RuntimeName};
 use store::scripts;
-use store::tasks::{TaskReadError, Tasks};
+use store::tasks::{SpecRead, TaskReadError, Tasks};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -147,15 +149,18 @@ pub struct Job {
     pub task_id: String,
 }
 
-/// What a worker needs of a task to run it.
+/// What a worker needs of a task to run it, every part of it signed by the
+/// api (`Queue::task_spec` verifies before it makes one).
 #[derive(Debug, Clone)]
 pub struct TaskSpec {
     pub runtime: RuntimeName,
     pub image: String,
     pub command: String,
     pub timeout_seconds: u64,
-    pub has_zip: bool,
-    pub has_stdin: bool,
+    /// The zip submitted with it, as read (and signed).
+    pub zip: Option<Payload>,
+    /// Its stdin, as read (and signed).
+    pub stdin: Option<Payload>,
     /// Extra environment variables, as checked by the api.
     pub env: Vec<(String, String)>,
     /// What it may reach: the internet, nothing, or its allow-list.
@@ -168,8 +173,20 @@ pub struct TaskSpec {
     pub cache: CacheUse,
 }
 
-/// The fields `task_spec` reads: what a `TaskSpec` is made of.
-const SPEC_FIELDS: [Field; 13] = [
+/// Bytes a task was submitted with (its zip, its stdin), cheap to clone; its
+/// `Debug` shows only the length.
+#[derive(Clone)]
+pub struct Payload(pub Arc<[u8]>);
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Payload({} bytes)", self.0.len())
+    }
+}
+
+/// The fields `task_spec` reads: what a `TaskSpec` is made of, every signed
+/// field among them (`tests::every_signed_field_is_read`), and the signature.
+const SPEC_FIELDS: [Field; 14] = [
     Field::State,
     Field::Runtime,
     Field::Image,
@@ -183,6 +200,7 @@ const SPEC_FIELDS: [Field; 13] = [
     Field::EgressAllow,
     Field::Owner,
     Field::Cache,
+    Field::SpecSignature,
 ];
 
 /// The files a task's `collect` gathered: a zip, and its listing as JSON.
@@ -458,21 +476,44 @@ impl Queue {
         Ok(state.map_or(TaskStateReply::Missing, TaskStateReply::State))
     }
 
-    pub async fn task_spec(&self, task_id: &str) -> Result<Option<TaskSpec>, QueueError> {
+    /// The task's spec, once its signature holds under one of `verifier`'s keys
+    /// (`Err` says why not: then nothing of the record may be acted on); `None`
+    /// if there is no such task. The record's fields, zip and stdin are read in
+    /// one round trip, and the signature checked over those very bytes.
+    pub async fn task_spec(
+        &self,
+        task_id: &str,
+        verifier: &SpecVerifier,
+    ) -> Result<Option<Result<TaskSpec, SpecRejection>>, QueueError> {
         let mut conn = self.pool.get().await?;
-        let Some(r) = self.tasks.read(&mut conn, task_id, &SPEC_FIELDS).await? else {
+        let read = self.tasks.read_spec(&mut conn, task_id, &SPEC_FIELDS).await;
+        let Some(SpecRead {
+            record: r,
+            message,
+            zip,
+            stdin,
+        }) = read?
+        else {
             return Ok(None);
         };
+        if let Err(rejection) = verifier.verify(&message, r.spec_signature.as_deref()) {
+            return Ok(Some(Err(rejection)));
+        }
         let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
         let need = |v, f| RecordError::required(v, f).map_err(corrupt);
-        Ok(Some(TaskSpec {
+        Ok(Some(Ok(TaskSpec {
             runtime: RecordError::required(r.runtime, Field::Runtime).map_err(corrupt)?,
             image: need(r.image, Field::Image)?,
             command: need(r.command, Field::Command)?,
             timeout_seconds: RecordError::required(r.timeout_seconds, Field::TimeoutSeconds)
                 .map_err(corrupt)?,
-            has_zip: r.has_zip.unwrap_or(false),
-            has_stdin: r.has_stdin.unwrap_or(false),
+            // A zip or stdin whose flag is off is signed but not used.
+            zip: zip
+                .filter(|_| r.has_zip == Some(true))
+                .map(|z| Payload(z.into())),
+            stdin: stdin
+                .filter(|_| r.has_stdin == Some(true))
+                .map(|s| Payload(s.into())),
             env: r.env.unwrap_or_default().into_iter().collect(),
             collect: r.collect.unwrap_or_default(),
             // Records written before the field existed ran with the internet;
@@ -485,7 +526,7 @@ impl Queue {
             owner: r.owner.unwrap_or(Owner::Admin),
             // Records written before the field existed: the default.
             cache: r.cache.unwrap_or_default(),
-        }))
+        })))
     }
 
     /// The clear generations of an owner's dependency cache (`cache::owner_id`)
@@ -499,17 +540,6 @@ impl Queue {
             .query_async(&mut conn)
             .await?;
         Ok(Generations::from_values(owner.as_deref(), all.as_deref()))
-    }
-
-    pub async fn zip(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
-        let mut conn = self.pool.get().await?;
-        Ok(conn.get(self.keys.task_zip(task_id)).await?)
-    }
-
-    /// The task's stdin; `None` once the task ended (or if it sent none).
-    pub async fn stdin(&self, task_id: &str) -> Result<Option<Vec<u8>>, QueueError> {
-        let mut conn = self.pool.get().await?;
-        Ok(conn.get(self.keys.task_stdin(task_id)).await?)
     }
 
     /// Every worker that registered and has not been forgotten.
@@ -651,6 +681,19 @@ impl QueueError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A signed field the worker did not read would be missing from the
+    /// message it verifies, and every task would be refused.
+    #[test]
+    fn every_signed_field_is_read() {
+        for f in Field::ALL.iter().filter(|f| f.is_signed()) {
+            assert!(
+                SPEC_FIELDS.contains(f),
+                "{f} is signed but task_spec does not read it"
+            );
+        }
+        assert!(SPEC_FIELDS.contains(&Field::SpecSignature));
+    }
 
     #[test]
     fn a_wrong_password_stops_the_start_and_an_outage_does_not() {

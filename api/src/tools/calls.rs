@@ -156,6 +156,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 Principal::Admin => Limits::default(),
                 Principal::Owner(g) => g.limits,
             },
+            signer: &cfg.signer,
         };
         let submitted = self.store.submit(&submit, &record).await?;
         match submitted {

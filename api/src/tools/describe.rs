@@ -122,10 +122,16 @@ mod tests {
     use crate::tools::ScriptRunner;
 
     fn config(extra: &[(&str, &str)]) -> Config {
-        let mut vars = vec![(
-            "SCRIPT_RUNNER_TOKEN",
-            "0123456789abcdef0123456789abcdef0123",
-        )];
+        let mut vars = vec![
+            (
+                "SCRIPT_RUNNER_TOKEN",
+                "0123456789abcdef0123456789abcdef0123",
+            ),
+            (
+                "TASK_SIGNING_KEY",
+                "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=",
+            ),
+        ];
         vars.extend_from_slice(extra);
         Config::from_lookup(|name| {
             vars.iter()

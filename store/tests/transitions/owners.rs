@@ -21,6 +21,7 @@ async fn submit_as(
         max_queued: 100,
         owner: &owner_of(owner),
         limits,
+        signer: super::signer(),
     };
     let record = TaskRecord {
         owner: owner.map(Owner::from_stored),

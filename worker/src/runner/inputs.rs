@@ -1,5 +1,5 @@
 //! A task's inputs made ready for its container: its zip extracted (into a new
-//! directory, or the warm container's), its stdin read, its collection pipe,
+//! directory, or the warm container's), its stdin, its collection pipe,
 //! and its owner's dependency cache lent.
 
 use std::path::PathBuf;
@@ -9,8 +9,7 @@ use shared::options::CacheUse;
 use crate::cache::Lease;
 use crate::collect::Collector;
 use crate::ctx::Ctx;
-use crate::queue::{QueueError, TaskSpec};
-use crate::retry;
+use crate::queue::TaskSpec;
 use crate::workspace;
 
 /// What a task brings besides its command, ready for its container.
@@ -27,16 +26,10 @@ pub(super) struct Inputs {
 /// `Outcome::workspace_failed`.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum InputError {
-    #[error("could not read the task's zip: {0}")]
-    ReadZip(#[source] QueueError),
-    #[error("the task's zip is no longer in the store")]
-    ZipGone,
     #[error(transparent)]
     Extract(#[from] workspace::WorkspaceError),
     #[error("extracting the task's zip stopped: {0}")]
     Extractor(#[from] tokio::task::JoinError),
-    #[error("could not read the task's stdin: {0}")]
-    ReadStdin(#[source] QueueError),
     #[error("could not set up collect: {0}")]
     Collect(#[source] std::io::Error),
 }
@@ -61,11 +54,8 @@ impl Inputs {
             Some(w) => (Some(w.source), Some(w.fifo), Some(w.cache)),
             None => (None, None, None),
         };
-        let source = if spec.has_zip {
-            let zip = retry::redis("read zip", &ctx.abort, || ctx.queue.zip(task_id))
-                .await
-                .map_err(InputError::ReadZip)?
-                .ok_or(InputError::ZipGone)?;
+        let source = if let Some(zip) = &spec.zip {
+            let zip = zip.0.clone();
             let limits = ctx.config.zip_limits;
             let prepared = match warm_source {
                 Some(dir) => {
@@ -86,15 +76,7 @@ impl Inputs {
         } else {
             None
         };
-        let stdin = if spec.has_stdin {
-            let stdin = retry::redis("read stdin", &ctx.abort, || ctx.queue.stdin(task_id))
-                .await
-                .map_err(InputError::ReadStdin)?;
-            // Gone only if the task ended meanwhile: then it will not run anyway.
-            Some(stdin.unwrap_or_default())
-        } else {
-            None
-        };
+        let stdin = spec.stdin.as_ref().map(|s| s.0.to_vec());
         let collector = match (spec.collect.is_empty(), warm_fifo) {
             (true, _) => None,
             (false, Some(fifo)) => Some(Collector::open(fifo)),

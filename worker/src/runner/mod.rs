@@ -20,6 +20,7 @@ use std::time::Duration;
 use shared::TaskState;
 use shared::options::Network;
 use shared::scripts::Ended;
+use shared::spec::SpecRejection;
 use shared::task::Outcome;
 use shared::usage::Usage;
 
@@ -66,10 +67,26 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
             return Ok(None);
         }
     }
-    let Some(spec) = retry::redis("read task", &ctx.abort, || ctx.queue.task_spec(task_id)).await?
-    else {
-        return Ok(None);
+    let verifier = &ctx.config.verifier;
+    let read = retry::redis("read task", &ctx.abort, || {
+        ctx.queue.task_spec(task_id, verifier)
+    })
+    .await?;
+    let mut spec = match read {
+        None => return Ok(None),
+        Some(Ok(spec)) => spec,
+        Some(Err(rejection)) => return reject(ctx, task_id, &rejection).await,
     };
+    let cap = ctx.config.max_timeout_seconds;
+    if spec.timeout_seconds > cap {
+        tracing::warn!(
+            task_id,
+            asked = spec.timeout_seconds,
+            cap,
+            "timeout lowered to this worker's MAX_TIMEOUT_SECONDS"
+        );
+        spec.timeout_seconds = cap;
+    }
     tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
     let mut collected = None;
     let mut usage = Usage::default();
@@ -88,6 +105,28 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     let reply = retry::redis("finish", &ctx.abort, || {
         ctx.queue
             .finish(task_id, &outcome, retention, &ended, last.as_ref())
+    })
+    .await?;
+    Ok(match reply {
+        TaskStateReply::State(s) => Some(s),
+        TaskStateReply::Missing | TaskStateReply::NotOwner => None,
+    })
+}
+
+/// Ends a task whose spec does not verify, having run nothing of it. Nothing
+/// is counted to the owner its record names: that name is not to be trusted.
+async fn reject(
+    ctx: &Ctx,
+    task_id: &str,
+    rejection: &SpecRejection,
+) -> Result<Option<TaskState>, QueueError> {
+    tracing::warn!(task_id, "task refused, nothing run: {rejection}");
+    ctx.sandbox.metrics().spec_rejected();
+    let outcome = Outcome::spec_rejected(rejection);
+    let (retention, nothing) = (ctx.config.retention_seconds, Ended::default());
+    let reply = retry::redis("finish", &ctx.abort, || {
+        ctx.queue
+            .finish(task_id, &outcome, retention, &nothing, None)
     })
     .await?;
     Ok(match reply {
