@@ -587,3 +587,30 @@ pub async fn calls_of(stack: &Stack, command: &str) -> Option<u64> {
             .unwrap_or(0),
     )
 }
+
+/// Seconds since the epoch, as `docker events --since/--until` take them.
+pub fn docker_now() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970");
+    format!("{}.{:09}", t.as_secs(), t.subsec_nanos())
+}
+
+/// `name image` of every container the engine created for `worker` since `since`.
+pub fn containers_created(worker: &str, since: &str) -> Vec<String> {
+    let out = std::process::Command::new("docker")
+        .args(["events", "--since", since, "--until", &docker_now()])
+        .args(["--filter", "type=container", "--filter", "event=create"])
+        .args(["--filter", &format!("label=script-runner.worker={worker}")])
+        .args([
+            "--format",
+            "{{.Actor.Attributes.name}} {{.Actor.Attributes.image}}",
+        ])
+        .output()
+        .expect("docker events");
+    assert!(out.status.success(), "docker events: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

@@ -10,6 +10,7 @@ mod code_map;
 mod config_docs;
 mod egress;
 mod failover;
+mod forged;
 mod hostile;
 mod oci_runtime;
 mod ops;

@@ -420,7 +420,18 @@ fn acl_rules(user: &str, prefix: &str, password: &str) -> Vec<String> {
 /// Creates `user` in `redis` as the entrypoint does; its URL. A command this
 /// redis-server does not know (`CLIENT SETINFO` before Redis 7.2) is left out.
 async fn entrypoint_user(redis: &testkit::Redis, user: &str, prefix: &str) -> String {
-    let password = format!("{user}-test-password");
+    entrypoint_user_named(redis, user, user, prefix).await
+}
+
+/// Creates a user `name` with the rules of the entrypoint's `user` line (a
+/// worker host's user, `worker-<host>`, has `worker`'s rules); its URL.
+pub(crate) async fn entrypoint_user_named(
+    redis: &testkit::Redis,
+    user: &str,
+    name: &str,
+    prefix: &str,
+) -> String {
+    let password = format!("{name}-test-password");
     let mut admin = redis.conn().await;
     let mut rules = Vec::new();
     for rule in acl_rules(user, prefix, &password) {
@@ -440,12 +451,12 @@ async fn entrypoint_user(redis: &testkit::Redis, user: &str, prefix: &str) -> St
     }
     let () = redis::cmd("ACL")
         .arg("SETUSER")
-        .arg(user)
+        .arg(name)
         .arg(rules)
         .query_async(&mut admin)
         .await
         .expect("ACL SETUSER with the entrypoint's rules");
-    format!("redis://{user}:{password}@127.0.0.1:{}", redis.port)
+    format!("redis://{name}:{password}@127.0.0.1:{}", redis.port)
 }
 
 async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
