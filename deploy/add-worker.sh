@@ -6,7 +6,8 @@
 #   deploy/add-worker.sh --issue NAME [--csr FILE]   a Redis user worker-NAME with a fresh
 #       password (Redis keeps only its SHA-256), and with --csr a client certificate
 #       signed by the deployment's CA; both go to deploy/worker-hosts/NAME/ (password,
-#       client.crt, ca.crt) for you to copy to that host. Run it again for a new password:
+#       client.crt, ca.crt, and verify-keys: the api's public key for task specs, from
+#       TASK_VERIFY_KEYS in .env) for you to copy to that host. Run it again for a new password:
 #       the connections made with the old one are closed.
 #   deploy/add-worker.sh --revoke NAME   removes the user at once: its open connections
 #       are closed, new ones refused, and it stays gone after a Redis restart.
@@ -42,6 +43,10 @@
 #   --api-host HOST      the central api's public name or IP, also refused to tasks
 #                        (default: HOST of --redis)
 #   --password-file F    read the Redis password from F
+#   --verify-keys F      the api's public key(s) for task specs (TASK_VERIFY_KEYS), from F
+#                        (--issue wrote it; default: verify-keys beside --password-file, or
+#                        TASK_VERIFY_KEYS from the environment). Required: the worker runs
+#                        only task specs the api signed (docs/security.md)
 #   --csr FILE           (with --issue) the worker host's certificate request
 #   --check              only run the checks
 #   --remove             drain (SIGTERM; running tasks get SHUTDOWN_GRACE_SECONDS) and
@@ -59,14 +64,14 @@ COMPOSE=(docker compose -f deploy/worker-host.yml --env-file "$ENV_FILE")
 PASSTHROUGH=(REDIS_KEY_PREFIX WORKER_HEARTBEAT_SECONDS TASKS_DIR RUNTIME_IMAGES TASK_RETENTION_SECONDS
     ZIP_MAX_ENTRIES ZIP_MAX_EXPANDED_BYTES TASK_MEMORY_MB TASK_CPUS TASK_PIDS_LIMIT TASK_NOFILE
     TASK_DISK_MB TASK_TMPFS_MB POOL_SIZE POOL_MAX_AGE_SECONDS TASK_USER TASK_NETWORK TASK_BRIDGE TASK_FIREWALL
-    TASK_OCI_RUNTIME SHUTDOWN_GRACE_SECONDS WORKER_STOP_GRACE RUST_LOG BASE_IMAGE RUST_IMAGE BINARIES PREBUILT_DIR
+    TASK_OCI_RUNTIME MAX_TIMEOUT_SECONDS SHUTDOWN_GRACE_SECONDS WORKER_STOP_GRACE RUST_LOG BASE_IMAGE RUST_IMAGE BINARIES PREBUILT_DIR
     IMAGE_PREFIX IMAGE_TAG COMPOSE_PROJECT_NAME)
 
-usage() { sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; }
 log() { printf 'add-worker: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
-REDIS="" CA="" NAME="" CONCURRENCY="" API_HOST="" PASSWORD_FILE="" MODE=add
+REDIS="" CA="" NAME="" CONCURRENCY="" API_HOST="" PASSWORD_FILE="" VERIFY_FILE="" MODE=add
 USER_NAME="" CLIENT_CERT="" CLIENT_KEY="" CSR="" HOST_NAME=""
 while (($#)); do
     case "$1" in
@@ -84,6 +89,7 @@ while (($#)); do
     --concurrency) CONCURRENCY="${2:?--concurrency needs a number}"; shift ;;
     --api-host) API_HOST="${2:?--api-host needs a host}"; shift ;;
     --password-file) PASSWORD_FILE="${2:?--password-file needs a file}"; shift ;;
+    --verify-keys) VERIFY_FILE="${2:?--verify-keys needs a file}"; shift ;;
     --check) MODE=check ;;
     --remove) MODE=remove ;;
     -h | --help) usage; exit 0 ;;
@@ -151,13 +157,16 @@ if [[ "$MODE" == issue ]]; then
             || die "could not sign $CSR"
     fi
     [[ ! -r "$tls_dir/ca.crt" ]] || cp "$tls_dir/ca.crt" "$out/ca.crt"
+    verify="$(grep -E '^TASK_VERIFY_KEYS=' .env 2>/dev/null | tail -n1 | cut -d= -f2- || true)"
+    [[ -n "$verify" ]] || die "no TASK_VERIFY_KEYS in .env: run deploy/setup-host.sh (it makes the task spec key pair)"
+    printf '%s\n' "$verify" >"$out/verify-keys"
     umask 077
     openssl rand -hex 24 >"$out/password"
     # The password goes to Redis on stdin, never on a command line; Redis keeps its hash.
     central_redis add "$HOST_NAME" <"$out/password" || die "could not create the Redis user worker-$HOST_NAME (output above)"
     cat <<EOT
 add-worker: worker host $HOST_NAME has its own Redis user, worker-$HOST_NAME.
-Copy $PWD/$out/ (password$([[ -n "$CSR" ]] && echo ", client.crt"), ca.crt) to that host, and there run
+Copy $PWD/$out/ (password$([[ -n "$CSR" ]] && echo ", client.crt"), ca.crt, verify-keys) to that host, and there run
   deploy/add-worker.sh --redis rediss://THIS_HOST:PORT --ca ca.crt --name $HOST_NAME \\
       --password-file password$([[ -n "$CSR" ]] && echo " --client-cert client.crt")
 then delete the copy of the password here ($out/password). Revoke: deploy/add-worker.sh --revoke $HOST_NAME
@@ -223,6 +232,19 @@ else
 fi
 [[ "$PASSWORD" =~ ^[A-Za-z0-9._~-]+$ ]] || die "the password must be URL-safe (setup-host.sh makes hex ones)"
 
+# The api's public key(s): the worker refuses to start without, and runs only task specs
+# signed by the matching private key (TASK_SIGNING_KEY, on the central host).
+[[ -n "$VERIFY_FILE" || -z "$PASSWORD_FILE" || ! -r "$(dirname "$PASSWORD_FILE")/verify-keys" ]] \
+    || VERIFY_FILE="$(dirname "$PASSWORD_FILE")/verify-keys"
+[[ -z "$VERIFY_FILE" || "$VERIFY_FILE" == /* ]] || VERIFY_FILE="$ORIG_PWD/$VERIFY_FILE"
+if [[ -n "$VERIFY_FILE" ]]; then
+    [[ -r "$VERIFY_FILE" ]] || die "--verify-keys $VERIFY_FILE is not readable"
+    TASK_VERIFY_KEYS="$(head -n1 "$VERIFY_FILE")"
+fi
+[[ -n "${TASK_VERIFY_KEYS:-}" ]] || die "no task spec key: give --verify-keys FILE (deploy/worker-hosts/$NAME/verify-keys, from --issue on the central host) or set TASK_VERIFY_KEYS"
+[[ "$TASK_VERIFY_KEYS" =~ ^[A-Za-z0-9+/=]{44}(,[A-Za-z0-9+/=]{44})?$ ]] \
+    || die "TASK_VERIFY_KEYS is not one or two base64 public keys (44 characters each, comma-separated)"
+
 # The Redis host's and the api's addresses are refused to tasks on this host as well
 # (the worker adds the Redis one itself; this covers an api elsewhere).
 blocked="${TASK_BLOCKED_CIDRS:-}"
@@ -240,6 +262,7 @@ umask 077
     printf 'WORKER_NAME=%s\n' "$NAME"
     [[ -z "$CONCURRENCY" ]] || printf 'WORKER_CONCURRENCY=%s\n' "$CONCURRENCY"
     printf 'TASK_BLOCKED_CIDRS=%s\n' "$blocked"
+    printf 'TASK_VERIFY_KEYS=%s\n' "$TASK_VERIFY_KEYS"
     for v in "${PASSTHROUGH[@]}"; do
         [[ -z "${!v:-}" ]] || printf '%s=%s\n' "$v" "${!v}"
     done

@@ -282,6 +282,16 @@ env_set() {
     mv "$tmp" "$DIR/.env"
 }
 secret() { openssl rand -hex "$1"; }
+# The task spec signing pair (docs/security.md#signed-task-specs), as
+# `script-runner-ctl signing-key generate` makes it, with openssl: an Ed25519
+# key's PKCS#8 DER ends with its 32-byte seed, its SubjectPublicKeyInfo DER with
+# the 32-byte public key. signing_seed prints a new seed, verify_key_of (seed on
+# stdin) its public key, both base64.
+signing_seed() { openssl genpkey -algorithm ed25519 -outform DER | tail -c 32 | base64 -w0; }
+verify_key_of() {
+    { printf '\x30\x2e\x02\x01\x00\x30\x05\x06\x03\x2b\x65\x70\x04\x22\x04\x20'; base64 -d; } |
+        openssl pkey -inform DER -pubout -outform DER | tail -c 32 | base64 -w0
+}
 
 write_env() {
     local token_created=""
@@ -305,6 +315,15 @@ write_env() {
         REDIS_REPLICA_PASSWORD REDIS_SENTINEL_PASSWORD REDIS_SENTINEL_CLIENT_PASSWORD; do
         [[ -n "$(env_get "$name")" ]] || env_set "$name" "$(secret 24)"
     done
+    # Made once and kept: workers on other hosts hold the public key.
+    if [[ -z "$(env_get TASK_SIGNING_KEY)" ]]; then
+        local seed=""
+        ((DRY)) || seed="$(signing_seed)"
+        env_set TASK_SIGNING_KEY "$seed"
+        ((DRY)) || env_set TASK_VERIFY_KEYS "$(printf '%s' "$seed" | verify_key_of)"
+    elif [[ -z "$(env_get TASK_VERIFY_KEYS)" ]]; then
+        env_set TASK_VERIFY_KEYS "$(env_get TASK_SIGNING_KEY | verify_key_of)"
+    fi
     [[ -n "$(env_get TASKS_DIR)" ]] || env_set TASKS_DIR /var/lib/script-runner/tasks
     [[ -n "$(env_get WORKER_NAME)" ]] || env_set WORKER_NAME "$(hostname -s)"
     local tasks

@@ -3,7 +3,8 @@
 # and the api, configured from .env. Needs Docker, cargo and redis-server.
 #
 # - Creates .env from .env.example if missing, and generates SCRIPT_RUNNER_TOKEN
-#   (printed once) if it is empty.
+#   (printed once) if it is empty, and the task spec key pair (TASK_SIGNING_KEY,
+#   TASK_VERIFY_KEYS) with script-runner-ctl once the binaries are built.
 # - Makes sure every runtime image is present: pulls it, and where that is not
 #   possible (no registry, as on the CI machine) builds the local Debian image
 #   (scripts/build-test-image.sh) and maps the missing runtimes to it.
@@ -65,6 +66,16 @@ done
 export RUNTIME_IMAGES="${mapped%,}"
 
 cargo build --bins
+# The api signs each task's spec, the worker runs only what it signed: one pair, kept.
+if [[ -z "${TASK_SIGNING_KEY:-}" ]]; then
+    pair="$(./target/debug/script-runner-ctl signing-key generate | grep -E '^TASK_(SIGNING_KEY|VERIFY_KEYS)=')"
+    sed -i -E '/^TASK_(SIGNING_KEY|VERIFY_KEYS)=/d' .env
+    printf '%s\n' "$pair" >>.env
+    set -a
+    eval "$pair"
+    set +a
+    echo "run-local: generated the task spec key pair (TASK_SIGNING_KEY, TASK_VERIFY_KEYS) in .env"
+fi
 ./target/debug/script-runner-worker &
 worker=$!
 trap 'kill -TERM $worker 2>/dev/null; wait $worker' EXIT

@@ -116,8 +116,9 @@ pub async fn run(
             rmcp_cancel.cancel();
         }
     });
+    let spec_key = config.signer.key_id();
     let app = router(config, &redis, cancel.clone(), rmcp_cancel)?;
-    tracing::info!(addr = %listener.local_addr()?, "api listening");
+    tracing::info!(addr = %listener.local_addr()?, %spec_key, "api listening");
     if let Some((listener, store)) = health {
         tracing::info!(addr = %listener.local_addr()?, "health details listening (loopback)");
         let app = Router::new()

@@ -88,6 +88,8 @@ shellcheck deploy/*.sh deploy/redis/*.sh scripts/*.sh tests/deploy/*.sh
 step "docker compose config"
 cat >"$WORK/static.env" <<EOT
 SCRIPT_RUNNER_TOKEN=$(openssl rand -hex 32)
+TASK_SIGNING_KEY=AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=
+TASK_VERIFY_KEYS=iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w=
 REDIS_API_PASSWORD=a
 REDIS_WORKER_PASSWORD=b
 REDIS_ADMIN_PASSWORD=c
@@ -95,10 +97,10 @@ DOMAIN=$DOMAIN
 EOT
 docker compose --env-file "$WORK/static.env" config -q
 docker compose --env-file "$WORK/static.env" -f docker-compose.yml -f deploy/remote-workers.yml config -q
-printf 'REDIS_URL=rediss://worker:b@%s:6380\nREDIS_CA_FILE=/tmp/ca.crt\nWORKER_NAME=w2\n' "$DOMAIN" >"$WORK/worker.env"
+printf 'REDIS_URL=rediss://worker:b@%s:6380\nREDIS_CA_FILE=/tmp/ca.crt\nWORKER_NAME=w2\nTASK_VERIFY_KEYS=iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w=\n' "$DOMAIN" >"$WORK/worker.env"
 docker compose -f deploy/worker-host.yml --env-file "$WORK/worker.env" config -q
 # A missing secret is an error, not an empty password.
-expect_fail "required variable (REDIS_[A-Z]+_PASSWORD|SCRIPT_RUNNER_TOKEN|DOMAIN)" docker compose --env-file /dev/null config -q
+expect_fail "required variable (REDIS_[A-Z]+_PASSWORD|SCRIPT_RUNNER_TOKEN|TASK_SIGNING_KEY|TASK_VERIFY_KEYS|DOMAIN)" docker compose --env-file /dev/null config -q
 
 step "docker compose config: every service hardened, no password in Prometheus, no CA key in Redis"
 "$PY" tests/deploy/check_static.py compose
@@ -269,11 +271,18 @@ ADMIN_PASSWORD="$(env_of REDIS_ADMIN_PASSWORD)"
 ((${#TOKEN} >= 32)) || fail "setup-host.sh wrote no token of at least 32 characters"
 grep -qx "  $TOKEN" "$WORK/setup1.log" || fail "setup-host.sh did not print the generated token"
 [[ "$(stat -c %a "$HOST_DIR/.env")" == 600 ]] || fail ".env is not private (mode $(stat -c %a "$HOST_DIR/.env"))"
+# The spec signing pair setup-host made with openssl must be one the binaries agree on:
+# the ctl derives the same public key from the seed (the tasks below run only if so).
+SIGNING_KEY="$(env_of TASK_SIGNING_KEY)"
+[[ "$(env_of TASK_SIGNING_KEY | target/debug/script-runner-ctl signing-key public)" == "TASK_VERIFY_KEYS=$(env_of TASK_VERIFY_KEYS)" ]] \
+    || fail "setup-host.sh wrote a TASK_VERIFY_KEYS that is not TASK_SIGNING_KEY's public key"
+! grep -qF "$SIGNING_KEY" "$WORK/setup1.log" || fail "setup-host.sh printed the signing key"
 RCA="$HOST_DIR/deploy/tls/ca.crt"
 
 step "setup-host.sh again: idempotent, the token and passwords stay, nothing printed"
 "$HOST_DIR/deploy/setup-host.sh" --domain "$DOMAIN" --remote-workers --skip-images --dir "$HOST_DIR" >"$WORK/setup2.log"
-[[ "$(env_of SCRIPT_RUNNER_TOKEN)" == "$TOKEN" && "$(env_of REDIS_WORKER_PASSWORD)" == "$WORKER_PASSWORD" ]] \
+[[ "$(env_of SCRIPT_RUNNER_TOKEN)" == "$TOKEN" && "$(env_of REDIS_WORKER_PASSWORD)" == "$WORKER_PASSWORD" \
+    && "$(env_of TASK_SIGNING_KEY)" == "$SIGNING_KEY" ]] \
     || fail "a second setup-host.sh changed the secrets"
 ! grep -q "$TOKEN" "$WORK/setup2.log" || fail "a second setup-host.sh printed the token again"
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep "^$IMAGES/" | grep ':latest'
@@ -348,7 +357,7 @@ add_worker() {
         IMAGE_PREFIX="$IMAGES-w2" COMPOSE_PROJECT_NAME="$ID-w2" TASKS_DIR="$WORK/tasks2" \
         TASK_NETWORK="$ID-tasks2" TASK_BRIDGE="$ID-b2" RUNTIME_IMAGES="$runtimes" \
         SHUTDOWN_GRACE_SECONDS=5 WORKER_STOP_GRACE=20s REDIS_WORKER_PASSWORD="$1" \
-        deploy/add-worker.sh "${@:2}")
+        deploy/add-worker.sh --verify-keys "$W2/verify-keys" "${@:2}")
 }
 # Its own user and client certificate: the key is made on the worker host, the request
 # signed and the user made on the central host.

@@ -98,7 +98,14 @@ pub async fn run(
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
     // Empties itself when `stop` fires; claimed containers are their runners'.
     let pool = tokio::spawn(ctx.pool.clone().run(stop.clone()));
-    tracing::info!(worker = %ctx.queue.worker(), concurrency = ctx.config.concurrency, pool = ?ctx.config.pool.sizes, "worker started");
+    let spec_keys: Vec<String> = ctx
+        .config
+        .verifier
+        .key_ids()
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
+    tracing::info!(worker = %ctx.queue.worker(), concurrency = ctx.config.concurrency, pool = ?ctx.config.pool.sizes, ?spec_keys, "worker started");
 
     take_jobs(&ctx, &slots, &stop).await;
 
