@@ -13,6 +13,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use shared::apikey::KEY_PREFIX;
 pub use shared::apikey::{Limits, Scope, Scopes};
+use shared::egress::AllowList;
 use subtle::ConstantTimeEq;
 
 use crate::db::{Store, StoreError};
@@ -35,6 +36,9 @@ pub struct Grant {
     pub owner: Owner,
     pub scopes: Scopes,
     pub limits: Limits,
+    /// The most its allow-lists may name (`keys create --allow-hosts`);
+    /// `None`: any, within the operator's `EGRESS_ALLOW_HOSTS`.
+    pub allow_hosts: Option<AllowList>,
 }
 
 impl Principal {
@@ -165,6 +169,7 @@ impl Authenticator {
                 owner: Owner::Key(record.name),
                 scopes: record.scopes,
                 limits: record.limits,
+                allow_hosts: record.allow_hosts,
             })),
             Ok(None) => Err(AuthError::Unauthorized),
             Err(StoreError::ApiKey(e)) => {
@@ -196,6 +201,7 @@ fn grant_of(g: OAuthGrant) -> Grant {
             cpu_seconds_per_day: g.limits.cpu_seconds_per_day,
             networks: g.limits.networks,
         },
+        allow_hosts: None,
     }
 }
 
@@ -323,6 +329,7 @@ mod tests {
             owner: key("alice"),
             scopes: Scopes::ALL,
             limits: Limits::default(),
+            allow_hosts: None,
         });
         assert!(alice.sees(Some(&key("alice"))));
         assert!(!alice.sees(Some(&key("bob"))));

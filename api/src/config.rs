@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::http::Uri;
 
 use crate::clients::{TrustedProxies, parse_proxy};
-use shared::egress::Egress;
+use shared::egress::{AllowList, Egress, EgressError};
 
 use crate::oauth::{self, OAuthConfigError, OAuthSettings};
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list};
@@ -135,6 +135,9 @@ pub struct Config {
     /// `EGRESS_DEFAULT`: the egress policy of a task whose `run_script` names
     /// none: `internet`, `none`, or `allow:<host>,<host>,...`.
     pub egress_default: Egress,
+    /// `EGRESS_ALLOW_HOSTS`: the most any task's allow-list may name (every
+    /// entry one of these hosts or under one of these domains); `None`: any.
+    pub egress_ceiling: Option<AllowList>,
 }
 
 /// What the HTTP layer enforces in front of the MCP service: for all clients
@@ -215,11 +218,14 @@ const MAX_BODY_BYTES_PER_CLIENT: Var = Var::new("MAX_BODY_BYTES_PER_CLIENT", "")
 /// Empty: no proxy is trusted, every client is its peer address.
 const TRUSTED_PROXIES: Var = Var::new("TRUSTED_PROXIES", "");
 const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
+/// Empty: no ceiling on allow-lists.
+const EGRESS_ALLOW_HOSTS: Var = Var::new("EGRESS_ALLOW_HOSTS", "");
 
 /// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 32] = [
+pub const VARS: [Var; 33] = [
     SCRIPT_RUNNER_TOKEN,
+    EGRESS_ALLOW_HOSTS,
     TASK_SIGNING_KEY,
     EGRESS_DEFAULT,
     HEALTH_ADDR,
@@ -287,6 +293,8 @@ impl Config {
         let max_stdin_bytes = MAX_STDIN_BYTES.range(&var, 0, 64 << 20)? as usize;
         let needed = needed_request_bytes(max_zip_bytes, max_stdin_bytes, max_command_bytes);
         let http = http_limits(&var, needed)?;
+        let egress_ceiling = egress_ceiling(&var)?;
+        let egress_default = egress_default(&var, egress_ceiling.as_ref())?;
         Ok(Config {
             token,
             signer: Arc::new(signer),
@@ -308,17 +316,45 @@ impl Config {
             http,
             redis_setup_check: store::redis_setup::Mode::from_lookup(&var)?,
             oauth: OAuthSettings::from_lookup(&var)?,
-            egress_default: egress_default(&var)?,
+            egress_ceiling,
+            egress_default,
         })
     }
 }
 
 /// `EGRESS_DEFAULT`, checked as a client's `network` argument is.
-fn egress_default(var: &impl Fn(&str) -> Option<String>) -> Result<Egress, ConfigError> {
+/// `EGRESS_DEFAULT`, checked as a client's `network` argument is, and held to
+/// `EGRESS_ALLOW_HOSTS` like one.
+fn egress_default(
+    var: &impl Fn(&str) -> Option<String>,
+    ceiling: Option<&AllowList>,
+) -> Result<Egress, ConfigError> {
     let raw = EGRESS_DEFAULT.get(var);
-    Egress::from_setting(&raw).map_err(|e| {
+    let refused = |e: EgressError| {
         let expected = format!("internet, none, or allow:<host>,<host>,... ({e})");
         ConfigError::Var(VarError::new(EGRESS_DEFAULT.name, &raw, expected))
+    };
+    let egress = Egress::from_setting(&raw).map_err(refused)?;
+    if let (Some(list), Some(ceiling)) = (egress.allow_list(), ceiling) {
+        list.check_within(ceiling, OPERATOR_CEILING)
+            .map_err(refused)?;
+    }
+    Ok(egress)
+}
+
+/// Who set `EGRESS_ALLOW_HOSTS`, as a refusal names it.
+pub const OPERATOR_CEILING: &str = "the hosts this service allows (EGRESS_ALLOW_HOSTS)";
+
+/// `EGRESS_ALLOW_HOSTS`: entries checked as an allow-list's are.
+fn egress_ceiling(var: &impl Fn(&str) -> Option<String>) -> Result<Option<AllowList>, ConfigError> {
+    let raw = EGRESS_ALLOW_HOSTS.get(var);
+    if raw.trim().is_empty() {
+        return Ok(None);
+    }
+    let entries: Vec<&str> = raw.split(',').collect();
+    AllowList::parse(&entries).map(Some).map_err(|e| {
+        let expected = format!("host names and *.domains, comma-separated ({e})");
+        ConfigError::Var(VarError::new(EGRESS_ALLOW_HOSTS.name, &raw, expected))
     })
 }
 

@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 use shared::apikey::{ApiKeyRecord, Limits, Scopes};
+use shared::egress::AllowList;
 use shared::options::Networks;
 use shared::time::rfc3339_ms;
 use store::apikeys::{self, NewKey};
@@ -21,6 +22,8 @@ pub struct KeyView {
     pub cpu_seconds_per_day: Option<u64>,
     /// The egress policies its tasks may ask for (all three when not limited).
     pub networks: Vec<&'static str>,
+    /// The hosts its allow-list tasks may name at most; `null`: any.
+    pub allow_hosts: Option<Vec<String>>,
     pub created_at: Option<String>,
     pub last_used_at: Option<String>,
 }
@@ -40,6 +43,9 @@ impl From<ApiKeyRecord> for KeyView {
                 .iter()
                 .map(|n| n.as_str())
                 .collect(),
+            allow_hosts: r
+                .allow_hosts
+                .map(|l| l.entries().iter().map(ToString::to_string).collect()),
             created_at: r.created_at.map(rfc3339_ms),
             last_used_at: r.last_used_at.map(rfc3339_ms),
         }
@@ -73,11 +79,13 @@ impl KeyAdmin {
         name: &str,
         scopes: Scopes,
         limits: Limits,
+        allow_hosts: Option<AllowList>,
     ) -> Result<NewKey, CtlError> {
         let record = ApiKeyRecord {
             name: name.to_owned(),
             scopes,
             limits,
+            allow_hosts,
             created_at: None,
             last_used_at: None,
         };
@@ -120,7 +128,7 @@ pub fn render_list(keys: &[KeyView]) -> String {
     }
     let opt = |n: Option<u64>| n.map_or("-".to_owned(), |n| n.to_string());
     let mut out = format!(
-        "{:<24} {:<15} {:>10} {:>11} {:>12} {:<20} {:<24} {:<24}\n",
+        "{:<24} {:<15} {:>10} {:>11} {:>12} {:<20} {:<24} {:<24} {}\n",
         "NAME",
         "SCOPES",
         "MAX_QUEUED",
@@ -128,11 +136,12 @@ pub fn render_list(keys: &[KeyView]) -> String {
         "CPU_S/DAY",
         "NETWORKS",
         "CREATED",
-        "LAST_USED"
+        "LAST_USED",
+        "ALLOW_HOSTS"
     );
     for k in keys {
         out.push_str(&format!(
-            "{:<24} {:<15} {:>10} {:>11} {:>12} {:<20} {:<24} {:<24}\n",
+            "{:<24} {:<15} {:>10} {:>11} {:>12} {:<20} {:<24} {:<24} {}\n",
             k.name,
             k.scopes.join(","),
             opt(k.max_queued),
@@ -141,6 +150,9 @@ pub fn render_list(keys: &[KeyView]) -> String {
             k.networks.join(","),
             k.created_at.as_deref().unwrap_or("-"),
             k.last_used_at.as_deref().unwrap_or("never"),
+            k.allow_hosts
+                .as_ref()
+                .map_or("any".to_owned(), |h| h.join(",")),
         ));
     }
     out

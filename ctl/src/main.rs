@@ -137,6 +137,12 @@ enum KeysCommand {
         /// comma-separated (default: all three).
         #[arg(long)]
         networks: Option<String>,
+        /// The most its allow-list tasks may name: host names and *.domains,
+        /// comma-separated; every entry a task asks for must be one of those
+        /// hosts or under one of those domains (default: any). Give it with
+        /// --networks none,allow to keep its tasks to those hosts.
+        #[arg(long)]
+        allow_hosts: Option<String>,
     },
     /// Every key: name, scopes, limits, created, last used (never the key).
     List,
@@ -360,6 +366,7 @@ async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<(
             max_running,
             cpu_seconds_per_day,
             networks,
+            allow_hosts,
         } => {
             let scopes = Scopes::parse(&scopes)?;
             let networks = networks
@@ -377,7 +384,15 @@ async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<(
                 cpu_seconds_per_day,
                 networks,
             };
-            let key = admin.create(&name, scopes, limits).await?;
+            let allow_hosts = allow_hosts
+                .as_deref()
+                .map(|hosts| {
+                    let entries: Vec<&str> = hosts.split(',').collect();
+                    shared::egress::AllowList::parse(&entries)
+                })
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--allow-hosts: {e}"))?;
+            let key = admin.create(&name, scopes, limits, allow_hosts).await?;
             issued(&name, key.expose(), scopes, "created")?;
         }
         KeysCommand::List => {

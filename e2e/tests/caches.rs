@@ -63,6 +63,7 @@ async fn client_of(stack: &Stack, owner: &str) -> Client {
         name: owner.into(),
         scopes: shared::apikey::Scopes::ALL,
         limits: shared::apikey::Limits::default(),
+        allow_hosts: None,
         created_at: None,
         last_used_at: None,
     };

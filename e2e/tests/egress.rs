@@ -58,6 +58,11 @@ impl Drop for Server {
 /// (public) and rebind.test (at 127.0.0.2: private, as DNS rebinding would
 /// make it), with the server's ports open through the proxy.
 async fn stack(server: &Server) -> Stack {
+    stack_with(server, Vec::new()).await
+}
+
+/// `stack`, with `extra` variables for the api and the workers.
+async fn stack_with(server: &Server, extra: Vec<(&'static str, String)>) -> Stack {
     Stack::start(Options {
         concurrency: 3,
         egress_resolver: Resolver::Fixed(
@@ -67,10 +72,13 @@ async fn stack(server: &Server) -> Stack {
                 .answer("rebind.test", &["127.0.0.2".parse().expect("address")])
                 .public(LOCAL.into()),
         ),
-        extra_env: vec![(
+        extra_env: [(
             "EGRESS_PORTS",
             format!("80,443,{},{}", server.http, server.https),
-        )],
+        )]
+        .into_iter()
+        .chain(extra)
+        .collect(),
         ..Options::default()
     })
     .await
@@ -431,6 +439,7 @@ async fn a_key_limited_to_some_policies_is_refused_the_others() {
             networks: shared::options::Networks::parse("none,allow").ok(),
             ..shared::apikey::Limits::default()
         },
+        allow_hosts: None,
         created_at: None,
         last_used_at: None,
     };
@@ -455,5 +464,84 @@ async fn a_key_limited_to_some_policies_is_refused_the_others() {
     // What it may use runs.
     let s = run_to_end(&client, "python3.13", "true", json!({ "network": "none" })).await;
     assert_eq!(s["state"], "succeeded", "{s}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_allow_list_outside_a_ceiling_is_refused_naming_the_entry_and_the_ceiling() {
+    // The operator's ceiling for every task, and a key's own inside it.
+    let server = Server::start();
+    let stack = stack_with(
+        &server,
+        vec![(
+            "EGRESS_ALLOW_HOSTS",
+            "pkgs.test,other.test,*.pythonhosted.org".into(),
+        )],
+    )
+    .await;
+    let mut conn = stack.redis_conn().await;
+    let record = shared::apikey::ApiKeyRecord {
+        name: "confined".into(),
+        scopes: shared::apikey::Scopes::ALL,
+        limits: shared::apikey::Limits {
+            networks: shared::options::Networks::parse("none,allow").ok(),
+            ..shared::apikey::Limits::default()
+        },
+        allow_hosts: shared::egress::AllowList::parse(&["pkgs.test"]).ok(),
+        created_at: None,
+        last_used_at: None,
+    };
+    let key = store::apikeys::create(&mut conn, &stack.keys(), &record)
+        .await
+        .expect("create key");
+    let confined = mcp_client(&stack.url, key.expose())
+        .await
+        .expect("MCP client connects");
+    let admin = stack.client().await;
+    let asking = |allow: Value| json!({ "runtime": "python3.13", "command_base64": b64("true"), "network": { "allow": allow } });
+    // Outside the operator's ceiling, for the admin too.
+    let e = call_err(
+        &admin,
+        "run_script",
+        asking(json!(["pkgs.test", "attacker.example"])),
+    )
+    .await;
+    assert!(
+        e.contains("\"attacker.example\"")
+            && e.contains("EGRESS_ALLOW_HOSTS")
+            && e.contains("pkgs.test, other.test, *.pythonhosted.org"),
+        "{e}"
+    );
+    // Inside the operator's, outside the key's: both named.
+    for (allow, entry) in [
+        (json!(["other.test"]), "\"other.test\""),
+        (
+            json!(["pkgs.test", "files.pythonhosted.org"]),
+            "\"files.pythonhosted.org\"",
+        ),
+    ] {
+        let e = call_err(&confined, "run_script", asking(allow)).await;
+        assert!(
+            e.contains(entry) && e.contains("--allow-hosts") && e.contains("pkgs.test"),
+            "{e}"
+        );
+    }
+    // Every name under a public suffix belongs to whoever registers one.
+    let e = call_err(&admin, "run_script", asking(json!(["*.github.io"]))).await;
+    assert!(
+        e.contains("public suffix") && e.contains("*.github.io"),
+        "{e}"
+    );
+    assert_no_task_created(&stack).await;
+
+    // What both allow runs, and reaches its host.
+    let s = probe(
+        &confined,
+        &server,
+        &["pkgs.test"],
+        "fetch(f'http://pkgs.test:{HTTP}/hello')",
+    )
+    .await;
+    assert!(lines(&s).iter().any(|l| l.starts_with("OK")), "{s}");
     stack.shutdown().await;
 }

@@ -584,6 +584,7 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                 name: "mine".into(),
                 scopes: Default::default(),
                 limits: Default::default(),
+                allow_hosts: None,
                 created_at: None,
                 last_used_at: None,
             };

@@ -14,6 +14,7 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+use crate::egress::AllowList;
 use crate::names::{UnknownName, stored_names};
 use crate::options::{Network, Networks};
 
@@ -208,6 +209,9 @@ pub enum ApiKeyField {
     CpuSecondsPerDay,
     /// `Networks` as text, e.g. `none,allow`; absent: all.
     Networks,
+    /// The hosts its allow-list tasks may name at most (`AllowList::to_stored`);
+    /// absent: any (within the operator's `EGRESS_ALLOW_HOSTS`).
+    AllowHosts,
     /// When it was created (or last rotated: the record moves with the key).
     CreatedAt,
     /// When it was last used, to within `LAST_USED_INTERVAL_MS`.
@@ -222,6 +226,8 @@ pub struct ApiKeyRecord {
     pub name: String,
     pub scopes: Scopes,
     pub limits: Limits,
+    /// The ceiling on its tasks' allow-lists (`--allow-hosts`); `None`: none.
+    pub allow_hosts: Option<AllowList>,
     pub created_at: Option<i64>,
     pub last_used_at: Option<i64>,
 }
@@ -246,6 +252,9 @@ impl ApiKeyRecord {
         }
         if let Some(n) = l.networks {
             out.push((ApiKeyField::Networks, n.to_string()));
+        }
+        if let Some(hosts) = &self.allow_hosts {
+            out.push((ApiKeyField::AllowHosts, hosts.to_stored()));
         }
         out
     }
@@ -303,6 +312,15 @@ impl ApiKeyRecord {
                     })
                     .transpose()?,
             },
+            allow_hosts: map
+                .get(&ApiKeyField::AllowHosts)
+                .map(|v| {
+                    AllowList::from_stored(v).map_err(|_| KeyError::BadField {
+                        field: ApiKeyField::AllowHosts.as_str(),
+                        value: v.clone(),
+                    })
+                })
+                .transpose()?,
             created_at: signed(ApiKeyField::CreatedAt)?,
             last_used_at: signed(ApiKeyField::LastUsedAt)?,
         }))
@@ -374,6 +392,7 @@ mod tests {
                 cpu_seconds_per_day: Some(3600),
                 networks: Networks::parse("none,allow").ok(),
             },
+            allow_hosts: AllowList::parse(&["pypi.org", "*.pythonhosted.org"]).ok(),
             created_at: None,
             last_used_at: None,
         };

@@ -51,6 +51,21 @@ pub enum EgressError {
          (e.g. \"*.example.org\")"
     )]
     TooBroad(String),
+    #[error(
+        "network allow-list entry {0:?} covers a public suffix: the names under it belong to \
+         anyone who registers one (as with *.github.io or *.co.uk); name the hosts, or a \
+         domain under it (e.g. \"*.acme.github.io\")"
+    )]
+    PublicSuffix(String),
+    #[error(
+        "network allow-list entry {entry:?} is outside {whose} ({ceiling}): every entry must be \
+         one of those hosts or under one of those domains"
+    )]
+    OutsideCeiling {
+        entry: String,
+        whose: &'static str,
+        ceiling: String,
+    },
     #[error("network allow-list has {0} entries; at most {MAX_ALLOW_ENTRIES} are allowed")]
     TooMany(usize),
     #[error("network allow-list is empty; to allow nothing, use network \"none\"")]
@@ -90,6 +105,10 @@ impl HostPattern {
         if under && !host.contains('.') && !host.is_empty() {
             return Err(EgressError::TooBroad(entry.to_owned()));
         }
+        // Checked after the name's shape, so the list sees only host names.
+        if under && is_host_name(host) && is_public_suffix(host) {
+            return Err(EgressError::PublicSuffix(entry.to_owned()));
+        }
         if !is_host_name(host) {
             // All-digit labels with dots ("1.2.3") read as an address to many tools.
             if host
@@ -116,6 +135,25 @@ impl HostPattern {
                 .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
         }
     }
+}
+
+impl HostPattern {
+    /// Whether every host `other` allows, this one allows too.
+    pub fn covers(&self, other: &HostPattern) -> bool {
+        match (self, other) {
+            (HostPattern::Exact(a), HostPattern::Exact(b)) => a == b,
+            (HostPattern::Exact(_), HostPattern::Under(_)) => false,
+            (HostPattern::Under(_), HostPattern::Exact(h)) => self.matches(h),
+            (HostPattern::Under(a), HostPattern::Under(b)) => a == b || self.matches(b),
+        }
+    }
+}
+
+/// Whether `domain` is on the public suffix list (its ICANN or its private
+/// section): `co.uk`, `github.io`. A name the list does not know falls under
+/// its default rule, the last label alone, so `corp.internal` is not one.
+fn is_public_suffix(domain: &str) -> bool {
+    psl::suffix_str(domain).is_some_and(|s| s.eq_ignore_ascii_case(domain))
 }
 
 impl std::fmt::Display for HostPattern {
@@ -183,6 +221,27 @@ impl AllowList {
 
     pub fn entries(&self) -> &[HostPattern] {
         &self.0
+    }
+
+    /// The first entry of this list that no pattern of `ceiling` covers, as the
+    /// refusal naming it and the ceiling (`whose`: who set it, for the message).
+    pub fn check_within(
+        &self,
+        ceiling: &AllowList,
+        whose: &'static str,
+    ) -> Result<(), EgressError> {
+        match self
+            .0
+            .iter()
+            .find(|e| !ceiling.0.iter().any(|c| c.covers(e)))
+        {
+            None => Ok(()),
+            Some(e) => Err(EgressError::OutsideCeiling {
+                entry: e.to_string(),
+                whose,
+                ceiling: ceiling.to_stored().replace(',', ", "),
+            }),
+        }
     }
 
     /// The stored form: entries joined with ','.
@@ -468,6 +527,71 @@ mod tests {
         }
         // The message names the entry.
         assert!(refused("bad_name.org").to_string().contains("bad_name.org"));
+    }
+
+    #[test]
+    fn a_star_dot_entry_under_a_public_suffix_is_refused_and_one_under_a_domain_is_not() {
+        for suffix in [
+            "*.github.io",
+            "*.co.uk",
+            "*.GitHub.IO.",
+            "*.s3.amazonaws.com",
+        ] {
+            let e = refused(suffix);
+            assert!(matches!(e, EgressError::PublicSuffix(_)), "{suffix}: {e}");
+            assert!(e.to_string().contains(suffix), "{e}");
+        }
+        for fine in [
+            "*.acme.github.io",
+            "*.example.co.uk",
+            "*.corp.internal",
+            "github.io",
+            "*.npmjs.org",
+        ] {
+            assert!(HostPattern::parse(fine).is_ok(), "{fine}");
+        }
+    }
+
+    #[test]
+    fn a_ceiling_holds_every_entry_to_its_hosts_and_names_the_first_outside() {
+        let ceiling = AllowList::parse(&["pypi.org", "*.pythonhosted.org", "*.npmjs.org"]).unwrap();
+        for inside in [
+            &["pypi.org"][..],
+            &["files.pythonhosted.org", "*.pythonhosted.org"],
+            &["*.registry.npmjs.org", "registry.npmjs.org"],
+        ] {
+            let list = AllowList::parse(inside).unwrap();
+            assert_eq!(
+                list.check_within(&ceiling, "the ceiling"),
+                Ok(()),
+                "{inside:?}"
+            );
+        }
+        for (asked, outside) in [
+            (&["pypi.org", "attacker.example"][..], "attacker.example"),
+            (&["*.pypi.org"], "*.pypi.org"),
+            (&["pythonhosted.org"], "pythonhosted.org"),
+            (&["*.org"], "*.org"),
+        ] {
+            let Ok(list) = AllowList::parse(asked) else {
+                // "*.org" is refused on its own already.
+                continue;
+            };
+            let e = list.check_within(&ceiling, "the ceiling").unwrap_err();
+            assert_eq!(
+                e,
+                EgressError::OutsideCeiling {
+                    entry: outside.into(),
+                    whose: "the ceiling",
+                    ceiling: "pypi.org, *.pythonhosted.org, *.npmjs.org".into(),
+                }
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains(outside) && text.contains("*.pythonhosted.org"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -41,6 +41,7 @@ fn spawn_worker(redis: &Redis, check: &str) -> (Process, String) {
         ("TASKS_DIR", &tasks),
         ("REDIS_SETUP_CHECK", check),
         ("SHUTDOWN_GRACE_SECONDS", "0"),
+        ("TASK_VERIFY_KEYS", testkit::VERIFY_KEY),
     ];
     let bin = binary("script-runner-worker", "SCRIPT_RUNNER_WORKER_BIN");
     (Process::spawn(&bin, vars), heartbeat)

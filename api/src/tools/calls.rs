@@ -21,7 +21,8 @@ use super::error::ToolError;
 use super::output::{KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutput, TaskStatus};
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
-use crate::auth::{Principal, Scope};
+use crate::auth::{Grant, Principal, Scope};
+use crate::config::OPERATOR_CEILING;
 use shared::apikey::Limits;
 use shared::scripts::{Quota, Submit, SubmitReply};
 
@@ -126,6 +127,19 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 asked: egress.network(),
                 allowed: g.limits.networks.unwrap_or(Networks::ALL),
             });
+        }
+        // An allow-list names only hosts the operator, and the key, allow.
+        if let Some(list) = egress.allow_list() {
+            if let Some(ceiling) = &cfg.egress_ceiling {
+                list.check_within(ceiling, OPERATOR_CEILING)?;
+            }
+            if let Principal::Owner(Grant {
+                allow_hosts: Some(ceiling),
+                ..
+            }) = &who
+            {
+                list.check_within(ceiling, "the hosts this API key allows (its --allow-hosts)")?;
+            }
         }
         let task_id = uuid::Uuid::new_v4().to_string();
         let record = TaskRecord {

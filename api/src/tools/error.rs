@@ -210,6 +210,8 @@ impl ToolError {
             ToolError::NetworkNotAllowed { .. } => C::MissingScope,
             ToolError::Egress(e) => match e {
                 EgressError::TooMany(_) => C::TooLarge,
+                // Not a malformed entry: one this caller may not name.
+                EgressError::OutsideCeiling { .. } => C::MissingScope,
                 _ => C::InvalidArgument,
             },
             ToolError::Collect(e) => match e {

@@ -270,6 +270,7 @@ async fn an_api_key_is_503_not_401_while_redis_is_down_and_metrics_are_the_admin
         name: "ci".into(),
         scopes: shared::apikey::Scopes::ALL,
         limits: shared::apikey::Limits::default(),
+        allow_hosts: None,
         created_at: None,
         last_used_at: None,
     };

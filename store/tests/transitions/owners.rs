@@ -277,6 +277,7 @@ async fn keys_are_stored_hashed_and_rotate_and_revoke_at_once() {
             max_queued: Some(5),
             ..Limits::default()
         },
+        allow_hosts: None,
         created_at: None,
         last_used_at: None,
     };
