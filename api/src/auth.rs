@@ -3,7 +3,9 @@
 //! API key's `Grant` (its name as owner, its scopes and quotas), looked up in
 //! Redis on every request so a revoked key is refused at once by every replica.
 //! `require_bearer` puts the principal in the request's extensions, where the
-//! tools find it (`tools::runner`).
+//! tools find it (`tools::runner`). The metrics token (`METRICS_TOKEN`) is no
+//! principal: on `METRICS_PATH` it lets the request through as a
+//! `MetricsReader`, and anywhere else it is an unknown token.
 
 use std::sync::Arc;
 
@@ -18,6 +20,13 @@ use subtle::ConstantTimeEq;
 use crate::db::{Store, StoreError};
 use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
 use shared::Owner;
+
+/// The one route `METRICS_TOKEN` opens.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// In a request's extensions when it carried `METRICS_TOKEN` to `METRICS_PATH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsReader;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,11 +90,14 @@ pub enum AuthError {
     OAuthUnavailable(OAuthError),
 }
 
-/// Checks bearer tokens: the admin token in constant time, API keys by their
-/// SHA-256 in Redis, and with OAuth on, JWT access tokens of the issuer.
+/// Checks bearer tokens: the admin token (and the metrics token) in constant
+/// time, API keys by their SHA-256 in Redis, and with OAuth on, JWT access
+/// tokens of the issuer.
 #[derive(Clone)]
 pub struct Authenticator {
     admin_token: Arc<Vec<u8>>,
+    /// `METRICS_TOKEN`, if set.
+    metrics_token: Option<Arc<Vec<u8>>>,
     store: Store,
     oauth: Option<OAuth>,
     /// The `WWW-Authenticate` challenge: `Bearer realm=...`, and with OAuth on
@@ -94,7 +106,12 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(admin_token: &str, store: Store, oauth: Option<OAuth>) -> Authenticator {
+    pub fn new(
+        admin_token: &str,
+        metrics_token: Option<&str>,
+        store: Store,
+        oauth: Option<OAuth>,
+    ) -> Authenticator {
         let challenge = match oauth.as_ref().map(OAuth::settings) {
             None => "Bearer realm=\"script-runner\"".to_owned(),
             Some(s) => format!(
@@ -109,6 +126,7 @@ impl Authenticator {
         };
         Authenticator {
             admin_token: Arc::new(admin_token.as_bytes().to_vec()),
+            metrics_token: metrics_token.map(|t| Arc::new(t.as_bytes().to_vec())),
             store,
             oauth,
             challenge: challenge.into(),
@@ -137,6 +155,15 @@ impl Authenticator {
             .unwrap_or_else(|_| HeaderValue::from_static("Bearer realm=\"script-runner\""));
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, value);
         resp
+    }
+
+    /// Whether the request's bearer token is `METRICS_TOKEN` (compared in
+    /// constant time). Asked only on `METRICS_PATH`.
+    fn is_metrics_token(&self, headers: &HeaderMap) -> bool {
+        match (&self.metrics_token, bearer(headers)) {
+            (Some(token), Some(presented)) => token_matches(presented, token),
+            _ => false,
+        }
     }
 
     /// The principal the request's `Authorization: Bearer` header names.
@@ -238,6 +265,12 @@ pub async fn require_bearer(
     mut req: Request,
     next: Next,
 ) -> Response {
+    // METRICS_TOKEN opens the metrics and nothing else: on any other path it
+    // goes through `authenticate` like every unknown token, and is refused as one.
+    if req.uri().path() == METRICS_PATH && auth.is_metrics_token(req.headers()) {
+        req.extensions_mut().insert(MetricsReader);
+        return next.run(req).await;
+    }
     let presented = bearer(req.headers()).is_some();
     let refused = match auth.authenticate(req.headers()).await {
         Ok(principal) => {
@@ -267,16 +300,20 @@ pub async fn require_bearer(
     crate::http::refused_unread(req.headers(), refused)
 }
 
-/// `/metrics` is the operator's: it counts every owner's tasks.
-pub async fn require_admin(req: Request, next: Next) -> Response {
-    match req.extensions().get::<Principal>() {
-        Some(Principal::Admin) => next.run(req).await,
-        _ => (
-            StatusCode::FORBIDDEN,
-            "/metrics needs the admin token (SCRIPT_RUNNER_TOKEN), not an API key\n",
-        )
-            .into_response(),
+/// `/metrics` is the operator's: it counts every owner's tasks. The metrics
+/// token or the admin token reads it; an API key or an access token gets 403.
+pub async fn require_metrics_reader(req: Request, next: Next) -> Response {
+    let reader = req.extensions().get::<MetricsReader>().is_some()
+        || req.extensions().get::<Principal>() == Some(&Principal::Admin);
+    if reader {
+        return next.run(req).await;
     }
+    (
+        StatusCode::FORBIDDEN,
+        "/metrics needs METRICS_TOKEN or the admin token (SCRIPT_RUNNER_TOKEN), not an API key \
+         or an access token\n",
+    )
+        .into_response()
 }
 
 /// Compares in constant time (`subtle`), so timing does not reveal how much of

@@ -45,6 +45,16 @@ pub enum ConfigError {
     MissingToken,
     #[error("SCRIPT_RUNNER_TOKEN is {0} characters long; it must be at least {MIN_TOKEN_LEN}")]
     ShortToken(usize),
+    #[error(
+        "METRICS_TOKEN is {0} characters long; it must be at least {MIN_TOKEN_LEN} \
+         (generate one with `openssl rand -hex 32`), or empty for none"
+    )]
+    ShortMetricsToken(usize),
+    #[error(
+        "METRICS_TOKEN is the same as SCRIPT_RUNNER_TOKEN: give Prometheus a token of its own \
+         (`openssl rand -hex 32`), so that what it holds opens /metrics and nothing else"
+    )]
+    MetricsTokenIsAdminToken,
     #[error(transparent)]
     Var(#[from] VarError),
     #[error("RUNTIME_IMAGES: {0}")]
@@ -81,6 +91,10 @@ pub enum ConfigError {
 pub struct Config {
     /// `SCRIPT_RUNNER_TOKEN`: the bearer token every `/mcp` request must carry.
     pub token: String,
+    /// `METRICS_TOKEN`: a bearer token that opens `GET /metrics` and nothing
+    /// else (for Prometheus); `None` when unset, and only the admin token reads
+    /// the metrics.
+    pub metrics_token: Option<String>,
     /// `REDIS_URL` or `REDIS_SENTINELS`, the client certificate, and
     /// `REDIS_MIN_REPLICAS_ACK`: where Redis is and what counts as acknowledged.
     pub redis: shared::envvar::RedisSettings,
@@ -176,6 +190,8 @@ impl std::fmt::Debug for Config {
 
 /// Empty: none, and the api refuses to start (`ConfigError::MissingToken`).
 const SCRIPT_RUNNER_TOKEN: Var = Var::new("SCRIPT_RUNNER_TOKEN", "");
+/// Empty: none; only the admin token reads `/metrics`.
+const METRICS_TOKEN: Var = Var::new("METRICS_TOKEN", "");
 const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
 /// Empty: no health details listener.
 const HEALTH_ADDR: Var = Var::new("HEALTH_ADDR", "");
@@ -204,8 +220,9 @@ const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
 /// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 31] = [
+pub const VARS: [Var; 32] = [
     SCRIPT_RUNNER_TOKEN,
+    METRICS_TOKEN,
     EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
@@ -256,6 +273,7 @@ impl Config {
         if token.chars().count() < MIN_TOKEN_LEN {
             return Err(ConfigError::ShortToken(token.chars().count()));
         }
+        let metrics_token = metrics_token(&var, &token)?;
         let (default_timeout_seconds, max_timeout_seconds) = timeouts(&var)?;
         let allowed_hosts = parse_list(Some(&ALLOWED_HOSTS.get(&var)), "");
         // An empty list would make rmcp accept every Host: refuse it instead.
@@ -269,6 +287,7 @@ impl Config {
         let http = http_limits(&var, needed)?;
         Ok(Config {
             token,
+            metrics_token,
             redis: common.redis,
             keys: common.keys,
             listen_addr: LISTEN_ADDR.parse(&var, "an address and port such as 0.0.0.0:8080")?,
@@ -290,6 +309,24 @@ impl Config {
             egress_default: egress_default(&var)?,
         })
     }
+}
+
+/// `METRICS_TOKEN`: empty, or a token as long as the admin's and not the same.
+fn metrics_token(
+    var: &impl Fn(&str) -> Option<String>,
+    admin: &str,
+) -> Result<Option<String>, ConfigError> {
+    let token = METRICS_TOKEN.get(var);
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if token.chars().count() < MIN_TOKEN_LEN {
+        return Err(ConfigError::ShortMetricsToken(token.chars().count()));
+    }
+    if token == admin {
+        return Err(ConfigError::MetricsTokenIsAdminToken);
+    }
+    Ok(Some(token))
 }
 
 /// `EGRESS_DEFAULT`, checked as a client's `network` argument is.
@@ -528,6 +565,24 @@ mod tests {
                 .map(|e| e.to_string())
                 .is_some_and(|m| m.contains("at least 32"))
         );
+    }
+
+    #[test]
+    fn a_metrics_token_must_be_long_and_not_the_admin_token() {
+        assert_eq!(load(&[TOKEN]).ok().map(|c| c.metrics_token), Some(None));
+        let own = "fedcba9876543210fedcba9876543210";
+        let c = load(&[TOKEN, ("METRICS_TOKEN", own)]).expect("config");
+        assert_eq!(c.metrics_token.as_deref(), Some(own));
+        assert!(
+            !format!("{c:?}").contains(own),
+            "Debug shows the metrics token"
+        );
+        let short = load(&[TOKEN, ("METRICS_TOKEN", "short")]);
+        assert!(matches!(short, Err(ConfigError::ShortMetricsToken(5))));
+        assert!(matches!(
+            load(&[TOKEN, ("METRICS_TOKEN", TOKEN.1)]),
+            Err(ConfigError::MetricsTokenIsAdminToken)
+        ));
     }
 
     #[test]

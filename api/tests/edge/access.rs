@@ -319,6 +319,65 @@ async fn an_api_key_is_503_not_401_while_redis_is_down_and_metrics_are_the_admin
     stack.shutdown().await;
 }
 
+/// `METRICS_TOKEN` reads `/metrics` and nothing else: on `/mcp` it gets the
+/// 401 an unknown token gets, byte for byte (with OAuth off and on); a wrong
+/// token gets 401 on `/metrics`, and the admin token still reads it.
+#[tokio::test]
+async fn the_metrics_token_reads_metrics_and_is_an_unknown_token_anywhere_else() {
+    const METRICS: &str = "metrics-token-0123456789abcdef0123456789";
+    const UNKNOWN: &str = "unknown-token-0123456789abcdef0123456789";
+    let oauth = [
+        ("OAUTH_ISSUER", "http://127.0.0.1:9/oauth".to_owned()),
+        ("OAUTH_RESOURCE", "http://127.0.0.1:9/mcp".to_owned()),
+    ];
+    for oauth_on in [false, true] {
+        let mut extra_env = vec![("METRICS_TOKEN", METRICS.to_owned())];
+        if oauth_on {
+            extra_env.extend(oauth.clone());
+        }
+        let stack = Stack::start(Options {
+            extra_env,
+            ..Options::default()
+        })
+        .await;
+        let http = reqwest::Client::new();
+        let metrics = |token: &str| {
+            http.get(format!("{}/metrics", stack.url))
+                .header("authorization", format!("Bearer {token}"))
+                .send()
+        };
+        let resp = metrics(METRICS).await.expect("metrics");
+        assert_eq!(resp.status(), 200, "oauth {oauth_on}");
+        let text = resp.text().await.unwrap_or_default();
+        assert!(text.contains("script_runner_redis_up 1\n"), "{text}");
+        let admin = metrics(TOKEN).await.map(|r| r.status().as_u16()).ok();
+        assert_eq!(admin, Some(200), "the admin token reads the metrics too");
+        let wrong = metrics(UNKNOWN).await.expect("metrics");
+        assert_eq!(wrong.status(), 401, "oauth {oauth_on}");
+
+        // On /mcp: the answer of an unknown token, status, challenge and body.
+        let answer = |token: &'static str| {
+            let sent = http
+                .post(format!("{}/mcp", stack.url))
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("authorization", format!("Bearer {token}"))
+                .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#)
+                .send();
+            async move {
+                let resp = sent.await.expect("request");
+                let status = resp.status().as_u16();
+                let challenge = resp.headers().get("www-authenticate").cloned();
+                (status, challenge, resp.text().await.unwrap_or_default())
+            }
+        };
+        let (with_metrics, with_unknown) = (answer(METRICS).await, answer(UNKNOWN).await);
+        assert_eq!(with_metrics.0, 401, "oauth {oauth_on}: {with_metrics:?}");
+        assert_eq!(with_metrics, with_unknown, "oauth {oauth_on}");
+        stack.shutdown().await;
+    }
+}
+
 /// GET calls Redis has served so far (`INFO commandstats`).
 async fn gets_served(c: &mut redis::aio::MultiplexedConnection) -> u64 {
     let info: String = redis::cmd("INFO")
