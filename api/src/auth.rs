@@ -19,10 +19,17 @@ use subtle::ConstantTimeEq;
 
 use crate::db::{Store, StoreError};
 use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
+use crate::throttle::{self, Throttle};
 use shared::Owner;
 
 /// The one route `METRICS_TOKEN` opens.
 pub const METRICS_PATH: &str = "/metrics";
+
+/// What a 503 says when an API key could not be looked up. Fixed: the caller is
+/// not authenticated yet, and the store's error (Redis's address, its ACL user,
+/// `WRONGPASS`) is for the log only.
+const KEY_UNCHECKED: &str =
+    "the API key could not be checked just now (the key store did not answer); try again shortly";
 
 /// In a request's extensions when it carried `METRICS_TOKEN` to `METRICS_PATH`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +85,9 @@ pub enum AuthError {
     /// No bearer token, or one that is no key: 401, the same for every cause.
     #[error("missing or invalid bearer token")]
     Unauthorized,
-    /// The key could not be looked up: 503 (the key may be fine).
-    #[error("the key store (Redis) is unreachable: {0}; try again shortly")]
+    /// The key could not be looked up: 503 (the key may be fine). The message
+    /// is `KEY_UNCHECKED`, whatever the cause; the cause is its source.
+    #[error("{KEY_UNCHECKED}")]
     Unavailable(#[source] StoreError),
     /// An OAuth access token was refused (OAuth on): 401 with
     /// `error="invalid_token"` and the reason, never the token.
@@ -99,6 +107,9 @@ pub struct Authenticator {
     /// `METRICS_TOKEN`, if set.
     metrics_token: Option<Arc<Vec<u8>>>,
     store: Store,
+    /// The log budget of the 503s a key lookup's failure causes: a client can
+    /// repeat them at will while Redis is down.
+    unavailable_log: Arc<Throttle>,
     oauth: Option<OAuth>,
     /// The `WWW-Authenticate` challenge: `Bearer realm=...`, and with OAuth on
     /// `resource_metadata` and `scope` (RFC 9728 §5.1).
@@ -128,6 +139,7 @@ impl Authenticator {
             admin_token: Arc::new(admin_token.as_bytes().to_vec()),
             metrics_token: metrics_token.map(|t| Arc::new(t.as_bytes().to_vec())),
             store,
+            unavailable_log: Arc::new(Throttle::new()),
             oauth,
             challenge: challenge.into(),
         }
@@ -282,9 +294,24 @@ pub async fn require_bearer(
             tracing::debug!(reason = %e, "refused an OAuth access token");
             auth.unauthorized(presented, Some(&e.to_string()))
         }
-        Err(e @ AuthError::Unavailable(_)) => {
-            tracing::warn!(error = %e, "a request was refused: its key could not be looked up");
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        Err(AuthError::Unavailable(cause)) => {
+            if let Some(refused) = auth.unavailable_log.tick() {
+                tracing::warn!(
+                    error = %cause,
+                    refused,
+                    "a request was answered 503: its API key could not be looked up (this is \
+                     the first in {} s, `refused` counts it and those not logged since)",
+                    throttle::EVERY.as_secs()
+                );
+            }
+            let mut resp = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{KEY_UNCHECKED}\n"),
+            )
+                .into_response();
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            resp
         }
         Err(e @ AuthError::OAuthUnavailable(_)) => {
             let mut resp = (
