@@ -220,7 +220,7 @@ const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 
 /// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 32] = [
+pub const VARS: [Var; 34] = [
     SCRIPT_RUNNER_TOKEN,
     METRICS_TOKEN,
     EGRESS_DEFAULT,
@@ -247,6 +247,8 @@ pub const VARS: [Var; 32] = [
     oauth::OAUTH_ISSUER,
     oauth::OAUTH_RESOURCE,
     oauth::OAUTH_SCOPES,
+    oauth::OAUTH_DEFAULT_SCOPES,
+    oauth::OAUTH_REQUIRE_AT_JWT,
     oauth::OAUTH_MAX_QUEUED,
     oauth::OAUTH_MAX_RUNNING,
     oauth::OAUTH_CPU_SECONDS_PER_DAY,
