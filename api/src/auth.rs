@@ -3,7 +3,9 @@
 //! API key's `Grant` (its name as owner, its scopes and quotas), looked up in
 //! Redis on every request so a revoked key is refused at once by every replica.
 //! `require_bearer` puts the principal in the request's extensions, where the
-//! tools find it (`tools::runner`).
+//! tools find it (`tools::runner`). The metrics token (`METRICS_TOKEN`) is no
+//! principal: on `METRICS_PATH` it lets the request through as a
+//! `MetricsReader`, and anywhere else it is an unknown token.
 
 use std::sync::Arc;
 
@@ -18,7 +20,21 @@ use subtle::ConstantTimeEq;
 
 use crate::db::{Store, StoreError};
 use crate::oauth::{OAuth, OAuthError, OAuthGrant, OAuthScope};
+use crate::throttle::{self, Throttle};
 use shared::Owner;
+
+/// The one route `METRICS_TOKEN` opens.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// What a 503 says when an API key could not be looked up. Fixed: the caller is
+/// not authenticated yet, and the store's error (Redis's address, its ACL user,
+/// `WRONGPASS`) is for the log only.
+const KEY_UNCHECKED: &str =
+    "the API key could not be checked just now (the key store did not answer); try again shortly";
+
+/// In a request's extensions when it carried `METRICS_TOKEN` to `METRICS_PATH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsReader;
 
 /// Who is calling.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,8 +89,9 @@ pub enum AuthError {
     /// No bearer token, or one that is no key: 401, the same for every cause.
     #[error("missing or invalid bearer token")]
     Unauthorized,
-    /// The key could not be looked up: 503 (the key may be fine).
-    #[error("the key store (Redis) is unreachable: {0}; try again shortly")]
+    /// The key could not be looked up: 503 (the key may be fine). The message
+    /// is `KEY_UNCHECKED`, whatever the cause; the cause is its source.
+    #[error("{KEY_UNCHECKED}")]
     Unavailable(#[source] StoreError),
     /// An OAuth access token was refused (OAuth on): 401 with
     /// `error="invalid_token"` and the reason, never the token.
@@ -85,12 +102,18 @@ pub enum AuthError {
     OAuthUnavailable(OAuthError),
 }
 
-/// Checks bearer tokens: the admin token in constant time, API keys by their
-/// SHA-256 in Redis, and with OAuth on, JWT access tokens of the issuer.
+/// Checks bearer tokens: the admin token (and the metrics token) in constant
+/// time, API keys by their SHA-256 in Redis, and with OAuth on, JWT access
+/// tokens of the issuer.
 #[derive(Clone)]
 pub struct Authenticator {
     admin_token: Arc<Vec<u8>>,
+    /// `METRICS_TOKEN`, if set.
+    metrics_token: Option<Arc<Vec<u8>>>,
     store: Store,
+    /// The log budget of the 503s a key lookup's failure causes: a client can
+    /// repeat them at will while Redis is down.
+    unavailable_log: Arc<Throttle>,
     oauth: Option<OAuth>,
     /// The `WWW-Authenticate` challenge: `Bearer realm=...`, and with OAuth on
     /// `resource_metadata` and `scope` (RFC 9728 §5.1).
@@ -98,7 +121,12 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(admin_token: &str, store: Store, oauth: Option<OAuth>) -> Authenticator {
+    pub fn new(
+        admin_token: &str,
+        metrics_token: Option<&str>,
+        store: Store,
+        oauth: Option<OAuth>,
+    ) -> Authenticator {
         let challenge = match oauth.as_ref().map(OAuth::settings) {
             None => "Bearer realm=\"script-runner\"".to_owned(),
             Some(s) => format!(
@@ -113,7 +141,9 @@ impl Authenticator {
         };
         Authenticator {
             admin_token: Arc::new(admin_token.as_bytes().to_vec()),
+            metrics_token: metrics_token.map(|t| Arc::new(t.as_bytes().to_vec())),
             store,
+            unavailable_log: Arc::new(Throttle::new()),
             oauth,
             challenge: challenge.into(),
         }
@@ -141,6 +171,15 @@ impl Authenticator {
             .unwrap_or_else(|_| HeaderValue::from_static("Bearer realm=\"script-runner\""));
         resp.headers_mut().insert(header::WWW_AUTHENTICATE, value);
         resp
+    }
+
+    /// Whether the request's bearer token is `METRICS_TOKEN` (compared in
+    /// constant time). Asked only on `METRICS_PATH`.
+    fn is_metrics_token(&self, headers: &HeaderMap) -> bool {
+        match (&self.metrics_token, bearer(headers)) {
+            (Some(token), Some(presented)) => token_matches(presented, token),
+            _ => false,
+        }
     }
 
     /// The principal the request's `Authorization: Bearer` header names.
@@ -244,6 +283,12 @@ pub async fn require_bearer(
     mut req: Request,
     next: Next,
 ) -> Response {
+    // METRICS_TOKEN opens the metrics and nothing else: on any other path it
+    // goes through `authenticate` like every unknown token, and is refused as one.
+    if req.uri().path() == METRICS_PATH && auth.is_metrics_token(req.headers()) {
+        req.extensions_mut().insert(MetricsReader);
+        return next.run(req).await;
+    }
     let presented = bearer(req.headers()).is_some();
     let refused = match auth.authenticate(req.headers()).await {
         Ok(principal) => {
@@ -255,9 +300,24 @@ pub async fn require_bearer(
             tracing::debug!(reason = %e, "refused an OAuth access token");
             auth.unauthorized(presented, Some(&e.to_string()))
         }
-        Err(e @ AuthError::Unavailable(_)) => {
-            tracing::warn!(error = %e, "a request was refused: its key could not be looked up");
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        Err(AuthError::Unavailable(cause)) => {
+            if let Some(refused) = auth.unavailable_log.tick() {
+                tracing::warn!(
+                    error = %cause,
+                    refused,
+                    "a request was answered 503: its API key could not be looked up (this is \
+                     the first in {} s, `refused` counts it and those not logged since)",
+                    throttle::EVERY.as_secs()
+                );
+            }
+            let mut resp = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("{KEY_UNCHECKED}\n"),
+            )
+                .into_response();
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            resp
         }
         Err(e @ AuthError::OAuthUnavailable(_)) => {
             let mut resp = (
@@ -273,16 +333,20 @@ pub async fn require_bearer(
     crate::http::refused_unread(req.headers(), refused)
 }
 
-/// `/metrics` is the operator's: it counts every owner's tasks.
-pub async fn require_admin(req: Request, next: Next) -> Response {
-    match req.extensions().get::<Principal>() {
-        Some(Principal::Admin) => next.run(req).await,
-        _ => (
-            StatusCode::FORBIDDEN,
-            "/metrics needs the admin token (SCRIPT_RUNNER_TOKEN), not an API key\n",
-        )
-            .into_response(),
+/// `/metrics` is the operator's: it counts every owner's tasks. The metrics
+/// token or the admin token reads it; an API key or an access token gets 403.
+pub async fn require_metrics_reader(req: Request, next: Next) -> Response {
+    let reader = req.extensions().get::<MetricsReader>().is_some()
+        || req.extensions().get::<Principal>() == Some(&Principal::Admin);
+    if reader {
+        return next.run(req).await;
     }
+    (
+        StatusCode::FORBIDDEN,
+        "/metrics needs METRICS_TOKEN or the admin token (SCRIPT_RUNNER_TOKEN), not an API key \
+         or an access token\n",
+    )
+        .into_response()
 }
 
 /// Compares in constant time (`subtle`), so timing does not reveal how much of

@@ -54,6 +54,16 @@ pub enum ConfigError {
     MissingSigningKey,
     #[error("TASK_SIGNING_KEY: {0}")]
     SigningKey(#[source] KeyError),
+    #[error(
+        "METRICS_TOKEN is {0} characters long; it must be at least {MIN_TOKEN_LEN} \
+         (generate one with `openssl rand -hex 32`), or empty for none"
+    )]
+    ShortMetricsToken(usize),
+    #[error(
+        "METRICS_TOKEN is the same as SCRIPT_RUNNER_TOKEN: give Prometheus a token of its own \
+         (`openssl rand -hex 32`), so that what it holds opens /metrics and nothing else"
+    )]
+    MetricsTokenIsAdminToken,
     #[error(transparent)]
     Var(#[from] VarError),
     #[error("RUNTIME_IMAGES: {0}")]
@@ -92,6 +102,10 @@ pub struct Config {
     pub token: String,
     /// `TASK_SIGNING_KEY`: signs each task's spec at submit (`shared::spec`).
     pub signer: Arc<SpecSigner>,
+    /// `METRICS_TOKEN`: a bearer token that opens `GET /metrics` and nothing
+    /// else (for Prometheus); `None` when unset, and only the admin token reads
+    /// the metrics.
+    pub metrics_token: Option<String>,
     /// `REDIS_URL` or `REDIS_SENTINELS`, the client certificate, and
     /// `REDIS_MIN_REPLICAS_ACK`: where Redis is and what counts as acknowledged.
     pub redis: shared::envvar::RedisSettings,
@@ -193,6 +207,8 @@ impl std::fmt::Debug for Config {
 const SCRIPT_RUNNER_TOKEN: Var = Var::new("SCRIPT_RUNNER_TOKEN", "");
 /// Empty: none, and the api refuses to start (`ConfigError::MissingSigningKey`).
 const TASK_SIGNING_KEY: Var = Var::new("TASK_SIGNING_KEY", "");
+/// Empty: none; only the admin token reads `/metrics`.
+const METRICS_TOKEN: Var = Var::new("METRICS_TOKEN", "");
 const LISTEN_ADDR: Var = Var::new("LISTEN_ADDR", "0.0.0.0:8080");
 /// Empty: no health details listener.
 const HEALTH_ADDR: Var = Var::new("HEALTH_ADDR", "");
@@ -223,10 +239,11 @@ const EGRESS_ALLOW_HOSTS: Var = Var::new("EGRESS_ALLOW_HOSTS", "");
 
 /// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 33] = [
+pub const VARS: [Var; 36] = [
     SCRIPT_RUNNER_TOKEN,
     EGRESS_ALLOW_HOSTS,
     TASK_SIGNING_KEY,
+    METRICS_TOKEN,
     EGRESS_DEFAULT,
     HEALTH_ADDR,
     MAX_REQUEST_BYTES,
@@ -251,6 +268,8 @@ pub const VARS: [Var; 33] = [
     oauth::OAUTH_ISSUER,
     oauth::OAUTH_RESOURCE,
     oauth::OAUTH_SCOPES,
+    oauth::OAUTH_DEFAULT_SCOPES,
+    oauth::OAUTH_REQUIRE_AT_JWT,
     oauth::OAUTH_MAX_QUEUED,
     oauth::OAUTH_MAX_RUNNING,
     oauth::OAUTH_CPU_SECONDS_PER_DAY,
@@ -282,6 +301,7 @@ impl Config {
             return Err(ConfigError::MissingSigningKey);
         }
         let signer = SpecSigner::from_base64(&signing_key).map_err(ConfigError::SigningKey)?;
+        let metrics_token = metrics_token(&var, &token)?;
         let (default_timeout_seconds, max_timeout_seconds) = timeouts(&var)?;
         let allowed_hosts = parse_list(Some(&ALLOWED_HOSTS.get(&var)), "");
         // An empty list would make rmcp accept every Host: refuse it instead.
@@ -298,6 +318,7 @@ impl Config {
         Ok(Config {
             token,
             signer: Arc::new(signer),
+            metrics_token,
             redis: common.redis,
             keys: common.keys,
             listen_addr: LISTEN_ADDR.parse(&var, "an address and port such as 0.0.0.0:8080")?,
@@ -320,6 +341,24 @@ impl Config {
             egress_default,
         })
     }
+}
+
+/// `METRICS_TOKEN`: empty, or a token as long as the admin's and not the same.
+fn metrics_token(
+    var: &impl Fn(&str) -> Option<String>,
+    admin: &str,
+) -> Result<Option<String>, ConfigError> {
+    let token = METRICS_TOKEN.get(var);
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if token.chars().count() < MIN_TOKEN_LEN {
+        return Err(ConfigError::ShortMetricsToken(token.chars().count()));
+    }
+    if token == admin {
+        return Err(ConfigError::MetricsTokenIsAdminToken);
+    }
+    Ok(Some(token))
 }
 
 /// `EGRESS_DEFAULT`, checked as a client's `network` argument is.
@@ -617,6 +656,24 @@ mod tests {
                 .map(|e| e.to_string())
                 .is_some_and(|m| m.contains("at least 32"))
         );
+    }
+
+    #[test]
+    fn a_metrics_token_must_be_long_and_not_the_admin_token() {
+        assert_eq!(load(&[TOKEN]).ok().map(|c| c.metrics_token), Some(None));
+        let own = "fedcba9876543210fedcba9876543210";
+        let c = load(&[TOKEN, ("METRICS_TOKEN", own)]).expect("config");
+        assert_eq!(c.metrics_token.as_deref(), Some(own));
+        assert!(
+            !format!("{c:?}").contains(own),
+            "Debug shows the metrics token"
+        );
+        let short = load(&[TOKEN, ("METRICS_TOKEN", "short")]);
+        assert!(matches!(short, Err(ConfigError::ShortMetricsToken(5))));
+        assert!(matches!(
+            load(&[TOKEN, ("METRICS_TOKEN", TOKEN.1)]),
+            Err(ConfigError::MetricsTokenIsAdminToken)
+        ));
     }
 
     #[test]

@@ -193,7 +193,12 @@ pub fn router(
         Some(settings) => Some(OAuth::new(settings.clone()).map_err(ApiError::OAuthRoots)?),
         None => None,
     };
-    let auth = auth::Authenticator::new(&config.token, store.clone(), oauth.clone());
+    let auth = auth::Authenticator::new(
+        &config.token,
+        config.metrics_token.as_deref(),
+        store.clone(),
+        oauth.clone(),
+    );
     // Layers run outside in: the client's share of requests in flight, then the
     // Origin (no I/O; a foreign origin gets 403 whatever its token, see
     // `origin`), then the token, so no body of an unauthenticated request is
@@ -208,8 +213,8 @@ pub fn router(
         .merge(mcp)
         .merge(
             Router::new()
-                .route("/metrics", get(metrics::handler))
-                .layer(middleware::from_fn(auth::require_admin)),
+                .route(auth::METRICS_PATH, get(metrics::handler))
+                .layer(middleware::from_fn(auth::require_metrics_reader)),
         )
         .with_state(store.clone())
         .layer(middleware::from_fn_with_state(auth, auth::require_bearer))

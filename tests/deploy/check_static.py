@@ -220,6 +220,7 @@ def check_compose() -> None:
         env_file = Path(tmp, "env")
         env_file.write_text(
             "SCRIPT_RUNNER_TOKEN=" + "t" * 64 + "\n"
+            "METRICS_TOKEN=" + "m" * 64 + "\n"
             "REDIS_API_PASSWORD=password-api\nREDIS_WORKER_PASSWORD=password-worker\n"
             "REDIS_ADMIN_PASSWORD=password-admin\nREDIS_OPS_PASSWORD=password-ops\n"
             "GRAFANA_ADMIN_PASSWORD=password-grafana\nDOMAIN=mcp.example.test\n"
@@ -274,13 +275,13 @@ def check_compose() -> None:
         secrets = set()
         for line in env_file.read_text().splitlines():
             key, _, value = line.partition("=")
-            if "PASSWORD" in key:
+            if "PASSWORD" in key or key == "SCRIPT_RUNNER_TOKEN":
                 secrets.add(value)
         leaked = [k for k, v in prometheus_env.items() if "PASSWORD" in k or v in secrets]
         if leaked:
-            problem(f"prometheus's environment holds passwords: {leaked}")
-        if set(prometheus_env) != {"SCRIPT_RUNNER_TOKEN"}:
-            problem(f"prometheus gets more than SCRIPT_RUNNER_TOKEN: {sorted(prometheus_env)}")
+            problem(f"prometheus's environment holds passwords or the admin token: {leaked}")
+        if set(prometheus_env) != {"METRICS_TOKEN"}:
+            problem(f"prometheus gets more than METRICS_TOKEN: {sorted(prometheus_env)}")
         ca_key = (tls / "ca.key").resolve()
         for name in ("redis",):
             for mount in (full.get(name) or {}).get("volumes") or []:

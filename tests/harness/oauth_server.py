@@ -8,8 +8,9 @@ What the MCP Python SDK's OAuth client needs, and what the api checks:
 - authorization code with PKCE (S256, required), approved at once for the one
   user (`alice`): `GET /authorize` answers the redirect with the code, so a
   test's redirect handler only has to follow the URL;
-- the token endpoint: RFC 9068 JWT access tokens signed RS256 with the current
-  key, `aud` the RFC 8707 `resource` the client asked for;
+- the token endpoint: RFC 9068 JWT access tokens (header `typ: at+jwt`, which
+  Authlib's generator writes) signed RS256 with the current key, `aud` the
+  RFC 8707 `resource` the client asked for;
 - the JWKS with the current key and the ones rotated out (as real issuers keep
   them published a while); `rotate()` makes a new current key with a new kid.
 
@@ -150,8 +151,9 @@ class OAuthServer:
 
     def mint(self, *, key: RSAKey | None = None, header: dict[str, Any] | None = None, **claims: Any) -> str:
         """A token signed by joserfc with the current key (or `key`), with the
-        claims the token endpoint would give `alice` for `aud`, overridden by
-        `claims` (a value of None drops the claim)."""
+        header (`typ: at+jwt`) and claims the token endpoint would give `alice`
+        for `aud`, overridden by `header` and `claims` (a value of None drops
+        the header parameter or the claim)."""
         now = int(time.time())
         body: dict[str, Any] = {
             "iss": self.issuer,
@@ -166,7 +168,24 @@ class OAuthServer:
         body = {k: v for k, v in body.items() if v is not None}
         key = key or self.current_key
         head = {"alg": "RS256", "typ": "at+jwt", "kid": key.kid} | (header or {})
+        head = {k: v for k, v in head.items() if v is not None}
         return jwt.encode(head, body, key)
+
+    def id_token(self, aud: str, typ: str | None = "JWT", key: RSAKey | None = None) -> str:
+        """An OpenID Connect ID token of this issuer for `alice`, as an issuer
+        signs them (same keys as its access tokens), addressed to `aud`: what a
+        client could present in place of an access token when its client id is
+        the resource's URL, or the issuer puts it in `aud`."""
+        return self.mint(
+            key=key,
+            header={"typ": typ},
+            aud=aud,
+            scope=None,
+            client_id=None,
+            azp="some-client",
+            nonce=secrets.token_hex(8),
+            auth_time=int(time.time()),
+        )
 
     # -- the Flask app
 

@@ -2,7 +2,8 @@
 server run in the test (tests/harness/oauth_server.py: Authlib and joserfc) and
 an api replica with OAUTH_ISSUER and OAUTH_RESOURCE set, sharing the session's
 Redis and worker. The session's own api has OAuth off and shows what stays
-unchanged there.
+unchanged there; a second OAuth replica has OAUTH_REQUIRE_AT_JWT=false and
+OAUTH_DEFAULT_SCOPES=read.
 
 The replica logs at debug for its own crate, so the last test's scan of its log
 for every token it saw covers the refusal reasons too.
@@ -44,14 +45,14 @@ TOOLS_LIST = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
 
 
 class OAuthApi:
-    """The authorization server and the api replica that trusts it."""
+    """The authorization server and an api replica that trusts it."""
 
-    def __init__(self, server: OAuthServer, api: Api, resource: str) -> None:
+    def __init__(self, server: OAuthServer, api: Api, resource: str, presented: list[str]) -> None:
         self.server = server
         self.api = api
         self.resource = resource
         self.metadata_url = f"{api.base_url}/.well-known/oauth-protected-resource/mcp"
-        self.presented: list[str] = []  # every token sent to the api, for the log scan
+        self.presented = presented  # every token sent to either replica, for the log scan
 
     async def post(self, token: str | None, body: dict[str, Any] = TOOLS_LIST) -> httpx2.Response:
         headers = dict(HEADERS)
@@ -63,23 +64,53 @@ class OAuthApi:
 
 
 @pytest.fixture(scope="module")
-def oauth(stack: Stack) -> Iterator[OAuthApi]:
+def auth_server() -> Iterator[OAuthServer]:
     with OAuthServer() as server:
-        port = free_port()
-        resource = f"http://127.0.0.1:{port}/mcp"
-        env = {
-            "OAUTH_ISSUER": server.issuer,
-            "OAUTH_RESOURCE": resource,
-            # The api's own debug lines (why a token was refused) are in the log
-            # the last test scans.
-            "RUST_LOG": "info,script_runner_api=debug",
-        }
-        stack.add_api("api-oauth", env, port=port)
-        api = stack.start_api("api-oauth")
-        try:
-            yield OAuthApi(server, api, resource)
-        finally:
-            api.proc.stop()
+        yield server
+
+
+PRESENTED: list[str] = []  # every token the module sends to an OAuth replica
+
+
+@contextlib.contextmanager
+def oauth_replica(stack: Stack, server: OAuthServer, short: str, env: dict[str, str]) -> Iterator[OAuthApi]:
+    port = free_port()
+    resource = f"http://127.0.0.1:{port}/mcp"
+    env = {
+        "OAUTH_ISSUER": server.issuer,
+        "OAUTH_RESOURCE": resource,
+        # The api's own debug lines (why a token was refused) are in the log
+        # the last test scans.
+        "RUST_LOG": "info,script_runner_api=debug",
+    } | env
+    stack.add_api(short, env, port=port)
+    api = stack.start_api(short)
+    try:
+        yield OAuthApi(server, api, resource, PRESENTED)
+    finally:
+        api.proc.stop()
+
+
+@pytest.fixture(scope="module")
+def oauth(stack: Stack, auth_server: OAuthServer) -> Iterator[OAuthApi]:
+    """The replica with the defaults: at+jwt required, no scope without a claim."""
+    with oauth_replica(stack, auth_server, "api-oauth", {}) as replica:
+        yield replica
+
+
+@pytest.fixture(scope="module")
+def lenient(stack: Stack, auth_server: OAuthServer) -> Iterator[OAuthApi]:
+    """The replica with the options: any typ, and `read` for a token without a claim."""
+    env = {"OAUTH_REQUIRE_AT_JWT": "false", "OAUTH_DEFAULT_SCOPES": "read"}
+    with oauth_replica(stack, auth_server, "api-oauth-lenient", env) as replica:
+        yield replica
+
+
+def first_key(replica: OAuthApi) -> RSAKey:
+    """The issuer's first key, which every key set it publishes holds: a token
+    signed with it never waits on a key refetch (at most every 5 s), whenever
+    the replica fetched the keys and whatever `rotate()` did since."""
+    return replica.server.keys[0]
 
 
 def challenge(response: httpx2.Response) -> dict[str, str]:
@@ -175,12 +206,19 @@ def bad_token(case: str, server: OAuthServer, aud: str) -> str:
             return forged({"alg": "HS256", "typ": "at+jwt", "kid": kid}, valid_claims, public_pem)
         case "no-subject":
             return server.mint(aud=aud, sub=None)
+        case "id-token":  # RFC 9068 §4: an ID token is no access token, whatever its aud
+            return server.id_token(aud)
+        case "id-token-without-typ":
+            return server.id_token(aud, typ=None)
+        case "typ-jwt":  # an access token's claims, but not typed as one
+            return server.mint(aud=aud, header={"typ": "JWT"})
     raise AssertionError(case)
 
 
 BAD_TOKENS = [
     "wrong-audience", "no-audience", "wrong-issuer", "expired", "not-yet-valid", "bad-signature",
-    "unknown-key", "alg-none", "hs256-keyed-with-the-public-key", "no-subject",
+    "unknown-key", "alg-none", "hs256-keyed-with-the-public-key", "no-subject", "id-token",
+    "id-token-without-typ", "typ-jwt",
 ]  # fmt: skip
 
 
@@ -188,6 +226,10 @@ async def test_a_token_of_the_issuer_for_this_resource_passes_on_mcp_only(oauth:
     token = oauth.server.mint(aud=oauth.resource)
     r = await oauth.post(token)
     assert r.status_code == 200, r.text[:200]
+    # RFC 9068's media type in full, in any case, is an access token's typ too.
+    for typ in ("application/at+jwt", "AT+JWT"):
+        r = await oauth.post(oauth.server.mint(aud=oauth.resource, header={"typ": typ}))
+        assert r.status_code == 200, (typ, r.text[:200])
     # /metrics stays the operator's (auth::require_admin): an access token is refused.
     async with httpx2.AsyncClient(timeout=10) as http:
         r = await http.get(f"{oauth.api.base_url}/metrics", headers={"Authorization": f"Bearer {token}"})
@@ -201,6 +243,25 @@ async def test_a_bad_token_is_refused(oauth: OAuthApi, case: str) -> None:
     params = challenge(r)
     assert params.get("error") == "invalid_token", r.headers
     assert params["resource_metadata"] == oauth.metadata_url
+    if case.startswith("id-token") or case == "typ-jwt":
+        assert "not a JWT access token" in params["error_description"], params
+
+
+async def test_with_the_typ_check_off_a_plain_jwt_passes(lenient: OAuthApi) -> None:
+    """OAUTH_REQUIRE_AT_JWT=false, for issuers that type their access tokens
+    `JWT` or not at all: such tokens pass, and so, then, does an ID token of
+    the issuer whose `aud` is this server (which the check is there to refuse)."""
+    key = first_key(lenient)
+    for token in (
+        lenient.server.mint(aud=lenient.resource, key=key, header={"typ": "JWT"}),
+        lenient.server.mint(aud=lenient.resource, key=key, header={"typ": None}),
+        lenient.server.id_token(lenient.resource, key=key),
+    ):
+        r = await lenient.post(token)
+        assert r.status_code == 200, (claims_of(f"x.{token.split('.')[0]}"), r.text[:200])
+    # The rest of the checks still hold.
+    r = await lenient.post(lenient.server.mint(aud="http://127.0.0.1:1/mcp", key=key, header={"typ": "JWT"}))
+    assert r.status_code == 401, r.text[:200]
 
 
 async def test_a_key_rotation_at_the_issuer_is_picked_up(oauth: OAuthApi) -> None:
@@ -308,6 +369,9 @@ async def test_the_sdk_oauth_client_completes_the_flow_and_runs_a_task(stack: St
     # The SDK asked for this server as the resource (RFC 8707), and the token is bound to it.
     assert claims["aud"] == oauth.resource, claims
     assert claims["iss"] == oauth.server.issuer
+    # Authlib's token endpoint types its tokens as RFC 9068 asks, which the api
+    # requires by default (OAUTH_REQUIRE_AT_JWT).
+    assert claims_of(f"x.{token.split('.')[0]}")["typ"] == "at+jwt"
 
 
 async def test_an_access_token_without_run_can_watch_but_not_run(oauth: OAuthApi) -> None:
@@ -325,17 +389,53 @@ async def test_an_access_token_without_run_can_watch_but_not_run(oauth: OAuthApi
     assert not r.json()["result"]["isError"], r.text[:300]
 
 
+def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+
+
+RUN_TRUE = tool_call("run_script", {"runtime": "python3.13", "command_base64": "dHJ1ZQ=="})
+
+
+async def test_a_token_without_a_scope_claim_can_do_nothing(oauth: OAuthApi) -> None:
+    """No `scope` (nor `scp`) claim is no scope (OAUTH_DEFAULT_SCOPES is empty
+    by default), not every scope: the token is valid, and each tool call is
+    refused naming the scope it lacks."""
+    token = oauth.server.mint(aud=oauth.resource, sub="no-claim", scope=None)
+    assert "scope" not in claims_of(token) and "scp" not in claims_of(token)
+    r = await oauth.post(token)  # tools/list needs no scope
+    assert r.status_code == 200, r.text[:200]
+    for body, scope in ((RUN_TRUE, "run"), (tool_call("list_tasks", {}), "read")):
+        r = await oauth.post(token, body)
+        assert r.status_code == 200, r.text[:200]
+        result = r.json()["result"]
+        assert result["isError"] and result["structuredContent"]["code"] == "missing_scope", result
+        text = result["content"][0]["text"]
+        assert f"lacks the {scope} scope" in text and "has: none" in text, text
+        assert "access token" in text and "OAUTH_DEFAULT_SCOPES" in text, text
+
+
+async def test_oauth_default_scopes_is_what_a_token_without_a_claim_may_do(lenient: OAuthApi) -> None:
+    token = lenient.server.mint(aud=lenient.resource, key=first_key(lenient), sub="no-claim-lenient", scope=None)
+    r = await lenient.post(token, tool_call("list_tasks", {}))
+    assert not r.json()["result"]["isError"], r.text[:300]
+    r = await lenient.post(token, RUN_TRUE)
+    result = r.json()["result"]
+    assert result["isError"] and result["structuredContent"]["code"] == "missing_scope", result
+    assert "lacks the run scope" in result["content"][0]["text"], result
+
+
 # --------------------------------------------------------------------------- no token in the logs
 
 
-async def test_no_token_appears_in_the_api_log_or_in_redis(stack: Stack, oauth: OAuthApi) -> None:
+async def test_no_token_appears_in_the_api_log_or_in_redis(stack: Stack, oauth: OAuthApi, lenient: OAuthApi) -> None:
     """Runs last in this module: every token sent above (accepted or refused),
-    and those the issuer handed out, must be absent from the replica's log and
+    and those the issuer handed out, must be absent from the replicas' logs and
     from every key and value in Redis (tasks ran with them above)."""
     tokens = set(oauth.presented) | set(oauth.server.tokens_issued)
     assert len(tokens) >= 10, "the tests above should have sent tokens"
-    log = oauth.api.proc.log_path.read_text(errors="replace")
-    assert "refused an OAuth access token" in log, "the debug log should say why tokens were refused"
+    logs = [replica.api.proc.log_path.read_text(errors="replace") for replica in (oauth, lenient)]
+    assert "refused an OAuth access token" in logs[0], "the debug log should say why tokens were refused"
+    log = "\n".join(logs)
     stored = "\n".join(every_value(stack))
     assert "oauth:" in stored, "the scan reads the tasks the tokens' owners ran"
     for token in tokens:

@@ -7,7 +7,9 @@
 //! - here, `OAuth`: the validator. `authenticate(token)` checks a JWT access token
 //!   against the issuer's published keys (JWKS, found through its RFC 8414 or
 //!   OpenID metadata): signature with an allowed algorithm, `iss` equal to the
-//!   issuer, `aud` containing this server's resource (RFC 8707), `exp` and `nbf`.
+//!   issuer, `aud` containing this server's resource (RFC 8707), `exp` and `nbf`,
+//!   and (`OAUTH_REQUIRE_AT_JWT`, on by default) the header's `typ` saying it is
+//!   an access token (RFC 9068), not an ID token of the same issuer.
 //!   Keys are cached; a token naming an unknown key id makes it fetch them
 //!   again (at most once per `REFETCH_GAP`), so a rotation at the issuer is
 //!   picked up without a restart, and they are refetched anyway once older
@@ -40,10 +42,10 @@ use url::Url;
 use keys::{CachedKey, FetchState, KeyCache, usable_key};
 use settings::is_loopback;
 pub use settings::{
-    METADATA_ROOT, OAUTH_ALGORITHMS, OAUTH_CPU_SECONDS_PER_DAY, OAUTH_ISSUER,
+    METADATA_ROOT, OAUTH_ALGORITHMS, OAUTH_CPU_SECONDS_PER_DAY, OAUTH_DEFAULT_SCOPES, OAUTH_ISSUER,
     OAUTH_JWKS_REFRESH_SECONDS, OAUTH_MAX_QUEUED, OAUTH_MAX_RUNNING, OAUTH_NETWORKS,
-    OAUTH_RESOURCE, OAUTH_SCOPES, OAuthConfigError, OAuthGrant, OAuthLimits, OAuthScope,
-    OAuthSettings,
+    OAUTH_REQUIRE_AT_JWT, OAUTH_RESOURCE, OAUTH_SCOPES, OAuthConfigError, OAuthGrant, OAuthLimits,
+    OAuthScope, OAuthSettings,
 };
 
 /// A token naming a key id the cache lacks makes the api fetch the keys again,
@@ -71,6 +73,13 @@ pub enum OAuthError {
     Malformed(jsonwebtoken::errors::Error),
     #[error("the token is signed with {0:?}, which OAUTH_ALGORITHMS does not allow")]
     Algorithm(Algorithm),
+    /// `typ` absent or other than `at+jwt`; the value, cut, if there was one.
+    #[error(
+        "the token is not a JWT access token: its header's typ is {}, not at+jwt (RFC 9068; \
+         an ID token is not accepted)",
+        .0.as_deref().map_or("absent".to_owned(), |t| format!("{t:?}"))
+    )]
+    NotAnAccessToken(Option<String>),
     #[error("the issuer publishes no key for this token (key id {0:?})")]
     UnknownKey(Option<String>),
     #[error("the token was refused: {0}")]
@@ -117,10 +126,12 @@ impl ScopeClaim {
 }
 
 /// What a token may do: the scopes its claim names that `OAUTH_SCOPES` (the
-/// operator's ceiling) allows; without a claim, the ceiling itself.
+/// operator's ceiling) allows; without a claim, `OAUTH_DEFAULT_SCOPES` (none
+/// unless the operator names some), within the ceiling too.
 fn granted_scopes(
     claim: Option<&ScopeClaim>,
     ceiling: &BTreeSet<OAuthScope>,
+    default: &BTreeSet<OAuthScope>,
 ) -> BTreeSet<OAuthScope> {
     match claim {
         Some(claim) => claim
@@ -129,8 +140,25 @@ fn granted_scopes(
             .filter_map(OAuthScope::parse)
             .filter(|s| ceiling.contains(s))
             .collect(),
-        None => ceiling.clone(),
+        None => default.intersection(ceiling).copied().collect(),
     }
+}
+
+/// The longest `typ` quoted back in a refusal.
+const MAX_QUOTED_TYP: usize = 40;
+
+/// Whether a JOSE header's `typ` names a JWT access token: `at+jwt`, or the
+/// full media type `application/at+jwt` (RFC 9068 §2.1), in any case (media
+/// types compare case-insensitively, RFC 7515 §4.1.9).
+fn is_access_token_type(typ: Option<&str>) -> bool {
+    typ.is_some_and(|t| {
+        let t = t.trim();
+        let t = match t.get(..12) {
+            Some(prefix) if prefix.eq_ignore_ascii_case("application/") => &t[12..],
+            _ => t,
+        };
+        t.eq_ignore_ascii_case("at+jwt")
+    })
 }
 
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>;
@@ -185,6 +213,12 @@ impl OAuth {
         if !settings.algorithms.contains(&header.alg) {
             return Err(OAuthError::Algorithm(header.alg));
         }
+        // Before any key is fetched: an ID token (typ JWT, or none) signed by
+        // the same keys would otherwise pass every check below.
+        if settings.require_at_jwt && !is_access_token_type(header.typ.as_deref()) {
+            let typ = header.typ.map(|t| t.chars().take(MAX_QUOTED_TYP).collect());
+            return Err(OAuthError::NotAnAccessToken(typ));
+        }
         let key = self.key_for(header.kid.as_deref(), header.alg).await?;
         let mut validation = Validation::new(header.alg);
         validation.algorithms = vec![header.alg];
@@ -206,6 +240,7 @@ impl OAuth {
         let scopes = granted_scopes(
             claims.scope.as_ref().or(claims.scp.as_ref()),
             &settings.scopes,
+            &settings.default_scopes,
         );
         Ok(OAuthGrant {
             owner: shared::Owner::OAuth(sub.to_owned()),
@@ -490,19 +525,55 @@ mod tests {
     }
 
     #[test]
+    fn a_token_without_a_scope_claim_gets_the_default_which_is_none() {
+        use OAuthScope::{Read, Run};
+        let all = BTreeSet::from(OAuthScope::ALL);
+        assert!(granted_scopes(None, &all, &BTreeSet::new()).is_empty());
+        let run_read = BTreeSet::from([Run, Read]);
+        assert_eq!(granted_scopes(None, &all, &run_read), run_read);
+        // An empty claim is a claim: it grants nothing, whatever the default.
+        let empty: ScopeClaim = serde_json::from_str(r#""""#).expect("claim");
+        assert!(granted_scopes(Some(&empty), &all, &run_read).is_empty());
+    }
+
+    #[test]
+    fn only_an_at_jwt_typ_is_an_access_token() {
+        for yes in [
+            "at+jwt",
+            "AT+JWT",
+            "application/at+jwt",
+            "Application/At+JWT",
+        ] {
+            assert!(is_access_token_type(Some(yes)), "{yes}");
+        }
+        for no in [
+            None,
+            Some("JWT"),
+            Some("jwt"),
+            Some(""),
+            Some("application/jwt"),
+        ] {
+            assert!(!is_access_token_type(no), "{no:?}");
+        }
+        for no in ["at+jwt+x", "application/", "text/at+jwt", "id_token+jwt"] {
+            assert!(!is_access_token_type(Some(no)), "{no}");
+        }
+    }
+
+    #[test]
     fn oauth_scopes_is_the_ceiling_of_every_token() {
         use OAuthScope::{Kill, Read, Run};
         let read_only = BTreeSet::from([Read]);
+        let none = BTreeSet::new();
         let claim: ScopeClaim = serde_json::from_str(r#""run read kill openid""#).expect("claim");
-        assert_eq!(granted_scopes(Some(&claim), &read_only), read_only);
-        assert_eq!(granted_scopes(None, &read_only), read_only);
+        assert_eq!(granted_scopes(Some(&claim), &read_only, &none), read_only);
         let all = BTreeSet::from(OAuthScope::ALL);
         assert_eq!(
-            granted_scopes(Some(&claim), &all),
+            granted_scopes(Some(&claim), &all, &none),
             BTreeSet::from([Run, Read, Kill])
         );
         let kill: ScopeClaim = serde_json::from_str(r#"["kill"]"#).expect("claim");
-        assert!(granted_scopes(Some(&kill), &read_only).is_empty());
+        assert!(granted_scopes(Some(&kill), &read_only, &all).is_empty());
         let s = load(&[ISSUER, RESOURCE, ("OAUTH_SCOPES", "read")])
             .ok()
             .flatten()

@@ -16,6 +16,10 @@ pub const METADATA_ROOT: &str = "/.well-known/oauth-protected-resource";
 pub const OAUTH_ISSUER: Var = Var::new("OAUTH_ISSUER", "");
 pub const OAUTH_RESOURCE: Var = Var::new("OAUTH_RESOURCE", "");
 pub const OAUTH_SCOPES: Var = Var::new("OAUTH_SCOPES", "run,read,kill");
+/// Empty: a token without a `scope` (or `scp`) claim may do nothing.
+pub const OAUTH_DEFAULT_SCOPES: Var = Var::new("OAUTH_DEFAULT_SCOPES", "");
+/// Only tokens whose JOSE header says `typ: at+jwt` (RFC 9068) pass.
+pub const OAUTH_REQUIRE_AT_JWT: Var = Var::new("OAUTH_REQUIRE_AT_JWT", "true");
 pub const OAUTH_MAX_QUEUED: Var = Var::new("OAUTH_MAX_QUEUED", "");
 pub const OAUTH_MAX_RUNNING: Var = Var::new("OAUTH_MAX_RUNNING", "");
 pub const OAUTH_CPU_SECONDS_PER_DAY: Var = Var::new("OAUTH_CPU_SECONDS_PER_DAY", "");
@@ -80,6 +84,11 @@ pub enum OAuthConfigError {
         set: &'static str,
         missing: &'static str,
     },
+    #[error(
+        "OAUTH_DEFAULT_SCOPES names {0}, which OAUTH_SCOPES does not allow: the default of a \
+         token without a scope claim must be within the ceiling of every token"
+    )]
+    DefaultAboveCeiling(&'static str),
     #[error(transparent)]
     Var(#[from] VarError),
 }
@@ -93,9 +102,14 @@ pub struct OAuthSettings {
     /// tokens must carry.
     pub resource: String,
     /// `OAUTH_SCOPES`: the most any token may do (the operator's ceiling: a
-    /// token's `scope` claim is intersected with it), and what a token without
-    /// a `scope` claim may do.
+    /// token's `scope` claim is intersected with it).
     pub scopes: BTreeSet<OAuthScope>,
+    /// `OAUTH_DEFAULT_SCOPES`: what a token without a `scope` (or `scp`) claim
+    /// may do, within `scopes`; empty by default: nothing.
+    pub default_scopes: BTreeSet<OAuthScope>,
+    /// `OAUTH_REQUIRE_AT_JWT`: refuse a token whose header's `typ` is not
+    /// `at+jwt` (RFC 9068), such as an ID token of the same issuer.
+    pub require_at_jwt: bool,
     pub limits: OAuthLimits,
     /// `OAUTH_JWKS_REFRESH_SECONDS`: cached keys older than this are fetched again.
     pub jwks_refresh: Duration,
@@ -114,7 +128,12 @@ impl OAuthSettings {
     ) -> Result<Option<OAuthSettings>, OAuthConfigError> {
         let issuer = var(OAUTH_ISSUER.name);
         let resource = var(OAUTH_RESOURCE.name);
-        let ceiling = scopes(var)?;
+        let ceiling = scopes(var, OAUTH_SCOPES)?;
+        let default_scopes = scopes(var, OAUTH_DEFAULT_SCOPES)?;
+        if let Some(above) = default_scopes.iter().find(|s| !ceiling.contains(s)) {
+            return Err(OAuthConfigError::DefaultAboveCeiling(above.as_str()));
+        }
+        let require_at_jwt = OAUTH_REQUIRE_AT_JWT.parse(var, "true or false")?;
         let limits = OAuthLimits {
             max_queued: optional_count(var, OAUTH_MAX_QUEUED)?,
             max_running: optional_count(var, OAUTH_MAX_RUNNING)?,
@@ -155,6 +174,8 @@ impl OAuthSettings {
             issuer,
             resource,
             scopes: ceiling,
+            default_scopes,
+            require_at_jwt,
             limits,
             jwks_refresh,
             algorithms,
@@ -201,20 +222,15 @@ impl OAuthSettings {
     }
 }
 
-/// `OAUTH_SCOPES`: a comma-separated subset of run, read, kill.
-fn scopes(var: &impl Fn(&str) -> Option<String>) -> Result<BTreeSet<OAuthScope>, VarError> {
-    let raw = OAUTH_SCOPES.get(var);
+/// `OAUTH_SCOPES` or `OAUTH_DEFAULT_SCOPES`: a comma-separated subset of run,
+/// read, kill.
+fn scopes(var: &impl Fn(&str) -> Option<String>, v: Var) -> Result<BTreeSet<OAuthScope>, VarError> {
+    let raw = v.get(var);
     parse_list(Some(&raw), "")
         .iter()
         .map(|s| OAuthScope::parse(s))
         .collect::<Option<BTreeSet<_>>>()
-        .ok_or_else(|| {
-            VarError::new(
-                OAUTH_SCOPES.name,
-                &raw,
-                "a comma-separated list of run, read and kill",
-            )
-        })
+        .ok_or_else(|| VarError::new(v.name, &raw, "a comma-separated list of run, read and kill"))
 }
 
 /// A quota: empty is no limit, else 1 to 10000000.
@@ -301,6 +317,8 @@ pub(super) mod tests {
         assert!(e.is_some_and(|m| m.contains("OAUTH_RESOURCE is set but OAUTH_ISSUER is not")));
         let s = load(&[ISSUER, RESOURCE]).ok().flatten().expect("on");
         assert_eq!(s.scopes, BTreeSet::from(OAuthScope::ALL));
+        assert!(s.default_scopes.is_empty(), "no claim, no scope");
+        assert!(s.require_at_jwt);
         assert_eq!(s.limits, OAuthLimits::default());
         assert_eq!(
             s.algorithms,
@@ -311,6 +329,30 @@ pub(super) mod tests {
                 Algorithm::EdDSA
             ]
         );
+    }
+
+    #[test]
+    fn the_default_scopes_lie_within_the_ceiling() {
+        use OAuthScope::{Read, Run};
+        let s = load(&[ISSUER, RESOURCE, ("OAUTH_DEFAULT_SCOPES", "run, read")])
+            .ok()
+            .flatten()
+            .expect("on");
+        assert_eq!(s.default_scopes, BTreeSet::from([Run, Read]));
+        assert_eq!(
+            load(&[
+                ISSUER,
+                RESOURCE,
+                ("OAUTH_SCOPES", "read"),
+                ("OAUTH_DEFAULT_SCOPES", "read,kill"),
+            ]),
+            Err(OAuthConfigError::DefaultAboveCeiling("kill"))
+        );
+        let off = load(&[ISSUER, RESOURCE, ("OAUTH_REQUIRE_AT_JWT", "false")])
+            .ok()
+            .flatten()
+            .expect("on");
+        assert!(!off.require_at_jwt);
     }
 
     #[test]
@@ -374,6 +416,14 @@ pub(super) mod tests {
                 "OAUTH_RESOURCE",
             ),
             (&[("OAUTH_SCOPES", "run,write")][..], "OAUTH_SCOPES"),
+            (
+                &[("OAUTH_DEFAULT_SCOPES", "all")][..],
+                "OAUTH_DEFAULT_SCOPES",
+            ),
+            (
+                &[("OAUTH_REQUIRE_AT_JWT", "yes")][..],
+                "OAUTH_REQUIRE_AT_JWT",
+            ),
             (
                 &[("OAUTH_ALGORITHMS", "RS256,HS256")][..],
                 "OAUTH_ALGORITHMS",

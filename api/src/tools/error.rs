@@ -64,6 +64,35 @@ impl ErrorCode {
 
 /// A tool call that ran but could not do what was asked. The message is shown to
 /// the model as is, so it says what was wrong and what is allowed.
+/// What a caller without a scope presented: its refusal says how to get it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    ApiKey,
+    /// An OAuth access token.
+    AccessToken,
+}
+
+impl Credential {
+    fn remedy(self, needed: Scope) -> String {
+        match self {
+            Credential::ApiKey => format!("ask the operator for a key with {needed}"),
+            Credential::AccessToken => format!(
+                "sign in again asking for the {needed} scope (a token without a scope claim has \
+                 only the operator's OAUTH_DEFAULT_SCOPES, none by default)"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Credential::ApiKey => "API key",
+            Credential::AccessToken => "access token",
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
     #[error("unknown runtime {given:?}: use one of {allowed}")]
@@ -126,12 +155,14 @@ pub enum ToolError {
     )]
     QueueFull(u64),
     #[error(
-        "this API key lacks the {needed} scope, which {call} needs (the key has: {have}); ask the operator for a key with {needed}"
+        "this {credential} lacks the {needed} scope, which {call} needs (it has: {have}); {}",
+        credential.remedy(*needed)
     )]
     MissingScope {
         needed: Scope,
         call: &'static str,
         have: Scopes,
+        credential: Credential,
     },
     #[error(
         "quota max_queued reached: this API key may have at most {limit} tasks waiting in the queue and has {count}; it frees up as soon as one of them starts or ends (or kill_task one)"

@@ -8,7 +8,7 @@ use rmcp::service::RequestContext;
 use tokio_util::sync::CancellationToken;
 
 use super::describe;
-use super::error::ToolError;
+use super::error::{Credential, ToolError};
 use crate::auth::{Principal, Scope};
 use crate::config::Config;
 use crate::db::Store;
@@ -57,10 +57,15 @@ pub(super) fn allowed(
     if have.contains(scope) {
         Ok(principal)
     } else {
+        let credential = match principal.owner() {
+            shared::Owner::OAuth(_) => Credential::AccessToken,
+            _ => Credential::ApiKey,
+        };
         Err(ToolError::MissingScope {
             needed: scope,
             call,
             have,
+            credential,
         })
     }
 }
