@@ -22,7 +22,8 @@
 #                        certificate signed by the deployment's CA (mutual TLS,
 #                        REDIS_TLS_CLIENT_CERTS=on); add-worker.sh --issue --csr issues them
 #   --allow-workers LIST worker hosts' addresses or networks (IPv4 and IPv6, comma-
-#                        separated) that may reach Redis's TLS port; every other source
+#                        separated) that may reach Redis's TLS port (required with
+#                        --remote-workers unless .env keeps a list); every other source
 #                        is dropped in DOCKER-USER (iptables and ip6tables), where traffic
 #                        to Docker's published ports passes (ufw and INPUT never see it).
 #                        Kept in .env (REDIS_TLS_ALLOW) and applied again on every run.
@@ -39,15 +40,16 @@
 #
 # Steps: install Docker Engine and the Compose plugin (Docker's apt repository), git,
 # curl, openssl; clone or update the checkout; write .env (a generated
-# SCRIPT_RUNNER_TOKEN, printed once, and generated Redis passwords); with
-# --remote-workers create the TLS material in deploy/tls; pull the runtime images;
-# start the stack with deploy/deploy.sh --no-fetch, which waits until it is healthy.
+# SCRIPT_RUNNER_TOKEN, printed once, generated Redis passwords and the task spec key
+# pair); with --remote-workers create the TLS material in deploy/tls; pull the runtime
+# images; apply the --allow-workers rules; start the stack with deploy/deploy.sh
+# --no-fetch, which waits until it is healthy.
 set -euo pipefail
 
 DOMAIN="" EMAIL="" REPO="" DIR="" BRANCH=main REMOTE=0 TLS_NAMES="" SKIP_IMAGES=0 DRY=0
 CLIENT_CERTS=0 ALLOW_WORKERS="" FIREWALL_ONLY=0 TLS_PORT=""
 
-usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; }
 log() { printf 'setup-host: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 # Runs a command, or only shows it with --dry-run.
@@ -167,6 +169,8 @@ fi
 # Without .env it is not known, and a wrong one would leave the real port open to all.
 tls_port_of_env() {
     [[ -z "$TLS_PORT" ]] || { echo "$TLS_PORT"; return; }
+    # A dry run of a first setup has no .env yet: the one it would write leaves the port unset.
+    if [[ ! -f "$DIR/.env" ]] && ((DRY && !FIREWALL_ONLY)); then echo 6380; return; fi
     [[ -f "$DIR/.env" ]] || { log "no $DIR/.env to read REDIS_TLS_PORT from: give --redis-tls-port N (or --dir, the checkout)"; return 1; }
     local port
     port="$(grep -E '^REDIS_TLS_PORT=' "$DIR/.env" | tail -n1 | cut -d= -f2- || true)"
@@ -200,6 +204,11 @@ WantedBy=docker.service"
         printf 'would run: systemctl daemon-reload\nwould run: systemctl enable --now %s\n' "$UNIT"
         return 0
     fi
+    if [[ ! -d /run/systemd/system ]]; then
+        log "WARNING: systemd does not run this host: the rules are in place now, but nothing applies them
+  again after a reboot or a Docker restart; have your init run: $DIR/deploy/setup-host.sh --firewall-only --dir $DIR"
+        return 0
+    fi
     if [[ "$(cat "/etc/systemd/system/$UNIT" 2>/dev/null)" != "$unit" ]]; then
         printf '%s\n' "$unit" >"/etc/systemd/system/$UNIT"
         systemctl daemon-reload
@@ -218,6 +227,14 @@ if ((FIREWALL_ONLY)); then
 fi
 # The unit and Compose read the port from .env: rules for another one would not last.
 [[ -z "$TLS_PORT" ]] || die "--redis-tls-port goes with --firewall-only; otherwise REDIS_TLS_PORT in .env is the port"
+# Redis's TLS port is never published to everyone: the allow-list comes with it, given now
+# or kept in .env from an earlier run. (Every source, on purpose: 0.0.0.0/0,::/0.)
+if ((REMOTE)) && [[ -z "$ALLOW_WORKERS" ]] \
+    && [[ -z "$(grep -E '^REDIS_TLS_ALLOW=.' "$DIR/.env" 2>/dev/null || true)" ]]; then
+    die "--remote-workers publishes Redis's TLS port: give --allow-workers ADDRESS[,ADDRESS...] too, \
+the worker hosts' addresses or networks (only they may connect; 0.0.0.0/0,::/0 for every source, if a \
+firewall in front of this host does the filtering)"
+fi
 
 install_packages() {
     local missing=()
@@ -366,15 +383,17 @@ write_env
 ((REMOTE == 0)) || make_tls
 [[ -z "$ALLOW_WORKERS" ]] || env_set REDIS_TLS_ALLOW "$ALLOW_WORKERS"
 ((SKIP_IMAGES)) || pull_images
-log "starting the stack (deploy/deploy.sh --no-fetch)"
-run "$DIR/deploy/deploy.sh" --no-fetch
-# After the start: Docker has made DOCKER-USER by then.
+# Before the stack starts, so the TLS port is never published without its rules: Docker
+# makes DOCKER-USER when its daemon starts (install_packages started it), and keeps the
+# chain's rules when containers come and go.
 allow="${ALLOW_WORKERS:-$(env_get REDIS_TLS_ALLOW)}"
 if [[ -n "$allow" ]]; then
     port="$(tls_port_of_env)" || die "no firewall rules applied"
     apply_firewall "$port" "$allow"
     install_firewall_unit
 fi
+log "starting the stack (deploy/deploy.sh --no-fetch)"
+run "$DIR/deploy/deploy.sh" --no-fetch
 if ((DRY)); then
     log "dry run: nothing was changed"
     exit 0

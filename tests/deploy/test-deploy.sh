@@ -145,10 +145,19 @@ done < <(grep -hoE '(deploy|scripts|tests|\.ci|\.github/workflows)/[A-Za-z0-9_./
 
 step "setup-host.sh --help and --dry-run"
 grep -q -- --remote-workers <<<"$(deploy/setup-host.sh --help)"
-dry="$(deploy/setup-host.sh --dry-run --domain "$DOMAIN" --remote-workers --skip-images \
-    --dir "$WORK/nowhere" --repo "$WORK/none.git" 2>&1)"
+# The TLS port is never published without its allow-list.
+expect_fail "give --allow-workers" deploy/setup-host.sh --dry-run --domain "$DOMAIN" --remote-workers \
+    --skip-images --dir "$WORK/nowhere" --repo "$WORK/none.git"
+dry="$(deploy/setup-host.sh --dry-run --domain "$DOMAIN" --remote-workers --allow-workers 192.0.2.0/24 \
+    --skip-images --dir "$WORK/nowhere" --repo "$WORK/none.git" 2>&1)"
 grep -q "would run: git clone" <<<"$dry" || fail "setup-host.sh --dry-run: $dry"
 grep -q "would run: .*deploy/make-redis-tls.sh" <<<"$dry" || fail "setup-host.sh --dry-run made no TLS step: $dry"
+# The rules come before the stack starts.
+rules_at="$(grep -n "would run: iptables -w -I DOCKER-USER" <<<"$dry" | head -n1 | cut -d: -f1)"
+up_at="$(grep -n "would run: .*deploy/deploy.sh" <<<"$dry" | head -n1 | cut -d: -f1)"
+if [[ -z "$rules_at" || -z "$up_at" ]] || ((rules_at > up_at)); then
+    fail "setup-host.sh --dry-run does not apply the TLS port's rules before deploy.sh: $dry"
+fi
 [[ ! -e "$WORK/nowhere" ]] || fail "--dry-run changed something"
 
 if [[ "$MODE" == static ]]; then rm -rf "$WORK"; echo "deploy test: static checks passed"; exit 0; fi
@@ -173,6 +182,16 @@ cleanup() {
         while iptables -w -D INPUT -i "$br" -j "SR-IN-$br" 2>/dev/null; do :; done
         while iptables -w -D DOCKER-USER -i "$br" -j "SR-FWD-$br" 2>/dev/null; do :; done
         for c in "SR-IN-$br" "SR-FWD-$br"; do iptables -w -F "$c" 2>/dev/null && iptables -w -X "$c"; done
+    done
+    # setup-host.sh --allow-workers: the TLS port's chain and its jumps.
+    for tool in iptables ip6tables; do
+        for parent in DOCKER-USER INPUT; do
+            "$tool" -w -S "$parent" 2>/dev/null | grep -- "-j SR-REDIS-TLS\$" | while read -r rule; do
+                read -ra del <<<"${rule/-A /-D }"
+                "$tool" -w "${del[@]}"
+            done
+        done
+        "$tool" -w -F SR-REDIS-TLS 2>/dev/null && "$tool" -w -X SR-REDIS-TLS
     done
     docker network rm "$ID-tasks1" "$ID-tasks2" >/dev/null 2>&1
     rm -rf "$WORK"
@@ -261,7 +280,7 @@ step "deploy/setup-host.sh: secrets, Redis TLS, build and bring up the stack (de
 # The test's own settings (ports, names, local images) are in .env already: setup-host
 # keeps them and fills in the rest.
 start=$SECONDS
-"$HOST_DIR/deploy/setup-host.sh" --domain "$DOMAIN" --remote-workers --client-certs --skip-images \
+"$HOST_DIR/deploy/setup-host.sh" --domain "$DOMAIN" --remote-workers --allow-workers "$HOST_IP" --client-certs --skip-images \
     --tls-names "$DOMAIN,$HOST_IP,127.0.0.1" --dir "$HOST_DIR" | tee "$WORK/setup1.log"
 echo "stack healthy after $((SECONDS - start)) s"
 env_of() { grep -E "^$1=" "$HOST_DIR/.env" | tail -n1 | cut -d= -f2-; }
