@@ -140,9 +140,22 @@ central_redis() { # the central stack's Redis, through its entrypoint's worker-h
     [[ -f .env ]] || die "run --issue, --revoke and --list on the central host, in its checkout (no .env here)"
     docker compose exec -T -u redis redis redis-entrypoint.sh worker-host "$@"
 }
+# Every Redis node of the stack: with deploy/redis-sentinel.yml the replica too, so a
+# host's user is there when the sentinels promote it (each node keeps its own ACL file).
+redis_nodes() { docker compose ps --services --status running | grep -xE 'redis(-replica[-0-9]*)?' || true; }
+on_every_node() { # on_every_node add|remove NAME [< password]: the primary's first
+    local input node
+    input="$(cat)"
+    central_redis "$@" <<<"$input" || return 1
+    for node in $(redis_nodes); do
+        [[ "$node" != redis ]] || continue
+        docker compose exec -T -u redis "$node" redis-entrypoint.sh worker-host "$@" <<<"$input" \
+            || { log "could not $1 worker-$2 on $node (output above)"; return 1; }
+    done
+}
 if [[ "$MODE" == list ]]; then central_redis list; exit 0; fi
 if [[ "$MODE" == revoke ]]; then
-    central_redis remove "$HOST_NAME" || die "could not remove the Redis user worker-$HOST_NAME (output above)"
+    on_every_node remove "$HOST_NAME" </dev/null || die "could not remove the Redis user worker-$HOST_NAME (output above)"
     rm -rf "deploy/worker-hosts/$HOST_NAME"
     log "worker host $HOST_NAME revoked: its Redis user is gone and its connections are closed"
     exit 0
@@ -163,7 +176,7 @@ if [[ "$MODE" == issue ]]; then
     umask 077
     openssl rand -hex 24 >"$out/password"
     # The password goes to Redis on stdin, never on a command line; Redis keeps its hash.
-    central_redis add "$HOST_NAME" <"$out/password" || die "could not create the Redis user worker-$HOST_NAME (output above)"
+    on_every_node add "$HOST_NAME" <"$out/password" || die "could not create the Redis user worker-$HOST_NAME (output above)"
     cat <<EOT
 add-worker: worker host $HOST_NAME has its own Redis user, worker-$HOST_NAME.
 Copy $PWD/$out/ (password$([[ -n "$CSR" ]] && echo ", client.crt"), ca.crt, verify-keys) to that host, and there run

@@ -221,6 +221,8 @@ def check_compose() -> None:
         env_file.write_text(
             "SCRIPT_RUNNER_TOKEN=" + "t" * 64 + "\n"
             "METRICS_TOKEN=" + "m" * 64 + "\n"
+            "TASK_SIGNING_KEY=AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n"
+            "TASK_VERIFY_KEYS=iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w=\n"
             "REDIS_API_PASSWORD=password-api\nREDIS_WORKER_PASSWORD=password-worker\n"
             "REDIS_ADMIN_PASSWORD=password-admin\nREDIS_OPS_PASSWORD=password-ops\n"
             "GRAFANA_ADMIN_PASSWORD=password-grafana\nDOMAIN=mcp.example.test\n"
@@ -232,6 +234,7 @@ def check_compose() -> None:
         worker_env.write_text(
             "REDIS_URL=rediss://worker:password-worker@mcp.example.test:6380\n"
             f"REDIS_CA_FILE={tls}/ca.crt\nWORKER_NAME=w2\n"
+            "TASK_VERIFY_KEYS=iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w=\n"
         )
         stacks = {
             "docker-compose.yml + remote-workers.yml + monitoring": compose_config(
@@ -282,6 +285,14 @@ def check_compose() -> None:
             problem(f"prometheus's environment holds passwords or the admin token: {leaked}")
         if set(prometheus_env) != {"METRICS_TOKEN"}:
             problem(f"prometheus gets more than METRICS_TOKEN: {sorted(prometheus_env)}")
+        # The spec signing key is the api's alone: no worker, Redis or Prometheus gets it.
+        for where, stack in stacks.items():
+            for name, service in (stack.get("services") or {}).items():
+                env = service.get("environment") or {}
+                if name != "api" and "TASK_SIGNING_KEY" in env:
+                    problem(f"{where}: {name} gets TASK_SIGNING_KEY, which only the api may hold")
+                if name == "worker" and not env.get("TASK_VERIFY_KEYS"):
+                    problem(f"{where}: the worker gets no TASK_VERIFY_KEYS")
         ca_key = (tls / "ca.key").resolve()
         for name in ("redis",):
             for mount in (full.get(name) or {}).get("volumes") or []:
