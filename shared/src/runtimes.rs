@@ -193,6 +193,15 @@ impl RuntimeCatalog {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_image_pinned_by_digest_is_taken_whole() {
+        let pinned =
+            "python@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let c = RuntimeCatalog::from_env_value(Some(&format!("python3.13={pinned}"))).unwrap();
+        assert_eq!(c.lookup("python3.13").map(|(_, image)| image), Some(pinned));
+    }
+
     use super::*;
 
     #[test]
