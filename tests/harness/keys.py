@@ -137,3 +137,4 @@ class Field(StrEnum):
     CACHE = "cache"
     EGRESS_ALLOW = "egress_allow"
     EGRESS_LOG = "egress_log"
+    SPEC_SIGNATURE = "spec_signature"
