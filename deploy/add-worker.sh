@@ -142,10 +142,16 @@ central_redis() { # the central stack's Redis, through its entrypoint's worker-h
 }
 # Every Redis node of the stack: with deploy/redis-sentinel.yml the replica too, so a
 # host's user is there when the sentinels promote it (each node keeps its own ACL file).
-redis_nodes() { docker compose ps --services --status running | grep -xE 'redis(-replica[-0-9]*)?' || true; }
+redis_nodes() { docker compose config --services | grep -xE 'redis(-replica[-0-9]*)?' || true; }
 on_every_node() { # on_every_node add|remove NAME [< password]: the primary's first
-    local input node
+    local input node running
     input="$(cat)"
+    # A node that is down would keep (or lack) the user, and bring it back if promoted.
+    running="$(docker compose ps --services --status running)"
+    for node in $(redis_nodes); do
+        grep -qx "$node" <<<"$running" \
+            || die "the Redis node $node is not running: start it (docker compose up -d $node) and run this again, so every node gets the change"
+    done
     central_redis "$@" <<<"$input" || return 1
     for node in $(redis_nodes); do
         [[ "$node" != redis ]] || continue

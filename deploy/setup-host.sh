@@ -229,6 +229,8 @@ fi
 [[ -z "$TLS_PORT" ]] || die "--redis-tls-port goes with --firewall-only; otherwise REDIS_TLS_PORT in .env is the port"
 # Redis's TLS port is never published to everyone: the allow-list comes with it, given now
 # or kept in .env from an earlier run. (Every source, on purpose: 0.0.0.0/0,::/0.)
+# A host set up with --remote-workers before keeps it in .env's COMPOSE_FILE.
+grep -qE '^COMPOSE_FILE=.*remote-workers\.yml' "$DIR/.env" 2>/dev/null && REMOTE=1
 if ((REMOTE)) && [[ -z "$ALLOW_WORKERS" ]] \
     && [[ -z "$(grep -E '^REDIS_TLS_ALLOW=.' "$DIR/.env" 2>/dev/null || true)" ]]; then
     die "--remote-workers publishes Redis's TLS port: give --allow-workers ADDRESS[,ADDRESS...] too, \

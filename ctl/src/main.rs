@@ -392,6 +392,12 @@ async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<(
                 })
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("--allow-hosts: {e}"))?;
+            if allow_hosts.is_some() && limits.allows_network(shared::options::Network::Internet) {
+                eprintln!(
+                    "warning: --allow-hosts holds only its allow-list tasks: this key may still \
+                     ask for network \"internet\"; add --networks none,allow to keep it to those hosts"
+                );
+            }
             let key = admin.create(&name, scopes, limits, allow_hosts).await?;
             issued(&name, key.expose(), scopes, "created")?;
         }

@@ -588,3 +588,24 @@ async fn usage_shows_cpu_peak_memory_and_workspace_bytes_even_when_timed_out() {
     assert_eq!(entry["usage"], used["usage"], "{listed}");
     stack.shutdown().await;
 }
+
+/// An empty stdin is stored as none, and signed as none: the task runs, reading
+/// nothing (a signature over an empty stdin the worker never finds would refuse it).
+#[tokio::test]
+async fn an_empty_stdin_runs_and_reads_nothing() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let end = run_to_end(
+        &client,
+        "python3.13",
+        "python3 -c 'import sys; print(len(sys.stdin.buffer.read()))'",
+        json!({ "stdin_base64": "" }),
+    )
+    .await;
+    assert_eq!(
+        (end["state"].as_str(), end["stdout_tail"].as_str()),
+        (Some("succeeded"), Some("0\n")),
+        "{end}"
+    );
+    stack.shutdown().await;
+}

@@ -84,6 +84,13 @@ pub enum HostPattern {
 impl HostPattern {
     /// Parses one entry: case is folded and one final dot dropped.
     pub fn parse(entry: &str) -> Result<HostPattern, EgressError> {
+        HostPattern::parse_with(entry, true)
+    }
+
+    /// `parse`, with the public suffix rule or without it (a stored entry,
+    /// checked when it was asked for: a newer suffix list must not make an old
+    /// record or key unreadable).
+    fn parse_with(entry: &str, suffix_rule: bool) -> Result<HostPattern, EgressError> {
         let folded = entry.trim().to_ascii_lowercase();
         let name = folded.strip_suffix('.').unwrap_or(&folded);
         if name == "*" || name == "*." || name.is_empty() {
@@ -106,7 +113,7 @@ impl HostPattern {
             return Err(EgressError::TooBroad(entry.to_owned()));
         }
         // Checked after the name's shape, so the list sees only host names.
-        if under && is_host_name(host) && is_public_suffix(host) {
+        if suffix_rule && under && is_host_name(host) && is_public_suffix(host) {
             return Err(EgressError::PublicSuffix(entry.to_owned()));
         }
         if !is_host_name(host) {
@@ -197,6 +204,13 @@ pub struct AllowList(Vec<HostPattern>);
 impl AllowList {
     /// Checks every entry; the first bad one is the error, named.
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<AllowList, EgressError> {
+        AllowList::parse_with(entries, true)
+    }
+
+    fn parse_with<S: AsRef<str>>(
+        entries: &[S],
+        suffix_rule: bool,
+    ) -> Result<AllowList, EgressError> {
         if entries.is_empty() {
             return Err(EgressError::Empty);
         }
@@ -205,7 +219,7 @@ impl AllowList {
         }
         let mut out: Vec<HostPattern> = Vec::with_capacity(entries.len());
         for e in entries {
-            let p = HostPattern::parse(e.as_ref())?;
+            let p = HostPattern::parse_with(e.as_ref(), suffix_rule)?;
             if !out.contains(&p) {
                 out.push(p);
             }
@@ -253,10 +267,11 @@ impl AllowList {
             .join(",")
     }
 
-    /// Reads the stored form back (checked again: a record is not trusted).
+    /// Reads the stored form back (its shape checked again: a record is not
+    /// trusted; the public suffix rule is the submit's, not applied again).
     pub fn from_stored(s: &str) -> Result<AllowList, EgressError> {
         let entries: Vec<&str> = s.split(',').filter(|e| !e.is_empty()).collect();
-        AllowList::parse(&entries)
+        AllowList::parse_with(&entries, false)
     }
 }
 
@@ -541,6 +556,11 @@ mod tests {
             assert!(matches!(e, EgressError::PublicSuffix(_)), "{suffix}: {e}");
             assert!(e.to_string().contains(suffix), "{e}");
         }
+        // Stored before the rule (or a newer list): still read back.
+        assert_eq!(
+            AllowList::from_stored("*.github.io,pypi.org").map(|l| l.to_stored()),
+            Ok("*.github.io,pypi.org".to_owned())
+        );
         for fine in [
             "*.acme.github.io",
             "*.example.co.uk",

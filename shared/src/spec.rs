@@ -56,10 +56,12 @@ pub fn message<V: AsRef<[u8]>>(
             entries.insert(f.as_str(), v.as_ref().to_vec());
         }
     }
-    if let Some(zip) = zip {
+    // An empty one is stored as none (SUBMIT writes no key for it), so it
+    // is signed as none too.
+    if let Some(zip) = zip.filter(|z| !z.is_empty()) {
         entries.insert("zip_sha256", hex(zip).into_bytes());
     }
-    if let Some(stdin) = stdin {
+    if let Some(stdin) = stdin.filter(|s| !s.is_empty()) {
         entries.insert("stdin_sha256", hex(stdin).into_bytes());
     }
     let mut out = CONTEXT.to_vec();
@@ -282,6 +284,19 @@ mod tests {
         // The state is not signed: the worker's claim changes it.
         let stateless = message("t1", fields().into_iter().skip(1), Some(b"zip"), None);
         assert_eq!(v.verify(&stateless, Some(&sig)), Ok(s.key_id()));
+    }
+
+    /// SUBMIT stores no key for an empty stdin or zip: the worker reads none.
+    #[test]
+    fn an_empty_stdin_is_signed_as_none() {
+        assert_eq!(
+            message("t1", fields(), None, Some(b"")),
+            message("t1", fields(), None, None)
+        );
+        assert_eq!(
+            message("t1", fields(), Some(b""), None),
+            message("t1", fields(), None, None)
+        );
     }
 
     #[test]

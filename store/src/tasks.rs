@@ -49,12 +49,15 @@ impl EventMark {
     }
 }
 
-/// A task as a worker is about to run it: what it read of the record, the
-/// task's zip and stdin, and the message the record's spec signature must
-/// sign, built from the very bytes read (`shared::spec::message`).
+/// A task as a worker is about to run it: the record's spec signature and the
+/// message it must sign, built from the very bytes read
+/// (`shared::spec::message`), the task's zip and stdin, and the record read
+/// from those bytes, which the caller should look at only once the signature
+/// holds (a forged value may not even parse).
 pub struct SpecRead {
-    pub record: TaskRecord,
+    pub signature: Option<String>,
     pub message: Vec<u8>,
+    pub record: Result<TaskRecord, TaskReadError>,
     pub zip: Option<Vec<u8>>,
     pub stdin: Option<Vec<u8>>,
 }
@@ -177,20 +180,38 @@ impl Tasks {
         id: &str,
         fields: &[Field],
     ) -> Result<Option<SpecRead>, TaskReadError> {
+        // One transaction: a kill deleting the zip and stdin lands before or
+        // after all of it, never between the record and its inputs.
         let mut pipe = redis::pipe();
+        pipe.atomic();
         self.add_read(&mut pipe, id, fields);
         pipe.cmd("GET").arg(self.keys.task_zip(id));
         pipe.cmd("GET").arg(self.keys.task_stdin(id));
         let (values, zip, stdin): (Values, Option<Vec<u8>>, Option<Vec<u8>>) =
             pipe.query_async(conn).await?;
-        let stored = fields
-            .iter()
-            .zip(&values)
-            .filter_map(|(&f, v)| v.as_ref().map(|v| (f, v)));
-        let message = shared::spec::message(id, stored, zip.as_deref(), stdin.as_deref());
-        Ok(Tasks::record(id, fields, values)?.map(|record| SpecRead {
-            record,
+        let stored = || {
+            fields
+                .iter()
+                .zip(&values)
+                .filter_map(|(&f, v)| v.as_ref().map(|v| (f, v)))
+        };
+        if !stored().any(|(f, _)| f == Field::State) {
+            return Ok(None);
+        }
+        let signature = stored()
+            .find(|(f, _)| *f == Field::SpecSignature)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+        let message = shared::spec::message(id, stored(), zip.as_deref(), stdin.as_deref());
+        let record = Tasks::record(id, fields, values.clone()).and_then(|r| {
+            r.ok_or_else(|| TaskReadError::Record {
+                task_id: id.to_owned(),
+                source: RecordError::Missing(Field::State),
+            })
+        });
+        Ok(Some(SpecRead {
+            signature,
             message,
+            record,
             zip,
             stdin,
         }))

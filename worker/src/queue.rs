@@ -488,16 +488,30 @@ impl Queue {
         let mut conn = self.pool.get().await?;
         let read = self.tasks.read_spec(&mut conn, task_id, &SPEC_FIELDS).await;
         let Some(SpecRead {
-            record: r,
+            signature,
             message,
+            record,
             zip,
             stdin,
         }) = read?
         else {
             return Ok(None);
         };
-        if let Err(rejection) = verifier.verify(&message, r.spec_signature.as_deref()) {
+        // The signature first: nothing of a forged record, not even whether
+        // its values parse, decides what happens to it.
+        if let Err(rejection) = verifier.verify(&message, signature.as_deref()) {
+            // Killed since the claim (its zip and stdin deleted with it): not
+            // a forgery, and nothing left to run.
+            if let Ok(r) = &record
+                && r.state.is_terminal()
+            {
+                return Ok(None);
+            }
             return Ok(Some(Err(rejection)));
+        }
+        let r = record?;
+        if r.state.is_terminal() {
+            return Ok(None);
         }
         let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
         let need = |v, f| RecordError::required(v, f).map_err(corrupt);
