@@ -384,6 +384,235 @@ impl Drop for V6Address {
     }
 }
 
+/// The FORWARD tamper test's task network and bridge, its own for the same
+/// reason as the test above (and so the two can run side by side).
+const FWD_NETWORK: &str = "script-runner-fwdtest";
+const FWD_BRIDGE: &str = "sr-fwdtest0";
+
+/// Rules put into `FORWARD` ahead of the worker's, as a hand or Tailscale
+/// (`ts-forward`) would: an ACCEPT for the task bridge on top of `FORWARD`,
+/// before Docker's jump into `DOCKER-USER`, and a chain that accepts, jumped to
+/// on top. Each must be found and put behind the task rules, by the heartbeat's
+/// check and by the one before a task; and a `FORWARD` policy of ACCEPT stops
+/// the tasks until it is DROP again.
+#[tokio::test]
+async fn an_accept_put_first_in_forward_is_put_behind_the_task_rules() {
+    let log = Log::default();
+    let writer = log.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .init();
+    let metrics_port = free_port();
+    let stack = Stack::start(Options {
+        concurrency: 1,
+        extra_env: vec![
+            ("WORKER_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
+            // Beats (and so checks) 2 s apart.
+            ("WORKER_HEARTBEAT_SECONDS", "6".into()),
+            ("TASK_NETWORK", FWD_NETWORK.into()),
+            ("TASK_BRIDGE", FWD_BRIDGE.into()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    // Forwarded, not the host's: this machine's network answers TCP on any
+    // address, so a task past the rules reaches them.
+    let targets = vec![
+        "metadata,169.254.169.254,80".to_owned(),
+        "private,10.1.2.3,80".to_owned(),
+    ];
+    let probe = format!(
+        "cat > /tmp/probe.py <<'EOF'\n{PROBE}\nEOF\npython3 /tmp/probe.py {}",
+        targets.join(" ")
+    );
+    let metrics = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let scrape = || async {
+        let text = metrics_text(&metrics).await;
+        (
+            sample(&text, "script_runner_worker_firewall_intact"),
+            sample(&text, "script_runner_worker_firewall_repairs_total")
+                .unwrap_or_else(|| panic!("no repairs counter in {text}")),
+        )
+    };
+    let (intact, before) = scrape().await;
+    assert_eq!(intact, Some(1));
+    let chain_fwd = format!("SR-FWD-{FWD_BRIDGE}");
+    let ours = format!("-A FORWARD -i {FWD_BRIDGE} -j {chain_fwd}");
+
+    // An ACCEPT on top of FORWARD, with no task to start: the heartbeat puts
+    // the worker's jump back in front of it.
+    let accept = Undo::insert(&["-I", "FORWARD", "1", "-i", FWD_BRIDGE, "-j", "ACCEPT"]);
+    let accept_rule = format!("-A FORWARD -i {FWD_BRIDGE} -j ACCEPT");
+    let repaired = wait_until(
+        "a heartbeat to put the jump back in front of the ACCEPT",
+        Duration::from_secs(10),
+        || async {
+            let after = scrape().await.1;
+            (comes_before("FORWARD", &ours, &accept_rule) && after > before).then_some(after)
+        },
+    )
+    .await;
+    let warned = log.text();
+    assert!(
+        warned.contains("task firewall was missing or altered; reinstalled it")
+            && warned.contains(&format!("{accept_rule:?} comes before jump {ours:?}")),
+        "{warned}"
+    );
+    let status = run_to_end(
+        &client,
+        "python3.13",
+        &probe,
+        json!({ "timeout_seconds": 60 }),
+    )
+    .await;
+    assert_unreachable(&status, &targets);
+    drop(accept);
+
+    // A chain of another tool's that accepts, jumped to on top of FORWARD right
+    // before a task: the check before the task finds it.
+    let chain = "SR-TEST-ts-forward";
+    let _chain = Undo::chain(chain);
+    let jump = Undo::insert(&["-I", "FORWARD", "1", "-i", FWD_BRIDGE, "-j", chain]);
+    let status = run_to_end(
+        &client,
+        "python3.13",
+        &probe,
+        json!({ "timeout_seconds": 60 }),
+    )
+    .await;
+    assert_unreachable(&status, &targets);
+    assert!(comes_before(
+        "FORWARD",
+        &ours,
+        &format!("-A FORWARD -i {FWD_BRIDGE} -j {chain}")
+    ));
+    assert!(scrape().await.1 > repaired, "no repair counted");
+    drop(jump);
+
+    // FORWARD's policy is the host's: the worker does not change it, and takes
+    // no task while it is ACCEPT (the heartbeat finds it).
+    let policy = Undo::policy_accept();
+    wait_until(
+        "a heartbeat to find the policy and stop taking tasks",
+        Duration::from_secs(10),
+        || async { (scrape().await.0 == Some(0)).then_some(()) },
+    )
+    .await;
+    let refused = "task firewall is not in place; no task starts until it is";
+    let warned = log.text();
+    assert!(
+        warned.contains(refused)
+            && warned.contains("the FORWARD chain's policy is ACCEPT, not DROP"),
+        "{warned}"
+    );
+    assert_eq!(forward_policy(), "ACCEPT", "the worker changed the policy");
+    // Its clock in ms: the container's is the host's.
+    let task = run(&client, "python3.13", "date +%s%3N", json!({})).await;
+    let restored_ms = {
+        drop(policy);
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis()
+    };
+    let status = wait_status(
+        &client,
+        &task,
+        "the task, once the policy is DROP again",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let ran_ms: u128 = status["stdout_tail"]
+        .as_str()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no time in {status}"));
+    assert!(
+        ran_ms >= restored_ms,
+        "the task ran {} ms before the policy was DROP again",
+        restored_ms - ran_ms
+    );
+    assert_eq!(scrape().await.0, Some(1));
+    stack.shutdown().await;
+}
+
+/// `FORWARD`'s policy on the host.
+fn forward_policy() -> String {
+    let out = Command::new("iptables")
+        .args(["-w", "-S", "FORWARD"])
+        .output()
+        .expect("iptables");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("-P FORWARD "))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Whether `first` is in `chain` and ahead of `then` (or `then` is gone).
+fn comes_before(chain: &str, first: &str, then: &str) -> bool {
+    let out = Command::new("iptables")
+        .args(["-w", "-S", chain])
+        .output()
+        .expect("iptables");
+    let rules: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .collect();
+    let at = |r: &str| rules.iter().position(|l| l == r);
+    match (at(first), at(then)) {
+        (Some(a), Some(b)) => a < b,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+/// A change to the host's rules, undone when dropped (a failed assertion must
+/// not leave an ACCEPT behind).
+struct Undo(Vec<Vec<String>>);
+
+impl Undo {
+    /// `iptables -I <chain> 1 <rule>`; deleted again.
+    fn insert(args: &[&str]) -> Undo {
+        iptables(args);
+        let mut delete: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        delete[0] = "-D".into();
+        delete.remove(2);
+        Undo(vec![delete])
+    }
+
+    /// A chain that accepts everything; flushed and removed again.
+    fn chain(name: &str) -> Undo {
+        let _ = Command::new("iptables").args(["-w", "-N", name]).output();
+        iptables(&["-F", name]);
+        iptables(&["-A", name, "-j", "ACCEPT"]);
+        Undo(vec![
+            vec!["-F".into(), name.into()],
+            vec!["-X".into(), name.into()],
+        ])
+    }
+
+    /// FORWARD's policy ACCEPT; DROP again (the worker refuses to start under
+    /// any other, so it was DROP before).
+    fn policy_accept() -> Undo {
+        iptables(&["-P", "FORWARD", "ACCEPT"]);
+        Undo(vec![vec!["-P".into(), "FORWARD".into(), "DROP".into()]])
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for args in &self.0 {
+            let _ = Command::new("iptables").arg("-w").args(args).output();
+        }
+    }
+}
+
 /// The worker's metrics page.
 async fn metrics_text(url: &str) -> String {
     let resp = reqwest::get(url).await.expect("scrape");
