@@ -146,6 +146,102 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     stack.shutdown().await;
 }
 
+/// A CPU burn of `seconds` of CPU time, then `kill -9 -1`: every process the
+/// task's user may signal dies, its prelude among them, and with it the
+/// container, before the worker can read what it used at the end.
+fn burn_then_kill_init(seconds: u32) -> String {
+    format!("python3 -c \"import time\nwhile time.process_time() < {seconds}: pass\"; kill -9 -1")
+}
+
+/// A task cannot shed its CPU from its owner's quota by killing its own init:
+/// it is charged what it used (the last reading while it ran, plus at most
+/// its CPU limit for the time since), marked estimated, and a loop of such
+/// tasks is refused once the quota is used.
+#[tokio::test]
+async fn tasks_that_kill_their_own_init_are_charged_their_cpu_and_held_to_the_quota() {
+    let stack = Stack::start(Options {
+        // One CPU, so the bound adds little to what the task used.
+        extra_env: vec![("TASK_CPUS", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let mut conn = stack.redis_conn().await;
+    let record = shared::apikey::ApiKeyRecord {
+        name: "burner".into(),
+        scopes: shared::apikey::Scopes::ALL,
+        limits: shared::apikey::Limits {
+            cpu_seconds_per_day: Some(3),
+            ..shared::apikey::Limits::default()
+        },
+        created_at: None,
+        last_used_at: None,
+    };
+    let key = store::apikeys::create(&mut conn, &stack.keys(), &record)
+        .await
+        .expect("create key");
+    let client = mcp_client(&stack.url, key.expose())
+        .await
+        .expect("MCP client connects");
+    let burn = 2;
+    let mut charged = Vec::new();
+    let refusal = loop {
+        let args =
+            json!({ "runtime": "python3.13", "command_base64": b64(burn_then_kill_init(burn)) });
+        let r = call(&client, "run_script", args).await;
+        if r["isError"] == json!(true) {
+            break r["structuredContent"].clone();
+        }
+        let task = r["structuredContent"]["task_id"]
+            .as_str()
+            .expect("task id")
+            .to_owned();
+        let status = wait_status(
+            &client,
+            &task,
+            "the burner",
+            Duration::from_secs(120),
+            is_final,
+        )
+        .await;
+        // Its own init killed: the engine's word on the exit is all there is.
+        assert_eq!(status["state"], "failed", "{status}");
+        assert_eq!(status["exit_code"], 137, "{status}");
+        let usage = &status["usage"];
+        let cpu = usage["cpu_seconds"].as_f64().unwrap_or(-1.0);
+        // At least what it burned; at most that plus one CPU for a tick
+        // (250 ms), the CFS slack (200 ms) and the engine's report.
+        assert!(
+            (f64::from(burn)..f64::from(burn) + 1.0).contains(&cpu),
+            "cpu_seconds {cpu}: {status}"
+        );
+        assert_eq!(usage["estimated"], true, "{status}");
+        charged.push((task, cpu));
+        assert!(charged.len() <= 3, "never refused: {charged:?}");
+    };
+    // 2 s and more each, against 3 s a day: the third submit is refused.
+    assert_eq!(charged.len(), 2, "{charged:?} then {refusal}");
+    assert_eq!(refusal["code"], "quota_exceeded", "{refusal}");
+    let message = refusal["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cpu_seconds_per_day") && message.contains("of 3 allowed"),
+        "{message}"
+    );
+    // What the quota read: the owner's ledger, one entry per task as charged.
+    let ledger: Vec<String> =
+        redis::AsyncCommands::zrange(&mut conn, stack.keys().owner_cpu("burner"), 0, -1)
+            .await
+            .expect("zrange");
+    let mut expected: Vec<String> = charged
+        .iter()
+        .map(|(task, cpu)| format!("{task}:{}", (cpu * 1000.0).round() as u64))
+        .collect();
+    let mut ledger_sorted = ledger.clone();
+    ledger_sorted.sort();
+    expected.sort();
+    assert_eq!(ledger_sorted, expected);
+    stack.shutdown().await;
+}
+
 /// Runs `iptables -w args` on the host, as an operator (or a firewall reload) would.
 fn iptables(args: &[&str]) {
     let out = Command::new("iptables")
