@@ -113,6 +113,7 @@ remove() {
     # into them, and the task network.
     docker run --rm --network host --cap-add NET_ADMIN --entrypoint sh "$(image)" -c "
         iptables -w -D INPUT -i '$bridge' -j 'SR-IN-$bridge' 2>/dev/null || true
+        iptables -w -D FORWARD -i '$bridge' -j 'SR-FWD-$bridge' 2>/dev/null || true
         iptables -w -D DOCKER-USER -i '$bridge' -j 'SR-FWD-$bridge' 2>/dev/null || true
         for c in 'SR-IN-$bridge' 'SR-FWD-$bridge'; do
             iptables -w -F \"\$c\" 2>/dev/null && iptables -w -X \"\$c\" 2>/dev/null || true

@@ -12,7 +12,7 @@
 #   2. one cargo build of the binaries and every test target
 #   3. the hostile suite's containment test alone, with and without the pool: it checks
 #      that the host disk did not move, which only holds on a quiet disk; then the
-#      firewall tamper test alone (it flushes the task chains every worker shares)
+#      firewall tamper tests alone (they rewrite the host's rules)
 #   4. from here to the end, tests/deploy/test-deploy.sh in the background (the compose
 #      file, Caddyfile, deploy scripts and workflows checked, then the whole stack built
 #      from the debug binaries and brought up with Compose v2 behind Caddy over HTTPS, a
@@ -165,9 +165,11 @@ export TEST_NODE_IMAGE="${TEST_NODE_IMAGE:-script-runner-test/node:24-trixie}"
 threads="${TEST_THREADS:-3}"
 # The one test that needs the disk to itself (it checks free space did not move).
 quiet='test(=hostile::hostile_scripts_are_contained_while_an_innocent_task_succeeds)'
-# The one that tampers with the firewall chains of a bridge of its own: once only (the
-# no-pool run would start a second worker on the same bridge), and alone, a few seconds.
-tamper='test(=hostile::a_flushed_firewall_or_a_removed_jump_is_reinstalled_before_the_next_task)'
+# The two that tamper with the firewall: each with the chains of a bridge of its own,
+# once only (the no-pool run would start a second worker on the same bridge), and alone,
+# a few seconds each; one after the other, since the second sets the host's FORWARD
+# policy to ACCEPT for a moment, which stops every worker of this version.
+tamper='test(=hostile::a_flushed_firewall_or_a_removed_jump_is_reinstalled_before_the_next_task) | test(=hostile::an_accept_put_first_in_forward_is_put_behind_the_task_rules)'
 # What a warm pool changes: the suites that run tasks. (The api's own tests and the Lua
 # scripts' start no worker, so a pool cannot change them.)
 # The e2e suites are modules of one binary: a suite is its module's prefix.
@@ -180,8 +182,9 @@ stage "3. the hostile containment test alone, with the pool and without; the fir
 # First, while nothing else runs: it checks that the host disk did not move.
 nextest -E "$quiet"
 TEST_POOL_SIZE=0 nextest -E "$quiet"
-# Then the firewall tamper test, alone as well (a few seconds; the pool changes nothing there).
-nextest -E "$tamper"
+# Then the firewall tamper tests, alone as well and one at a time (a few seconds each;
+# the pool changes nothing there).
+threads=1 nextest -E "$tamper"
 
 # The deploy test is the longest stage (about 4 min) and needs only the binaries and
 # images above: it runs in the background from here to the end.

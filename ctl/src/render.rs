@@ -205,6 +205,13 @@ pub fn task(t: &TaskView) -> String {
         "usage.workspace_bytes",
         opt(&usage.and_then(|u| u.workspace_bytes)),
     );
+    // Only when it is: the container was gone before its end could be read.
+    if usage.is_some_and(|u| u.estimated) {
+        field(
+            "usage.estimated",
+            "true (the most it could have used)".into(),
+        );
+    }
     field("expires_in_seconds", opt(&t.expires_in_seconds));
     for (name, tail, truncated, total) in [
         ("stdout", &s.stdout_tail, s.stdout_truncated, s.stdout_bytes),

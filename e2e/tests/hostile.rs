@@ -146,6 +146,102 @@ async fn hostile_scripts_are_contained_while_an_innocent_task_succeeds() {
     stack.shutdown().await;
 }
 
+/// A CPU burn of `seconds` of CPU time, then `kill -9 -1`: every process the
+/// task's user may signal dies, its prelude among them, and with it the
+/// container, before the worker can read what it used at the end.
+fn burn_then_kill_init(seconds: u32) -> String {
+    format!("python3 -c \"import time\nwhile time.process_time() < {seconds}: pass\"; kill -9 -1")
+}
+
+/// A task cannot shed its CPU from its owner's quota by killing its own init:
+/// it is charged what it used (the last reading while it ran, plus at most
+/// its CPU limit for the time since), marked estimated, and a loop of such
+/// tasks is refused once the quota is used.
+#[tokio::test]
+async fn tasks_that_kill_their_own_init_are_charged_their_cpu_and_held_to_the_quota() {
+    let stack = Stack::start(Options {
+        // One CPU, so the bound adds little to what the task used.
+        extra_env: vec![("TASK_CPUS", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let mut conn = stack.redis_conn().await;
+    let record = shared::apikey::ApiKeyRecord {
+        name: "burner".into(),
+        scopes: shared::apikey::Scopes::ALL,
+        limits: shared::apikey::Limits {
+            cpu_seconds_per_day: Some(3),
+            ..shared::apikey::Limits::default()
+        },
+        created_at: None,
+        last_used_at: None,
+    };
+    let key = store::apikeys::create(&mut conn, &stack.keys(), &record)
+        .await
+        .expect("create key");
+    let client = mcp_client(&stack.url, key.expose())
+        .await
+        .expect("MCP client connects");
+    let burn = 2;
+    let mut charged = Vec::new();
+    let refusal = loop {
+        let args =
+            json!({ "runtime": "python3.13", "command_base64": b64(burn_then_kill_init(burn)) });
+        let r = call(&client, "run_script", args).await;
+        if r["isError"] == json!(true) {
+            break r["structuredContent"].clone();
+        }
+        let task = r["structuredContent"]["task_id"]
+            .as_str()
+            .expect("task id")
+            .to_owned();
+        let status = wait_status(
+            &client,
+            &task,
+            "the burner",
+            Duration::from_secs(120),
+            is_final,
+        )
+        .await;
+        // Its own init killed: the engine's word on the exit is all there is.
+        assert_eq!(status["state"], "failed", "{status}");
+        assert_eq!(status["exit_code"], 137, "{status}");
+        let usage = &status["usage"];
+        let cpu = usage["cpu_seconds"].as_f64().unwrap_or(-1.0);
+        // At least what it burned; at most that plus one CPU for a tick
+        // (250 ms), the CFS slack (200 ms) and the engine's report.
+        assert!(
+            (f64::from(burn)..f64::from(burn) + 1.0).contains(&cpu),
+            "cpu_seconds {cpu}: {status}"
+        );
+        assert_eq!(usage["estimated"], true, "{status}");
+        charged.push((task, cpu));
+        assert!(charged.len() <= 3, "never refused: {charged:?}");
+    };
+    // 2 s and more each, against 3 s a day: the third submit is refused.
+    assert_eq!(charged.len(), 2, "{charged:?} then {refusal}");
+    assert_eq!(refusal["code"], "quota_exceeded", "{refusal}");
+    let message = refusal["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cpu_seconds_per_day") && message.contains("of 3 allowed"),
+        "{message}"
+    );
+    // What the quota read: the owner's ledger, one entry per task as charged.
+    let ledger: Vec<String> =
+        redis::AsyncCommands::zrange(&mut conn, stack.keys().owner_cpu("burner"), 0, -1)
+            .await
+            .expect("zrange");
+    let mut expected: Vec<String> = charged
+        .iter()
+        .map(|(task, cpu)| format!("{task}:{}", (cpu * 1000.0).round() as u64))
+        .collect();
+    let mut ledger_sorted = ledger.clone();
+    ledger_sorted.sort();
+    expected.sort();
+    assert_eq!(ledger_sorted, expected);
+    stack.shutdown().await;
+}
+
 /// Runs `iptables -w args` on the host, as an operator (or a firewall reload) would.
 fn iptables(args: &[&str]) {
     let out = Command::new("iptables")
@@ -381,6 +477,235 @@ impl Drop for V6Address {
         let _ = Command::new("ip")
             .args(["-6", "addr", "del", self.0, "dev", BRIDGE])
             .output();
+    }
+}
+
+/// The FORWARD tamper test's task network and bridge, its own for the same
+/// reason as the test above (and so the two can run side by side).
+const FWD_NETWORK: &str = "script-runner-fwdtest";
+const FWD_BRIDGE: &str = "sr-fwdtest0";
+
+/// Rules put into `FORWARD` ahead of the worker's, as a hand or Tailscale
+/// (`ts-forward`) would: an ACCEPT for the task bridge on top of `FORWARD`,
+/// before Docker's jump into `DOCKER-USER`, and a chain that accepts, jumped to
+/// on top. Each must be found and put behind the task rules, by the heartbeat's
+/// check and by the one before a task; and a `FORWARD` policy of ACCEPT stops
+/// the tasks until it is DROP again.
+#[tokio::test]
+async fn an_accept_put_first_in_forward_is_put_behind_the_task_rules() {
+    let log = Log::default();
+    let writer = log.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .init();
+    let metrics_port = free_port();
+    let stack = Stack::start(Options {
+        concurrency: 1,
+        extra_env: vec![
+            ("WORKER_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
+            // Beats (and so checks) 2 s apart.
+            ("WORKER_HEARTBEAT_SECONDS", "6".into()),
+            ("TASK_NETWORK", FWD_NETWORK.into()),
+            ("TASK_BRIDGE", FWD_BRIDGE.into()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    // Forwarded, not the host's: this machine's network answers TCP on any
+    // address, so a task past the rules reaches them.
+    let targets = vec![
+        "metadata,169.254.169.254,80".to_owned(),
+        "private,10.1.2.3,80".to_owned(),
+    ];
+    let probe = format!(
+        "cat > /tmp/probe.py <<'EOF'\n{PROBE}\nEOF\npython3 /tmp/probe.py {}",
+        targets.join(" ")
+    );
+    let metrics = format!("http://127.0.0.1:{metrics_port}/metrics");
+    let scrape = || async {
+        let text = metrics_text(&metrics).await;
+        (
+            sample(&text, "script_runner_worker_firewall_intact"),
+            sample(&text, "script_runner_worker_firewall_repairs_total")
+                .unwrap_or_else(|| panic!("no repairs counter in {text}")),
+        )
+    };
+    let (intact, before) = scrape().await;
+    assert_eq!(intact, Some(1));
+    let chain_fwd = format!("SR-FWD-{FWD_BRIDGE}");
+    let ours = format!("-A FORWARD -i {FWD_BRIDGE} -j {chain_fwd}");
+
+    // An ACCEPT on top of FORWARD, with no task to start: the heartbeat puts
+    // the worker's jump back in front of it.
+    let accept = Undo::insert(&["-I", "FORWARD", "1", "-i", FWD_BRIDGE, "-j", "ACCEPT"]);
+    let accept_rule = format!("-A FORWARD -i {FWD_BRIDGE} -j ACCEPT");
+    let repaired = wait_until(
+        "a heartbeat to put the jump back in front of the ACCEPT",
+        Duration::from_secs(10),
+        || async {
+            let after = scrape().await.1;
+            (comes_before("FORWARD", &ours, &accept_rule) && after > before).then_some(after)
+        },
+    )
+    .await;
+    let warned = log.text();
+    assert!(
+        warned.contains("task firewall was missing or altered; reinstalled it")
+            && warned.contains(&format!("{accept_rule:?} comes before jump {ours:?}")),
+        "{warned}"
+    );
+    let status = run_to_end(
+        &client,
+        "python3.13",
+        &probe,
+        json!({ "timeout_seconds": 60 }),
+    )
+    .await;
+    assert_unreachable(&status, &targets);
+    drop(accept);
+
+    // A chain of another tool's that accepts, jumped to on top of FORWARD right
+    // before a task: the check before the task finds it.
+    let chain = "SR-TEST-ts-forward";
+    let _chain = Undo::chain(chain);
+    let jump = Undo::insert(&["-I", "FORWARD", "1", "-i", FWD_BRIDGE, "-j", chain]);
+    let status = run_to_end(
+        &client,
+        "python3.13",
+        &probe,
+        json!({ "timeout_seconds": 60 }),
+    )
+    .await;
+    assert_unreachable(&status, &targets);
+    assert!(comes_before(
+        "FORWARD",
+        &ours,
+        &format!("-A FORWARD -i {FWD_BRIDGE} -j {chain}")
+    ));
+    assert!(scrape().await.1 > repaired, "no repair counted");
+    drop(jump);
+
+    // FORWARD's policy is the host's: the worker does not change it, and takes
+    // no task while it is ACCEPT (the heartbeat finds it).
+    let policy = Undo::policy_accept();
+    wait_until(
+        "a heartbeat to find the policy and stop taking tasks",
+        Duration::from_secs(10),
+        || async { (scrape().await.0 == Some(0)).then_some(()) },
+    )
+    .await;
+    let refused = "task firewall is not in place; no task starts until it is";
+    let warned = log.text();
+    assert!(
+        warned.contains(refused)
+            && warned.contains("the FORWARD chain's policy is ACCEPT, not DROP"),
+        "{warned}"
+    );
+    assert_eq!(forward_policy(), "ACCEPT", "the worker changed the policy");
+    // Its clock in ms: the container's is the host's.
+    let task = run(&client, "python3.13", "date +%s%3N", json!({})).await;
+    let restored_ms = {
+        drop(policy);
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis()
+    };
+    let status = wait_status(
+        &client,
+        &task,
+        "the task, once the policy is DROP again",
+        Duration::from_secs(60),
+        is_final,
+    )
+    .await;
+    assert_eq!(status["state"], "succeeded", "{status}");
+    let ran_ms: u128 = status["stdout_tail"]
+        .as_str()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no time in {status}"));
+    assert!(
+        ran_ms >= restored_ms,
+        "the task ran {} ms before the policy was DROP again",
+        restored_ms - ran_ms
+    );
+    assert_eq!(scrape().await.0, Some(1));
+    stack.shutdown().await;
+}
+
+/// `FORWARD`'s policy on the host.
+fn forward_policy() -> String {
+    let out = Command::new("iptables")
+        .args(["-w", "-S", "FORWARD"])
+        .output()
+        .expect("iptables");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("-P FORWARD "))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Whether `first` is in `chain` and ahead of `then` (or `then` is gone).
+fn comes_before(chain: &str, first: &str, then: &str) -> bool {
+    let out = Command::new("iptables")
+        .args(["-w", "-S", chain])
+        .output()
+        .expect("iptables");
+    let rules: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .collect();
+    let at = |r: &str| rules.iter().position(|l| l == r);
+    match (at(first), at(then)) {
+        (Some(a), Some(b)) => a < b,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+/// A change to the host's rules, undone when dropped (a failed assertion must
+/// not leave an ACCEPT behind).
+struct Undo(Vec<Vec<String>>);
+
+impl Undo {
+    /// `iptables -I <chain> 1 <rule>`; deleted again.
+    fn insert(args: &[&str]) -> Undo {
+        iptables(args);
+        let mut delete: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        delete[0] = "-D".into();
+        delete.remove(2);
+        Undo(vec![delete])
+    }
+
+    /// A chain that accepts everything; flushed and removed again.
+    fn chain(name: &str) -> Undo {
+        let _ = Command::new("iptables").args(["-w", "-N", name]).output();
+        iptables(&["-F", name]);
+        iptables(&["-A", name, "-j", "ACCEPT"]);
+        Undo(vec![
+            vec!["-F".into(), name.into()],
+            vec!["-X".into(), name.into()],
+        ])
+    }
+
+    /// FORWARD's policy ACCEPT; DROP again (the worker refuses to start under
+    /// any other, so it was DROP before).
+    fn policy_accept() -> Undo {
+        iptables(&["-P", "FORWARD", "ACCEPT"]);
+        Undo(vec![vec!["-P".into(), "FORWARD".into(), "DROP".into()]])
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for args in &self.0 {
+            let _ = Command::new("iptables").arg("-w").args(args).output();
+        }
     }
 }
 

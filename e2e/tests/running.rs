@@ -578,6 +578,9 @@ async fn usage_shows_cpu_peak_memory_and_workspace_bytes_even_when_timed_out() {
         "a busy loop stopped at its timeout shows no CPU: {stopped}"
     );
     assert!(peak > 0, "{stopped}");
+    // Both read from the kernel, not bounded by the worker.
+    assert_eq!(used["usage"]["estimated"], false, "{used}");
+    assert_eq!(stopped["usage"]["estimated"], false, "{stopped}");
 
     // list_tasks shows the same object.
     let listed = call_ok(&client, "list_tasks", json!({ "limit": 10 })).await;

@@ -353,6 +353,9 @@ pub enum Field {
     UsagePeakMemoryBytes,
     /// Bytes in /workspace when the task ended.
     UsageWorkspaceBytes,
+    /// `1` when the usage is the worker's estimate: the container was gone
+    /// before its cgroup could be read at the end (absent: read).
+    UsageEstimated,
     /// `CacheUse::as_str()`: `owner` or `none` (absent: `owner`).
     Cache,
     /// An `allow` task's hosts: `AllowList::to_stored()` (entries joined with ',').
@@ -508,6 +511,7 @@ mod tests {
                 "usage_cpu_ms",
                 "usage_peak_memory_bytes",
                 "usage_workspace_bytes",
+                "usage_estimated",
                 "cache",
                 "egress_allow",
                 "egress_log",

@@ -60,6 +60,8 @@ pub struct TaskRecord {
     pub usage_cpu_ms: Option<u64>,
     pub usage_peak_memory_bytes: Option<u64>,
     pub usage_workspace_bytes: Option<u64>,
+    /// Whether the usage is the worker's estimate (see `Usage::estimated`).
+    pub usage_estimated: Option<bool>,
     /// Whether the task uses its owner's dependency caches.
     pub cache: Option<CacheUse>,
     /// An `allow` task's hosts.
@@ -127,6 +129,7 @@ impl TaskRecord {
             usage_cpu_ms: None,
             usage_peak_memory_bytes: None,
             usage_workspace_bytes: None,
+            usage_estimated: None,
             cache: None,
             egress_allow: None,
             egress_log: None,
@@ -246,6 +249,7 @@ impl TaskRecord {
             Field::UsageCpuMs => count(self.usage_cpu_ms),
             Field::UsagePeakMemoryBytes => count(self.usage_peak_memory_bytes),
             Field::UsageWorkspaceBytes => count(self.usage_workspace_bytes),
+            Field::UsageEstimated => flag(self.usage_estimated),
             Field::Cache => self.cache.map(|c| c.as_str().as_bytes().to_vec()),
             Field::EgressAllow => self
                 .egress_allow
@@ -296,6 +300,7 @@ impl TaskRecord {
             Field::UsageCpuMs => self.usage_cpu_ms = Some(parse(f, v)?),
             Field::UsagePeakMemoryBytes => self.usage_peak_memory_bytes = Some(parse(f, v)?),
             Field::UsageWorkspaceBytes => self.usage_workspace_bytes = Some(parse(f, v)?),
+            Field::UsageEstimated => self.usage_estimated = Some(flag(f, v)?),
             Field::Cache => self.cache = Some(parse(f, v)?),
             Field::EgressAllow => {
                 let list = std::str::from_utf8(v)
@@ -373,6 +378,7 @@ mod tests {
             usage_cpu_ms: Some(2000),
             usage_peak_memory_bytes: Some(200 << 20),
             usage_workspace_bytes: Some(4096),
+            usage_estimated: Some(true),
             cache: Some(CacheUse::None),
             egress_allow: crate::egress::AllowList::parse(&["pypi.org", "*.npmjs.org"]).ok(),
             egress_log: Some(crate::egress::EgressLog::default()),

@@ -408,6 +408,7 @@ impl ScriptCall<TaskStateReply> {
                 peak.as_bytes(),
                 ws.as_bytes(),
                 window.as_bytes(),
+                if u.estimated { b"1" } else { b"" },
             ],
         )
     }

@@ -1,6 +1,7 @@
-//! What a task used, as its container's cgroup reported at the end (`Usage`,
-//! on the task record), and what an owner's tasks used in all (`OwnerTotals`,
-//! the hash `Keys::owner_usage`). Both written by the worker's FINISH script.
+//! What a task used, as its container's cgroup reported at the end, or as
+//! the worker bounds it when the end could not be read (`Usage`, on the task
+//! record), and what an owner's tasks used in all (`OwnerTotals`, the hash
+//! `Keys::owner_usage`). Both written by the worker's FINISH script.
 
 use std::collections::HashMap;
 
@@ -21,8 +22,9 @@ pub const TOTAL_PEAK_MEMORY_BYTES: &str = "peak_memory_bytes";
 pub const TOTAL_WORKSPACE_BYTES: &str = "workspace_bytes";
 
 /// A task's resource use. Each figure is `None` when it could not be read
-/// (the task never ran, its container was gone, the host's kernel does not
-/// report it); never made up.
+/// (the task never ran, the host's kernel does not report it). When the
+/// container was gone before its end could be read, the figures are the
+/// worker's estimate, and say so (`estimated`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     /// CPU time of every process in the container, in milliseconds.
@@ -31,6 +33,13 @@ pub struct Usage {
     pub peak_memory_bytes: Option<u64>,
     /// Bytes in /workspace when the task ended.
     pub workspace_bytes: Option<u64>,
+    /// The container was gone before its cgroup could be read at the end (the
+    /// task killed its own init, or the container vanished): `cpu_ms` is then
+    /// the most it could have used (the last reading while it ran, plus its
+    /// CPU limit for the time since), so a task cannot shed its CPU from its
+    /// owner's quota by ending that way; `peak_memory_bytes` is the last
+    /// reading's (the peak was at least that), `workspace_bytes` unknown.
+    pub estimated: bool,
 }
 
 impl Usage {
@@ -40,12 +49,14 @@ impl Usage {
             cpu_ms: r.usage_cpu_ms,
             peak_memory_bytes: r.usage_peak_memory_bytes,
             workspace_bytes: r.usage_workspace_bytes,
+            estimated: r.usage_estimated.unwrap_or(false),
         };
         (!u.is_empty()).then_some(u)
     }
 
+    /// No figure at all (whether or not it is marked estimated).
     pub fn is_empty(&self) -> bool {
-        *self == Usage::default()
+        self.cpu_ms.is_none() && self.peak_memory_bytes.is_none() && self.workspace_bytes.is_none()
     }
 
     /// How clients see it.
@@ -54,6 +65,7 @@ impl Usage {
             cpu_seconds: self.cpu_ms.map(|ms| ms as f64 / 1000.0),
             peak_memory_bytes: self.peak_memory_bytes,
             workspace_bytes: self.workspace_bytes,
+            estimated: self.estimated,
         }
     }
 }
@@ -68,6 +80,14 @@ pub struct UsageView {
     pub peak_memory_bytes: Option<u64>,
     /// Bytes in /workspace when the task ended (the zip's files included).
     pub workspace_bytes: Option<u64>,
+    /// True when the container was gone before its end could be read (the
+    /// task killed its own init, or its container was lost): cpu_seconds is
+    /// then the most the task could have used (its last reading while it ran
+    /// plus its CPU limit for the time since), and that is what its owner's
+    /// CPU quota is charged; peak_memory_bytes is the last reading's, and
+    /// workspace_bytes null.
+    #[serde(default)]
+    pub estimated: bool,
 }
 
 /// What one owner's tasks (or every owned task) used in all.
@@ -136,8 +156,16 @@ mod tests {
                 cpu_seconds: Some(2.15),
                 peak_memory_bytes: None,
                 workspace_bytes: Some(4096),
+                estimated: false,
             }
         );
+        let r = TaskRecord {
+            usage_cpu_ms: Some(8_400),
+            usage_estimated: Some(true),
+            ..TaskRecord::new(TaskState::Failed)
+        };
+        let u = Usage::of(&r).expect("usage");
+        assert!(u.estimated && u.view().estimated, "{u:?}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::usage::{Usage, UsageView};
 /// The fields a [`StatusView`] is built from: what a reader asks Redis for
 /// (`HMGET`) when it shows only the status. The command, image, env and the
 /// worker's bookkeeping stay in Redis.
-pub const STATUS_FIELDS: [Field; 20] = [
+pub const STATUS_FIELDS: [Field; 21] = [
     Field::State,
     Field::Runtime,
     Field::TimeoutSeconds,
@@ -36,6 +36,7 @@ pub const STATUS_FIELDS: [Field; 20] = [
     Field::UsageCpuMs,
     Field::UsagePeakMemoryBytes,
     Field::UsageWorkspaceBytes,
+    Field::UsageEstimated,
     Field::EgressAllow,
     Field::EgressLog,
 ];
@@ -88,8 +89,10 @@ pub struct StatusView {
     pub finished_at: Option<String>,
     /// What it used, as its container's cgroup reported at the end: cpu_seconds,
     /// peak_memory_bytes (files in /workspace and /tmp count), workspace_bytes
-    /// (bytes in /workspace at the end). Null until it ended, or if it never
-    /// ran; a figure the host could not report is null.
+    /// (bytes in /workspace at the end), and estimated (true when the container
+    /// was gone before its end could be read: cpu_seconds is then the most it
+    /// could have used, which its owner's CPU quota is charged). Null until it
+    /// ended, or if it never ran; a figure the host could not report is null.
     pub usage: Option<UsageView>,
     /// Only for a task run with network {"allow": [...]}: its allow-list
     /// (`allow`) and each host it asked the egress proxy for (`attempts`: host,

@@ -180,6 +180,7 @@ cleanup() {
     [[ -d "$HOST_DIR" ]] && C down -v -t 5 --remove-orphans >/dev/null 2>&1
     for br in "$ID-b1" "$ID-b2"; do
         while iptables -w -D INPUT -i "$br" -j "SR-IN-$br" 2>/dev/null; do :; done
+        while iptables -w -D FORWARD -i "$br" -j "SR-FWD-$br" 2>/dev/null; do :; done
         while iptables -w -D DOCKER-USER -i "$br" -j "SR-FWD-$br" 2>/dev/null; do :; done
         for c in "SR-IN-$br" "SR-FWD-$br"; do iptables -w -F "$c" 2>/dev/null && iptables -w -X "$c"; done
     done

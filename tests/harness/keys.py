@@ -134,6 +134,7 @@ class Field(StrEnum):
     USAGE_CPU_MS = "usage_cpu_ms"
     USAGE_PEAK_MEMORY_BYTES = "usage_peak_memory_bytes"
     USAGE_WORKSPACE_BYTES = "usage_workspace_bytes"
+    USAGE_ESTIMATED = "usage_estimated"
     CACHE = "cache"
     EGRESS_ALLOW = "egress_allow"
     EGRESS_LOG = "egress_log"

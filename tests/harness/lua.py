@@ -64,6 +64,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "peak_memory_bytes",
             "workspace_bytes",
             "ledger_ms",
+            "estimated",
         ),
     ),
     "kill": (("task", "zip", "stats", "stdin", "events"), ("reason", "reason_kind", "retention_seconds", "owner")),

@@ -9,7 +9,7 @@ use super::{Store, StoreError};
 const LIST_BATCH: usize = 100;
 
 /// The fields `list` reads of each record.
-const LISTED_FIELDS: [Field; 10] = [
+const LISTED_FIELDS: [Field; 11] = [
     Field::State,
     Field::Runtime,
     Field::Command,
@@ -20,6 +20,7 @@ const LISTED_FIELDS: [Field; 10] = [
     Field::UsageCpuMs,
     Field::UsagePeakMemoryBytes,
     Field::UsageWorkspaceBytes,
+    Field::UsageEstimated,
 ];
 
 /// Where a page of `list` ended: the last task examined.

@@ -250,6 +250,7 @@ mod tests {
                     cpu_seconds: Some(1.5),
                     peak_memory_bytes: Some(1 << 20),
                     workspace_bytes: Some(4096),
+                    estimated: false,
                 }),
                 egress: None,
             },
@@ -306,7 +307,8 @@ mod tests {
             Some(&serde_json::json!({
                 "cpu_seconds": 1.5,
                 "peak_memory_bytes": 1048576,
-                "workspace_bytes": 4096
+                "workspace_bytes": 4096,
+                "estimated": false
             }))
         );
         for bad in [TaskState::Failed, TaskState::TimedOut] {

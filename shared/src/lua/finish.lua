@@ -21,13 +21,17 @@
 -- ARGV[12] peak memory bytes ('' unknown)
 -- ARGV[13] /workspace bytes ('' unknown)
 -- ARGV[14] how long the CPU ledger keeps an entry, ms
+-- ARGV[15] '1' if the usage is estimated by the worker (the container was gone
+--          before its end could be read), '' or absent if it is the kernel's
 --
 -- Usage (ARGV[11..13]) is written whenever this worker held the task, even if
 -- a kill was recorded first (the container ran), and counted once: a retried
 -- FINISH finds it recorded and counts nothing. With an owner on the record
 -- (equal to ARGV[10]) and a CPU figure, `<task_id>:<cpu_ms>` goes into the
 -- owner's ledger by finish time (older entries are dropped), and the owner's
--- totals, the owners' ranking and the totals over every owner are counted.
+-- totals, the owners' ranking and the totals over every owner are counted. An
+-- estimated usage is recorded and counted the same way (it is the most the task
+-- could have used), with 'usage_estimated' set to '1' beside it.
 --
 -- Also counts the end in the per-minute hash `KEYS[3]:<unix minute>` (field
 -- '<state>:<reason kind>', expiring after 2 h) that ops read for "the last hour".
@@ -63,6 +67,7 @@ if known and not recorded then
   for i = 1, 3 do
     if figures[i] ~= '' then redis.call('HSET', KEYS[1], fields[i], figures[i]) end
   end
+  if ARGV[15] and ARGV[15] ~= '' then redis.call('HSET', KEYS[1], 'usage_estimated', ARGV[15]) end
   local owner = redis.call('HGET', KEYS[1], 'owner')
   if owner and owner ~= '' and owner == ARGV[10] then
     local cpu = tonumber(ARGV[11]) or 0

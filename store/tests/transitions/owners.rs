@@ -349,6 +349,7 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
         cpu_ms: Some(2_000),
         peak_memory_bytes: Some(200 << 20),
         workspace_bytes: Some(5 << 20),
+        estimated: false,
     };
     // An entry older than the ledger's day, left by an earlier task.
     let old_ms = redis::cmd("TIME")
@@ -383,6 +384,7 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
         field(&mut c, "usage_workspace_bytes").await.as_deref(),
         Some("5242880")
     );
+    assert_eq!(field(&mut c, "usage_estimated").await, None);
     let ledger: Vec<String> = c.zrange(k.owner_cpu("alice"), 0, -1).await.expect("zrange");
     assert_eq!(
         ledger,
@@ -403,15 +405,19 @@ async fn finish_records_usage_once_and_counts_it_to_the_owner() {
         .expect("zrange");
     assert_eq!(ranked, vec![("alice".to_owned(), 2000.0)]);
 
-    // A second task of hers with a lower peak: sums grow, the peak stays the highest.
+    // A second task of hers with a lower peak: sums grow, the peak stays the
+    // highest. Its usage is the worker's estimate (its container was gone at
+    // the end): marked so, and counted like any other.
     queued_task_of(&mut c, Some("alice")).await;
     run(&mut c, claim("a", "2-0")).await;
     let small = Usage {
         cpu_ms: Some(500),
         peak_memory_bytes: Some(1 << 20),
         workspace_bytes: None,
+        estimated: true,
     };
     run(&mut c, finish_with("a", &alice_key(), small)).await;
+    assert_eq!(field(&mut c, "usage_estimated").await.as_deref(), Some("1"));
     let t = totals(&mut c, &k.owner_usage("alice")).await;
     assert_eq!(
         (t.tasks, t.cpu_ms, t.peak_memory_bytes, t.workspace_bytes),

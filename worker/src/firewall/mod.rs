@@ -8,8 +8,9 @@
 //!
 //! - `SR-IN-<bridge>`, jumped to from `INPUT`: a task may not talk to the host at
 //!   all (any port, any of the host's addresses).
-//! - `SR-FWD-<bridge>`, jumped to from `DOCKER-USER` (which Docker evaluates first in
-//!   `FORWARD`): a task may not reach IANA's special-purpose ranges that are not
+//! - `SR-FWD-<bridge>`, jumped to first in `FORWARD` and first in `DOCKER-USER`
+//!   (which Docker keeps first in `FORWARD`), so nothing inserted ahead of
+//!   Docker's jump can accept a task's packet before it: a task may not reach IANA's special-purpose ranges that are not
 //!   globally reachable (private, link-local with the metadata service, shared,
 //!   loopback, documentation, benchmarking, reserved), multicast, or the cloud
 //!   metadata and wireserver addresses outside them (`BLOCKED`), nor any subnet the
@@ -39,7 +40,7 @@ use tokio::sync::Mutex;
 use crate::metrics::Metrics;
 use host::{ensure_jump, iptables, restore, save};
 pub use rules::{BLOCKED, FWD_PREFIX, IN_PREFIX};
-use rules::{Destination, LEGACY_CHAINS, Wanted};
+use rules::{Destination, FORWARD_POLICY, LEGACY_CHAINS, Wanted, forward_policy};
 
 /// How long a check (and its repair) may take before the rules count as not
 /// in place: a task never waits on a stuck `iptables` longer than this.
@@ -62,6 +63,13 @@ pub enum FirewallError {
     Unrepaired(String),
     #[error("checking the rules took more than {0} s (is iptables stuck on its lock?)")]
     TooSlow(u64),
+    #[error(
+        "the FORWARD chain's policy is {policy}, not {FORWARD_POLICY}: the host forwards \
+         whatever no rule refuses, such as connections from its other networks into the \
+         tasks' bridge; set it back with `iptables -P FORWARD {FORWARD_POLICY}` (what Docker \
+         sets when it turns forwarding on)"
+    )]
+    ForwardPolicy { policy: String },
     #[error(
         "the tasks' bridge {bridge} has IPv6 address {addresses}, which the rules (IPv4) \
          do not cover: tasks could reach the host and its networks over IPv6; remove the \
@@ -238,6 +246,15 @@ impl Firewall {
             });
         }
         let mut listing = save().await?;
+        // The policy is the host's (Docker's, or the operator's on a host that
+        // routes): not ours to change under whatever else relies on it, so as
+        // with an IPv6 address, no task starts until it is back.
+        let policy = forward_policy(&listing).unwrap_or("(none listed)");
+        if policy != FORWARD_POLICY {
+            return Err(FirewallError::ForwardPolicy {
+                policy: policy.to_owned(),
+            });
+        }
         let found = wanted.problems(&listing);
         if found.is_empty() {
             return Ok(());

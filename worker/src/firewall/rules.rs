@@ -13,12 +13,30 @@ use ipnet::Ipv4Net;
 
 /// `SR-IN-<bridge>`, jumped to from `INPUT` for the bridge.
 pub const IN_PREFIX: &str = "SR-IN-";
-/// `SR-FWD-<bridge>`, jumped to from `DOCKER-USER` for the bridge.
+/// `SR-FWD-<bridge>`, jumped to for the bridge first in `FORWARD` and first in
+/// `DOCKER-USER`.
 pub const FWD_PREFIX: &str = "SR-FWD-";
 /// The chains every worker shared before each bridge got its own (up to
 /// 2026-12-01): a worker removes its bridge's jumps into them at start.
 pub const LEGACY_CHAINS: [(&str, &str); 2] =
     [("INPUT", "SR-TASKS-IN"), ("DOCKER-USER", "SR-TASKS-FWD")];
+
+/// Docker's jump into `DOCKER-USER`, which it keeps first in `FORWARD`.
+const DOCKER_USER_JUMP: &str = "-A FORWARD -j DOCKER-USER";
+
+/// The one policy of `FORWARD` the worker runs under: Docker's (it sets it when
+/// it turns forwarding on). Docker's rules for a bridge leave to the policy
+/// what they do not accept, such as connections from the host's other networks
+/// into the bridge: under `ACCEPT` those are forwarded.
+pub const FORWARD_POLICY: &str = "DROP";
+
+/// The policy of `FORWARD` in `listing` (`:FORWARD DROP [0:0]`), if it has one.
+pub fn forward_policy(listing: &str) -> Option<&str> {
+    listing.lines().find_map(|l| {
+        let mut words = l.trim().strip_prefix(":FORWARD ")?.split_whitespace();
+        words.next()
+    })
+}
 
 /// setup-host.sh's allow-list for Redis's TLS port (`--allow-workers`),
 /// jumped to first in `DOCKER-USER` for connections to that port.
@@ -180,8 +198,22 @@ impl Wanted {
     }
 
     /// Each parent chain with the chain it jumps to for this bridge.
-    pub fn jumps(&self) -> [(&'static str, &str); 2] {
-        [("INPUT", &self.chain_in), ("DOCKER-USER", &self.chain_fwd)]
+    ///
+    /// The forward chain is jumped to twice. First in `FORWARD` itself: rules
+    /// that something else inserts there (a hand's `iptables -I FORWARD 1 ...
+    /// -j ACCEPT`, Tailscale's `ts-forward`) are evaluated before Docker's jump
+    /// into `DOCKER-USER`, so a jump only in `DOCKER-USER` could be bypassed,
+    /// and a check of `DOCKER-USER` alone would never see it. And first in
+    /// `DOCKER-USER`, which Docker moves back to the top of `FORWARD` whenever it
+    /// creates a network: with our jump first in it, Docker's jump may come
+    /// before ours in `FORWARD` (see `may_come_first`). A packet then passes the
+    /// chain twice; it only refuses, so the second pass changes nothing.
+    pub fn jumps(&self) -> [(&'static str, &str); 3] {
+        [
+            ("INPUT", &self.chain_in),
+            ("FORWARD", &self.chain_fwd),
+            ("DOCKER-USER", &self.chain_fwd),
+        ]
     }
 
     /// Each chain with the rules this worker wants in it.
@@ -202,8 +234,12 @@ impl Wanted {
     /// matters is that each is there and nothing lets traffic out early. Rules
     /// it does not have are allowed only if they refuse (a REJECT or DROP) or
     /// are a DNS exception: another worker on the same bridge with other
-    /// networks, `TASK_BLOCKED_CIDRS` or name servers adds those. Each jump must
-    /// be there with nothing before it but other bridges' task jumps.
+    /// networks, `TASK_BLOCKED_CIDRS` or name servers adds those. Each jump
+    /// (`jumps`: `INPUT`, `FORWARD`, `DOCKER-USER`) must be there with nothing
+    /// before it that may not be (`may_come_first`), whatever that rule
+    /// matches: moving our jump to the front is always safe, since our chains
+    /// only refuse. (`FORWARD`'s policy is the host's, not repaired: see
+    /// `forward_policy`.)
     pub fn problems(&self, listing: &str) -> Vec<String> {
         let mut problems = Vec::new();
         for (chain, wanted) in self.chains() {
@@ -234,19 +270,44 @@ impl Wanted {
             }
         }
         for (parent, target) in self.jumps() {
-            let jump = self.jump(parent, target);
-            let rules = rules_of(listing, parent);
-            match rules.iter().position(|r| *r == jump) {
-                None => problems.push(format!("jump {jump:?} missing")),
-                Some(at) => {
-                    let ahead = |r: &&String| !self.may_come_first(r, listing);
-                    if let Some(before) = rules[..at].iter().find(ahead) {
-                        problems.push(format!("{before:?} comes before jump {jump:?}"));
-                    }
-                }
+            if let Some(problem) = self.jump_problem(listing, parent, target) {
+                problems.push(problem);
             }
         }
         problems
+    }
+
+    /// What is wrong with this worker's jump from `parent` to `target` in
+    /// `listing`: missing, or something ahead of it that may not be. In
+    /// `FORWARD`, what follows Docker's jump into `DOCKER-USER` is not looked at
+    /// while that jump leads to ours first (`passes_our_rules`): every packet of
+    /// the bridge has met our rules by then. Docker inserts each new network's
+    /// rules on top of `FORWARD` and then moves its jump back above them, so
+    /// they sit between its jump and ours, harmlessly.
+    fn jump_problem(&self, listing: &str, parent: &str, target: &str) -> Option<String> {
+        let jump = self.jump(parent, target);
+        let rules = rules_of(listing, parent);
+        let Some(at) = rules.iter().position(|r| *r == jump) else {
+            return Some(format!("jump {jump:?} missing"));
+        };
+        for rule in &rules[..at] {
+            if parent == "FORWARD" && self.passes_our_rules(rule, listing) {
+                return None;
+            }
+            if !self.may_come_first(rule, listing) {
+                return Some(format!("{rule:?} comes before jump {jump:?}"));
+            }
+        }
+        None
+    }
+
+    /// Whether `rule` in `FORWARD` is Docker's jump into `DOCKER-USER` while our
+    /// jump there has nothing ahead of it that may not be.
+    fn passes_our_rules(&self, rule: &str, listing: &str) -> bool {
+        rule == DOCKER_USER_JUMP
+            && self
+                .jump_problem(listing, "DOCKER-USER", &self.chain_fwd)
+                .is_none()
     }
 
     /// Both chains in `iptables-restore --noflush` form: this worker's rules
@@ -268,15 +329,12 @@ impl Wanted {
         r
     }
 
-    /// Whether `parent` has this worker's jump, but after something that is not
-    /// a task jump (so it must be moved to the front).
+    /// Whether `parent` has this worker's jump, but after something that may
+    /// not come first (so it must be moved to the front).
     pub fn jump_is_late(&self, listing: &str, parent: &str, target: &str) -> bool {
         let jump = self.jump(parent, target);
-        let rules = rules_of(listing, parent);
-        rules
-            .iter()
-            .position(|r| *r == jump)
-            .is_some_and(|at| !rules[..at].iter().all(|r| self.may_come_first(r, listing)))
+        rules_of(listing, parent).contains(&jump)
+            && self.jump_problem(listing, parent, target).is_some()
     }
 }
 
@@ -375,7 +433,8 @@ impl Wanted {
     /// chains of old), which no packet of this bridge takes; or setup-host.sh's
     /// jump into `SR-REDIS-TLS` (Redis's TLS port's allow-list) while that
     /// chain only returns or drops. A jump for this bridge into any chain but
-    /// its own would run before its rules, so it never may.
+    /// its own would run before its rules, so it never may; nor may anything
+    /// else, whatever it matches (see `jump_problem` for Docker's jump).
     fn may_come_first(&self, rule: &str, listing: &str) -> bool {
         let words: Vec<&str> = rule.split_whitespace().collect();
         if let ["-A", _, "-i", iface, "-j", target] = words[..] {
@@ -519,8 +578,15 @@ mod tests {
     /// A listing as `iptables-save -t filter` prints one with `w` installed,
     /// `extra_in_fwd` before its final RETURN.
     fn listing_of(w: &Wanted, extra_in_fwd: &[&str]) -> String {
-        let mut l = String::from("*filter\n:INPUT ACCEPT [0:0]\n");
+        let mut l = String::from("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n");
         l += "-A INPUT -i sr-tasks0 -j SR-IN-sr-tasks0\n-A INPUT -p tcp --dport 22 -j ACCEPT\n";
+        // As after Docker created a network: its jump back on top.
+        l += "-A FORWARD -j DOCKER-USER\n-A FORWARD -i other0 -j SR-FWD-other0\n";
+        // A network Docker created since: its rules above ours, below its jump.
+        l += "-A FORWARD -o br-new -j DOCKER\n-A FORWARD -i br-new ! -o br-new -j ACCEPT\n";
+        l +=
+            "-A FORWARD -i sr-tasks0 -j SR-FWD-sr-tasks0\n-A FORWARD -j DOCKER-ISOLATION-STAGE-1\n";
+        l += "-A FORWARD -i sr-tasks0 ! -o sr-tasks0 -j ACCEPT\n";
         l += "-A DOCKER-USER -i other0 -j SR-FWD-other0\n-A DOCKER-USER -i old0 -j SR-TASKS-FWD\n";
         l += "-A DOCKER-USER -i sr-tasks0 -j SR-FWD-sr-tasks0\n-A DOCKER-USER -j RETURN\n";
         l += "-A SR-FWD-other0 -d 10.0.0.0/8 -j RETURN\n";
@@ -644,11 +710,83 @@ mod tests {
             "-A DOCKER-USER -i other0",
             "-A DOCKER-USER -j ACCEPT\n-A DOCKER-USER -i other0",
         );
+        // Late in DOCKER-USER, so late in FORWARD too (behind Docker's jump).
         let p = w.problems(&late);
-        assert_eq!(p.len(), 1, "{p:?}");
-        assert!(p[0].contains("comes before jump"), "{p:?}");
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p.iter().all(|p| p.contains("comes before jump")), "{p:?}");
         assert!(w.jump_is_late(&late, "DOCKER-USER", "SR-FWD-sr-tasks0"));
+        assert!(w.jump_is_late(&late, "FORWARD", "SR-FWD-sr-tasks0"));
         assert!(!w.jump_is_late(&whole, "DOCKER-USER", "SR-FWD-sr-tasks0"));
+    }
+
+    #[test]
+    fn anything_that_could_accept_ahead_of_the_jump_in_forward_is_a_problem() {
+        let w = wanted();
+        let whole = listing_of(&w, &[]);
+        let fwd = "-A FORWARD -i sr-tasks0 -j SR-FWD-sr-tasks0";
+        // Docker's jump into DOCKER-USER may come first: ours is first there.
+        assert_eq!(w.problems(&whole), Vec::<String>::new());
+        assert!(!w.jump_is_late(&whole, "FORWARD", "SR-FWD-sr-tasks0"));
+        let on_top = |rules: &str| whole.replacen("-A FORWARD -j DOCKER-USER\n", rules, 1);
+        for (what, rules) in [
+            (
+                "a hand's ACCEPT for the bridge",
+                "-A FORWARD -i sr-tasks0 -j ACCEPT\n-A FORWARD -j DOCKER-USER\n",
+            ),
+            (
+                "Tailscale's chain (which accepts what goes to tailscale0)",
+                "-A FORWARD -j ts-forward\n-A FORWARD -j DOCKER-USER\n",
+            ),
+            (
+                "an ACCEPT of traffic into the bridge (from one task to another)",
+                "-A FORWARD -o sr-tasks0 -j ACCEPT\n-A FORWARD -j DOCKER-USER\n",
+            ),
+            (
+                "Docker's other chains",
+                "-A FORWARD -j DOCKER-ISOLATION-STAGE-1\n-A FORWARD -j DOCKER-USER\n",
+            ),
+            (
+                // Published ports of another network's containers, which a
+                // task could reach at their private addresses.
+                "another network's rules above Docker's jump",
+                "-A FORWARD -o br-new -j DOCKER\n-A FORWARD -j DOCKER-USER\n",
+            ),
+        ] {
+            let listing = on_top(rules);
+            let p = w.problems(&listing);
+            assert!(
+                p.len() == 1 && p[0].ends_with(&format!("comes before jump {fwd:?}")),
+                "{what}: {p:?}"
+            );
+            assert!(
+                w.jump_is_late(&listing, "FORWARD", "SR-FWD-sr-tasks0"),
+                "{what}"
+            );
+        }
+        // Docker's jump comes first, but DOCKER-USER accepts ahead of ours:
+        // both jumps are late.
+        let user = "-A DOCKER-USER -i sr-tasks0 -j SR-FWD-sr-tasks0\n";
+        let bypassed = whole.replacen(user, &format!("-A DOCKER-USER -j ACCEPT\n{user}"), 1);
+        let p = w.problems(&bypassed);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p[0].contains("comes before jump \"-A FORWARD"), "{p:?}");
+        assert!(p[1].contains("comes before jump \"-A DOCKER-USER"), "{p:?}");
+        // Our jump gone from FORWARD: missing, even with DOCKER-USER's intact.
+        let gone = whole.replacen(&format!("{fwd}\n"), "", 1);
+        assert_eq!(w.problems(&gone), [format!("jump {fwd:?} missing")]);
+    }
+
+    #[test]
+    fn the_forward_policy_is_read_from_the_listing() {
+        let w = wanted();
+        let whole = listing_of(&w, &[]);
+        assert_eq!(forward_policy(&whole), Some(FORWARD_POLICY));
+        let open = whole.replace(":FORWARD DROP [0:0]", ":FORWARD ACCEPT [12:3456]");
+        assert_eq!(forward_policy(&open), Some("ACCEPT"));
+        assert_eq!(
+            forward_policy("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"),
+            None
+        );
     }
 
     #[test]
@@ -682,9 +820,12 @@ mod tests {
                 format!("{tls_jump}-A SR-REDIS-TLS -j ACCEPT\n"),
             ),
         ] {
+            // DOCKER-USER's jump is late, and FORWARD's behind Docker's jump.
             let p = w.problems(&before(&rules));
             assert!(
-                p.len() == 1 && p[0].contains("comes before jump"),
+                p.len() == 2
+                    && p[0].contains("comes before jump \"-A FORWARD")
+                    && p[1].contains("comes before jump \"-A DOCKER-USER"),
                 "{what}: {p:?}"
             );
         }

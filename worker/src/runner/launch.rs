@@ -1,6 +1,8 @@
 //! Starting a task (a new container, or a warm one's waiting prelude handed
 //! the task) and removing what it used after it.
 
+use std::time::Instant;
+
 use shared::task::Outcome;
 
 use shared::egress::AllowList;
@@ -17,6 +19,9 @@ pub(super) struct Launched {
     pub(super) output: TaskOutput,
     /// An allow-list task's standing with the egress proxy.
     pub(super) egress: Option<EgressLease>,
+    /// Just before the handoff was written: nothing of the task ran earlier
+    /// (what its CPU is bounded from when its end cannot be read).
+    pub(super) handed_at: Instant,
 }
 
 /// A cold start: creates and starts the task's own container, then hands its
@@ -44,6 +49,7 @@ pub(super) async fn launch_cold(
             Err(e) => return Err((Outcome::start_failed(e), Some(container))),
         },
     };
+    let handed_at = Instant::now();
     match sandbox
         .hand_off(&container, attached, spec, stdin, false)
         .await
@@ -52,6 +58,7 @@ pub(super) async fn launch_cold(
             container,
             output,
             egress,
+            handed_at,
         }),
         Err(e) => Err((Outcome::start_failed(e), Some(container))),
     }
@@ -66,6 +73,7 @@ pub(super) async fn launch_warm(
     stdin: Option<Vec<u8>>,
 ) -> Result<Launched, SandboxError> {
     let attached = warm.attached.take().ok_or(SandboxError::HandoffNotTaken)?;
+    let handed_at = Instant::now();
     let output = ctx
         .sandbox
         .hand_off(&warm.id, attached, spec, stdin, true)
@@ -74,6 +82,7 @@ pub(super) async fn launch_warm(
         container: warm.id.clone(),
         output,
         egress: None,
+        handed_at,
     })
 }
 

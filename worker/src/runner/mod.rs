@@ -2,17 +2,19 @@
 //! claim -> source files -> container (a warm one from the pool, else a new
 //! one), its waiting prelude handed the task -> supervise (tails, kill,
 //! timeout; the exit status from the prelude) ->
-//! probe its cgroup -> record output and outcome -> ack. The container and source files
+//! its usage (the cgroup read at the end, or bounded from what was sampled
+//! while it ran) -> record output and outcome -> ack. The container and source files
 //! are removed in the background as soon as the process has ended: off the
 //! critical path, and without waiting for Redis.
 //!
 //! The steps live beside this flow: `inputs` (the zip, stdin, collect and the
 //! dependency cache, made ready for the container), `launch` (a cold or warm
-//! start, and the clean-up after it) and `supervise` (tails, kill, timeout and
-//! how the task ended).
+//! start, and the clean-up after it), `supervise` (tails, kill, timeout and
+//! how the task ended) and `meter` (what the task is charged).
 
 mod inputs;
 mod launch;
+mod meter;
 mod supervise;
 
 use std::time::Duration;
@@ -33,7 +35,7 @@ use crate::sandbox::ContainerSpec;
 
 use inputs::{Inputs, WarmDirs};
 use launch::{clean_up, launch_cold, launch_warm, return_cache};
-use supervise::{Tails, supervise, usage_of};
+use supervise::{Tails, supervise};
 
 /// How often a running task's tails are published and its state re-read (which
 /// is how a `kill_task` reaches the worker holding it).
@@ -257,16 +259,14 @@ async fn execute(
     match launched {
         Ok(launched) => {
             let container = launched.container.clone();
-            let (ended, reading) = supervise(ctx, task_id, spec, launched).await;
+            let (ended, used) = supervise(ctx, task_id, spec, launched).await;
             if let (_, Some(tails)) = &ended {
                 tails.end_egress().await;
             }
             if let Some(lease) = &inputs.cache {
                 ctx.caches.returning(lease);
             }
-            if let Some(r) = reading {
-                *usage = usage_of(&r);
-            }
+            *usage = used;
             if let Some(c) = inputs.collector {
                 *collected = c.finish().await;
             }

@@ -12,6 +12,7 @@ use shared::usage::Usage;
 
 use super::TICK;
 use super::launch::Launched;
+use super::meter::Meter;
 use crate::ctx::Ctx;
 use crate::egress::EgressLease;
 use crate::queue::{Progress, Queue, QueueError, TaskSpec, TaskStateReply};
@@ -124,36 +125,39 @@ impl Snapshot {
 
 /// Runs a handed-off task to its end: streams output into the tails, publishes
 /// them every tick, and stops the container on kill, timeout or worker shutdown.
-/// How the task ended is decided by `Outcome`'s rules, from what was seen here.
+/// How the task ended is decided by `Outcome`'s rules, from what was seen here;
+/// what it is charged, by the `Meter`'s.
 pub(super) async fn supervise(
     ctx: &Ctx,
     task_id: &str,
     spec: &TaskSpec,
     launched: Launched,
-) -> ((Outcome, Option<Tails>), Option<Reading>) {
+) -> ((Outcome, Option<Tails>), Usage) {
     let sandbox = &ctx.sandbox;
     let Launched {
         container,
         output: stream,
         egress,
+        handed_at,
     } = launched;
     // The container's own clock (its deadline) starts about now.
     let started = Instant::now();
+    let mut meter = Meter::new(sandbox.limits().cpus, handed_at);
     let mut output = Output { stream, open: true };
     let mut tails = Tails::new(egress);
-    let (end, reading) = match record_start(ctx, task_id, &container).await {
-        Some(end) => (end, None),
+    let end = match record_start(ctx, task_id, &container, &mut meter).await {
+        Some(end) => end,
         None => {
-            watch(
+            meter.sample(sandbox, &container).await;
+            let mut run = Run {
                 ctx,
                 task_id,
                 spec,
-                &container,
-                &mut output,
-                &mut tails,
+                container: &container,
+                meter: &mut meter,
                 started,
-            )
-            .await
+            };
+            run.watch(&mut output, &mut tails).await
         }
     };
     // Stopped by the worker (or by someone else): the last output comes until
@@ -188,16 +192,7 @@ pub(super) async fn supervise(
             Outcome::superseded(recorded.ok().flatten())
         }
     };
-    ((outcome, Some(tails)), reading)
-}
-
-/// The figures a task's record keeps from a reading of its container.
-pub(super) fn usage_of(r: &Reading) -> Usage {
-    Usage {
-        cpu_ms: r.cpu_ns.map(|ns| ns / 1_000_000),
-        peak_memory_bytes: r.peak_memory_bytes,
-        workspace_bytes: r.workspace_bytes,
-    }
+    ((outcome, Some(tails)), meter.usage())
 }
 
 /// How long the engine may take to report a container's end when its prelude
@@ -220,38 +215,16 @@ async fn oom_killed(sandbox: &Sandbox, container: &str, reading: Option<&Reading
     sandbox.oom_killed(container).await
 }
 
-/// The script exited with `code` (its prelude said so, or the engine did):
-/// its container's usage, read before anything stops it, and whether it was
-/// OOM-killed.
-async fn exited(
-    sandbox: &Sandbox,
-    container: &str,
-    code: i64,
-    started: Instant,
-) -> (End, Option<Reading>) {
-    let ran = started.elapsed();
-    let reading = sandbox.probe(container).await;
-    // 137 is SIGKILL; at the memory cap it is the OOM killer.
-    let oom_killed = code == 137 && oom_killed(sandbox, container, reading.as_ref()).await;
-    (
-        End::Exited(ContainerExit {
-            code,
-            oom_killed,
-            ran,
-        }),
-        reading,
-    )
-}
-
 /// Records the container's start. One attempt, not a retry: the container runs
 /// now and must be supervised (timeout, output) even if Redis is down; only
 /// `started_at` is lost then. Returns how it ended if the task is no longer this
-/// worker's to run (the container is stopped then).
-async fn record_start(ctx: &Ctx, task_id: &str, container: &str) -> Option<End> {
+/// worker's to run (the container is stopped then, what it used read first).
+async fn record_start(ctx: &Ctx, task_id: &str, container: &str, meter: &mut Meter) -> Option<End> {
     match ctx.queue.started(task_id, container).await {
         Ok(r) if r.is_running() => None,
         Ok(_) => {
             // Killed or taken over while we were preparing.
+            meter.read_end(&ctx.sandbox, container).await;
             ctx.sandbox.kill(container).await;
             Some(End::Superseded)
         }
@@ -262,87 +235,113 @@ async fn record_start(ctx: &Ctx, task_id: &str, container: &str) -> Option<End> 
     }
 }
 
-/// The supervision loop: until the prelude reports the script's exit, or the
-/// worker stops the container (kill, timeout, shutdown).
-async fn watch(
-    ctx: &Ctx,
-    task_id: &str,
-    spec: &TaskSpec,
-    container: &str,
-    output: &mut Output,
-    tails: &mut Tails,
+/// One running task, as the supervision loop sees it.
+struct Run<'a> {
+    ctx: &'a Ctx,
+    task_id: &'a str,
+    spec: &'a TaskSpec,
+    container: &'a str,
+    meter: &'a mut Meter,
+    /// When supervision began (the exit's run time counts from here).
     started: Instant,
-) -> (End, Option<Reading>) {
-    let sandbox = &ctx.sandbox;
-    let mut ticker = tokio::time::interval(TICK);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let deadline = tokio::time::sleep(Duration::from_secs(spec.timeout_seconds));
-    tokio::pin!(deadline);
-    // The script's exit status (stdout's end marker), and whether stderr's end
-    // marker came: the end is the later of the two, when both streams are
-    // complete.
-    let mut code: Option<i64> = None;
-    let mut stderr_done = false;
-    loop {
-        tokio::select! {
-            event = output.stream.next(), if output.open => match event {
-                Some(Ok(Event::Frame(frame))) => tails.push(frame),
-                Some(Ok(Event::Marker(Seen::Exited(c)))) => code = Some(c),
-                Some(Ok(Event::Marker(Seen::StderrEnd))) => stderr_done = true,
-                Some(Ok(Event::Marker(Seen::Started))) => {}
-                Some(Err(e)) => tracing::warn!(task_id, error = %e, "output stream failed"),
-                None => {
-                    output.open = false;
-                    if let Some(code) = code {
-                        return exited(sandbox, container, code, started).await;
+}
+
+impl Run<'_> {
+    /// The supervision loop: until the prelude reports the script's exit, or
+    /// the worker stops the container (kill, timeout, shutdown). What the
+    /// container used is read (`Meter::read_end`) before anything stops it,
+    /// and sampled on every tick until then.
+    async fn watch(&mut self, output: &mut Output, tails: &mut Tails) -> End {
+        let (ctx, task_id, container) = (self.ctx, self.task_id, self.container);
+        let sandbox = &ctx.sandbox;
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let timeout_seconds = self.spec.timeout_seconds;
+        let deadline = tokio::time::sleep(Duration::from_secs(timeout_seconds));
+        tokio::pin!(deadline);
+        // The script's exit status (stdout's end marker), and whether stderr's end
+        // marker came: the end is the later of the two, when both streams are
+        // complete.
+        let mut code: Option<i64> = None;
+        let mut stderr_done = false;
+        loop {
+            tokio::select! {
+                event = output.stream.next(), if output.open => match event {
+                    Some(Ok(Event::Frame(frame))) => tails.push(frame),
+                    Some(Ok(Event::Marker(Seen::Exited(c)))) => code = Some(c),
+                    Some(Ok(Event::Marker(Seen::StderrEnd))) => stderr_done = true,
+                    Some(Ok(Event::Marker(Seen::Started))) => {}
+                    Some(Err(e)) => tracing::warn!(task_id, error = %e, "output stream failed"),
+                    None => {
+                        output.open = false;
+                        if let Some(code) = code {
+                            return self.exited(code).await;
+                        }
+                        // The prelude is gone without a word: OOM-killed itself,
+                        // killed by the task (`kill -9 -1`), or its container
+                        // stopped under it. The engine's answer is all there is
+                        // (and the meter's bound: the cgroup is gone with it).
+                        let waited = tokio::time::timeout(ENGINE_EXIT_WAIT, sandbox.wait(container)).await;
+                        return match waited {
+                            Ok(Ok(code)) => self.exited(code).await,
+                            Ok(Err(e)) => End::Decided(Outcome::container_lost(e)),
+                            Err(_) => End::Decided(Outcome::container_lost(SandboxError::WaitEnded)),
+                        };
                     }
-                    // The prelude is gone without a word: OOM-killed itself,
-                    // or its container stopped under it. The engine's answer
-                    // is all there is.
-                    let waited = tokio::time::timeout(ENGINE_EXIT_WAIT, sandbox.wait(container)).await;
-                    return match waited {
-                        Ok(Ok(code)) => exited(sandbox, container, code, started).await,
-                        Ok(Err(e)) => (End::Decided(Outcome::container_lost(e)), None),
-                        Err(_) => (
-                            End::Decided(Outcome::container_lost(SandboxError::WaitEnded)),
-                            None,
-                        ),
-                    };
-                }
-            },
-            _ = ticker.tick() => match tails.tick(&ctx.queue, task_id).await {
-                Ok(TaskStateReply::State(TaskState::Running)) => {}
-                // Killed by kill_task, or settled by a reaper: stop it (what
-                // it used so far is read first: the kill ends its cgroup).
-                Ok(_) => {
-                    let reading = sandbox.probe(container).await;
+                },
+                _ = ticker.tick() => {
+                    self.meter.sample(sandbox, container).await;
+                    match tails.tick(&ctx.queue, task_id).await {
+                        Ok(TaskStateReply::State(TaskState::Running)) => {}
+                        // Killed by kill_task, or settled by a reaper: stop it (what
+                        // it used so far is read first: the kill ends its cgroup).
+                        Ok(_) => {
+                            self.meter.read_end(sandbox, container).await;
+                            sandbox.kill(container).await;
+                            return End::Superseded;
+                        }
+                        // Redis is down: keep running the task; publish when it is back.
+                        Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
+                    }
+                },
+                _ = &mut deadline => {
+                    self.meter.read_end(sandbox, container).await;
                     sandbox.kill(container).await;
-                    return (End::Superseded, reading);
+                    return End::Decided(Outcome::timed_out(timeout_seconds));
                 }
-                // Redis is down: keep running the task; publish when it is back.
-                Err(e) => tracing::warn!(task_id, error = %e, "could not publish progress"),
-            },
-            _ = &mut deadline => {
-                let reading = sandbox.probe(container).await;
-                sandbox.kill(container).await;
-                return (End::Decided(Outcome::timed_out(spec.timeout_seconds)), reading);
-            }
-            _ = ctx.abort.cancelled() => {
-                let reading = sandbox.probe(container).await;
-                sandbox.kill(container).await;
-                return (End::Decided(Outcome::worker_shutdown()), reading);
-            }
-        }
-        if let (Some(c), true) = (code, stderr_done) {
-            // All of the script's output is in; what its leftover processes
-            // wrote meanwhile is kept too, without waiting for more.
-            for event in output.stream.ready() {
-                if let Event::Frame(frame) = event {
-                    tails.push(frame);
+                _ = ctx.abort.cancelled() => {
+                    self.meter.read_end(sandbox, container).await;
+                    sandbox.kill(container).await;
+                    return End::Decided(Outcome::worker_shutdown());
                 }
             }
-            return exited(sandbox, container, c, started).await;
+            if let (Some(c), true) = (code, stderr_done) {
+                // All of the script's output is in; what its leftover processes
+                // wrote meanwhile is kept too, without waiting for more.
+                for event in output.stream.ready() {
+                    if let Event::Frame(frame) = event {
+                        tails.push(frame);
+                    }
+                }
+                return self.exited(c).await;
+            }
         }
+    }
+
+    /// The script exited with `code` (its prelude said so, or the engine did):
+    /// its container's usage, read before anything stops it, and whether it was
+    /// OOM-killed.
+    async fn exited(&mut self, code: i64) -> End {
+        let ran = self.started.elapsed();
+        let sandbox = &self.ctx.sandbox;
+        let reading = self.meter.read_end(sandbox, self.container).await;
+        // 137 is SIGKILL; at the memory cap it is the OOM killer.
+        let oom_killed = code == 137 && oom_killed(sandbox, self.container, reading.as_ref()).await;
+        End::Exited(ContainerExit {
+            code,
+            oom_killed,
+            ran,
+        })
     }
 }
 

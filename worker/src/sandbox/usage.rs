@@ -17,7 +17,9 @@
 //!   /workspace` (coreutils or busybox; about 50 ms), which fails when the
 //!   container's memory is full: the figure is unknown then.
 //!
-//! What cannot be read is `None`: a figure is never made up.
+//! What cannot be read is `None`: a figure is never made up here. (When the
+//! end cannot be read at all, the runner's meter, `runner/meter.rs`, bounds
+//! the task's CPU from its cgroup figures sampled while it ran.)
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -137,20 +139,29 @@ impl Sandbox {
     /// (`None` if this host's cgroup files are not where the worker looks), and
     /// its /workspace.
     pub async fn probe(&self, id: &str) -> Option<Reading> {
-        let cgroup = {
+        let (cgroup, workspace) = tokio::join!(self.cgroup(id), self.workspace_bytes(id));
+        let reading = Reading {
+            workspace_bytes: workspace,
+            ..cgroup
+        };
+        (reading != Reading::default()).then_some(reading)
+    }
+
+    /// Container `id`'s cgroup figures only (a few small files; no Docker
+    /// call, no process in the container): what the runner samples while a
+    /// task runs. Nothing is known (`Reading::default()`) once it is gone.
+    pub async fn cgroup(&self, id: &str) -> Reading {
+        let read = {
             let id = id.to_owned();
             tokio::task::spawn_blocking(move || read_cgroup(Path::new(CGROUP_ROOT), &id))
         };
-        let (cgroup, workspace) = tokio::join!(cgroup, self.workspace_bytes(id));
-        let mut reading = match cgroup {
+        match read.await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(container = id, error = %e, "could not read the container's cgroup");
                 Reading::default()
             }
-        };
-        reading.workspace_bytes = workspace;
-        (reading != Reading::default()).then_some(reading)
+        }
     }
 
     /// Bytes in /workspace: through the container's first process if this
