@@ -173,6 +173,7 @@ async fn tasks_that_kill_their_own_init_are_charged_their_cpu_and_held_to_the_qu
             cpu_seconds_per_day: Some(3),
             ..shared::apikey::Limits::default()
         },
+        allow_hosts: None,
         created_at: None,
         last_used_at: None,
     };

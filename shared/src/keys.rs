@@ -409,6 +409,7 @@ impl Field {
             | Field::UsageCpuMs
             | Field::UsagePeakMemoryBytes
             | Field::UsageWorkspaceBytes
+            | Field::UsageEstimated
             | Field::EgressLog
             | Field::SpecSignature => false,
         }
