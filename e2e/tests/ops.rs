@@ -652,6 +652,9 @@ async fn per_owner_usage_totals_show_in_metrics_and_the_ctl() {
     let admin = run(&client, "python3.13", "true", json!({})).await;
     let keys = stack.keys();
     let mut r = stack.redis_conn().await;
+    // The test stands in for an api that submitted them for these owners: it
+    // changes the owner and signs the spec again with the test stack's key.
+    let signer = shared::spec::SpecSigner::from_base64(testkit::SIGNING_KEY).expect("test key");
     for (id, owner) in [
         (&alice[0], "alice"),
         (&alice[1], "alice"),
@@ -661,6 +664,16 @@ async fn per_owner_usage_totals_show_in_metrics_and_the_ctl() {
             .hset(keys.task(id), "owner", owner)
             .await
             .expect("hset owner");
+        let hash: std::collections::HashMap<String, Vec<u8>> =
+            r.hgetall(keys.task(id)).await.expect("hgetall");
+        let stored = hash
+            .iter()
+            .filter_map(|(k, v)| k.parse::<shared::Field>().ok().map(|f| (f, v)));
+        let signature = signer.sign(&shared::spec::message(id, stored, None, None));
+        let () = r
+            .hset(keys.task(id), "spec_signature", signature)
+            .await
+            .expect("hset spec_signature");
     }
     stack.start_worker("main", &[]).await;
     for id in alice.iter().chain([&bob, &admin]) {
