@@ -399,3 +399,83 @@ async fn a_suspicion_from_before_a_redis_outage_does_not_get_a_live_worker_reape
     assert_eq!(s["stdout_tail"], "up\ndone\n");
     stack.shutdown().await;
 }
+
+/// The worker registry holds whatever a worker's Redis user added to it; a
+/// name that is no worker's is never reaped, so never becomes a path. Planted
+/// here: `../x`, `..`, an empty name, and one that, were it joined to TASKS_DIR
+/// as `cache-<name>`, would resolve through this worker's own cache directory
+/// to a directory outside TASKS_DIR (and its `.gone-cache-` twin, which the
+/// test makes so that the unchecked rename would succeed). Two real dead
+/// workers' names, planted at the same time and after, are forgotten: by then
+/// the reaper has passed the bad names many times.
+#[tokio::test]
+async fn a_planted_worker_name_that_is_no_name_never_becomes_a_path() {
+    let stack = Stack::start(Options {
+        extra_env: vec![("WORKER_HEARTBEAT_SECONDS", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let tmp = stack
+        .tasks_dir()
+        .parent()
+        .expect("TASKS_DIR has a parent")
+        .to_path_buf();
+    let victim = tmp.join(format!("sr-victim-{}", stack.prefix));
+    std::fs::create_dir_all(&victim).expect("victim dir");
+    std::fs::write(victim.join("keep"), "outside TASKS_DIR").expect("victim file");
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::open(&victim)
+        .and_then(|f| f.set_modified(an_hour_ago))
+        .expect("backdate");
+    let worker = &stack.worker_name;
+    assert!(
+        stack.tasks_dir().join(format!("cache-{worker}")).is_dir(),
+        "the worker's cache directory, which the planted name goes through"
+    );
+    std::fs::create_dir(stack.tasks_dir().join(format!(".gone-cache-{worker}")))
+        .expect(".gone-cache- twin");
+    let escaping = format!("{worker}/../../sr-victim-{}", stack.prefix);
+    let bad = [escaping.as_str(), "../x", "..", ""];
+
+    let keys = stack.keys();
+    let mut r = stack.redis_conn().await;
+    let first_dead = stack.worker("dead");
+    let () = r
+        .sadd(
+            keys.workers(),
+            bad.iter().chain([&first_dead.as_str()]).collect::<Vec<_>>(),
+        )
+        .await
+        .expect("sadd");
+    stack.wait_forgotten(&first_dead).await;
+    let second_dead = stack.worker("dead-too");
+    let () = r.sadd(keys.workers(), &second_dead).await.expect("sadd");
+    stack.wait_forgotten(&second_dead).await;
+
+    assert_eq!(
+        std::fs::read_to_string(victim.join("keep")).ok().as_deref(),
+        Some("outside TASKS_DIR"),
+        "the directory outside TASKS_DIR was touched"
+    );
+    let beside: Vec<String> = std::fs::read_dir(&tmp)
+        .expect("read the temporary directory")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("sr-victim-{}", stack.prefix)))
+        .collect();
+    assert_eq!(
+        beside,
+        [format!("sr-victim-{}", stack.prefix)],
+        "made or renamed beside it"
+    );
+    let mut left: Vec<String> = r.smembers(keys.workers()).await.expect("smembers");
+    left.sort();
+    let mut want: Vec<String> = bad.iter().map(|s| (*s).to_owned()).collect();
+    want.push(worker.clone());
+    want.sort();
+    assert_eq!(
+        left, want,
+        "the bad names are skipped, never forgotten as workers"
+    );
+    stack.shutdown().await;
+    let _ = std::fs::remove_dir_all(&victim);
+}

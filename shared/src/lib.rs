@@ -23,6 +23,7 @@ pub mod task;
 pub mod time;
 pub mod usage;
 pub mod view;
+pub mod worker_name;
 pub mod zipcheck;
 
 pub use keys::{Field, Keys};
@@ -31,3 +32,4 @@ pub use owner::Owner;
 pub use record::{RecordError, TaskRecord};
 pub use runtimes::{RuntimeCatalog, RuntimeError, RuntimeName};
 pub use task::{ReasonKind, TaskState};
+pub use worker_name::WorkerName;

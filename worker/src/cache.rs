@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
+use shared::WorkerName;
 use shared::cache::Generations;
 
 use crate::config::CacheConfig;
@@ -42,8 +43,9 @@ use crate::metrics::{CacheLend, Metrics};
 /// `c` inside).
 pub const CACHE_MOUNT: &str = "/.sr-cache";
 
-/// Where worker `worker` keeps its caches.
-fn root_of(tasks_dir: &Path, worker: &str) -> PathBuf {
+/// Where worker `worker` keeps its caches: a `WorkerName`, so one directory
+/// of `tasks_dir`, whatever a name read from Redis held.
+fn root_of(tasks_dir: &Path, worker: &WorkerName) -> PathBuf {
     tasks_dir.join(format!("cache-{worker}"))
 }
 
@@ -149,7 +151,7 @@ impl Caches {
     /// caches turned off, removes what a previous run kept. Blocking.
     pub fn open(
         tasks_dir: &Path,
-        worker: &str,
+        worker: &WorkerName,
         config: CacheConfig,
         task_user: &str,
         metrics: Metrics,
@@ -256,7 +258,7 @@ impl Caches {
     /// name opened them since (`open` always changes the directory itself);
     /// otherwise renamed away first, so such a process starting meanwhile
     /// makes a new directory instead of losing files from under it.
-    pub async fn remove_of(tasks_dir: &Path, worker: &str, silent_since: SystemTime) {
+    pub async fn remove_of(tasks_dir: &Path, worker: &WorkerName, silent_since: SystemTime) {
         let root = root_of(tasks_dir, worker);
         let gone = tasks_dir.join(format!(
             ".gone-cache-{worker}-{}",

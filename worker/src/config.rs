@@ -7,7 +7,7 @@ use std::time::Duration;
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list, parse_range};
 use shared::spec::SpecVerifier;
 use shared::zipcheck::ZipLimits;
-use shared::{Keys, RuntimeCatalog, RuntimeError, RuntimeName};
+use shared::{Keys, RuntimeCatalog, RuntimeError, RuntimeName, WorkerName};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -15,8 +15,8 @@ pub enum ConfigError {
     Var(#[from] VarError),
     #[error("RUNTIME_IMAGES: {0}")]
     Runtime(#[from] RuntimeError),
-    #[error("WORKER_NAME {0:?} is not allowed: use letters, digits, '.', '-' and '_'")]
-    BadWorkerName(String),
+    #[error("WORKER_NAME: {0}")]
+    BadWorkerName(#[from] shared::worker_name::BadWorkerName),
     #[error(
         "TASK_VERIFY_KEYS is not set: a worker runs only task specs the api signed, and this \
          names the api's public key (`script-runner-ctl signing-key generate` makes a pair)"
@@ -90,7 +90,7 @@ pub struct Config {
     pub keys: Keys,
     /// `WORKER_NAME`: this worker's consumer name; keep it stable across restarts so
     /// a restarted worker finds and cleans up what it left (default: the hostname).
-    pub worker_name: String,
+    pub worker_name: WorkerName,
     /// `WORKER_CONCURRENCY`: tasks run at once (default: number of CPUs).
     pub concurrency: usize,
     /// `TASKS_DIR`: where task workspaces live on this host (default `./tasks-data`).
@@ -346,12 +346,7 @@ impl Config {
             name if name.is_empty() => default_worker_name(),
             name => name,
         };
-        if !worker_name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        {
-            return Err(ConfigError::BadWorkerName(worker_name));
-        }
+        let worker_name = WorkerName::parse(&worker_name)?;
         let catalog = RuntimeCatalog::from_lookup(&var)?;
         let pool = PoolConfig::parse(
             &POOL_SIZE.get(&var),
@@ -544,6 +539,19 @@ mod tests {
 
     fn public_key(seed: u8) -> String {
         shared::spec::SpecSigner::from_seed(&[seed; 32]).public_base64()
+    }
+
+    #[test]
+    fn worker_names_that_are_no_single_path_component_are_refused() {
+        for bad in ["..", ".", "../x", "a/b", "w 1"] {
+            let text = refused(&[("WORKER_NAME", bad)]);
+            assert!(
+                text.starts_with("WORKER_NAME: worker name ") && text.contains("is not allowed"),
+                "{text}"
+            );
+        }
+        let ok = load(&[("WORKER_NAME", "w-1.example_a")]).map(|c| c.worker_name.to_string());
+        assert_eq!(ok.ok().as_deref(), Some("w-1.example_a"));
     }
 
     #[test]

@@ -132,10 +132,10 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     let queue = Queue::new(
         &redis,
         config.keys.clone(),
-        config.worker_name.clone(),
+        config.worker_name.to_string(),
         config.redis.replica_ack,
     )?;
-    let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.clone()).await?;
+    let sandbox = Sandbox::connect(config.limits.clone(), config.worker_name.to_string()).await?;
     sandbox.ensure_network().await?;
     let pattern = tokio::fs::read_to_string("/proc/sys/kernel/core_pattern").await;
     if let Some(helper) = pattern.as_deref().ok().and_then(sandbox::core_dump_helper) {

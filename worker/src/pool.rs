@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
-use shared::RuntimeName;
+use shared::{RuntimeName, WorkerName};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -102,7 +102,7 @@ impl Pool {
         sandbox: Sandbox,
         config: PoolConfig,
         tasks_dir: &Path,
-        worker: &str,
+        worker: &WorkerName,
         caches: bool,
     ) -> Pool {
         Pool {
@@ -332,8 +332,9 @@ impl Inner {
     }
 }
 
-/// Where worker `worker`'s pool containers keep their host directories.
-pub fn pool_root(tasks_dir: &Path, worker: &str) -> PathBuf {
+/// Where worker `worker`'s pool containers keep their host directories: a
+/// `WorkerName`, so one directory of `tasks_dir`.
+pub fn pool_root(tasks_dir: &Path, worker: &WorkerName) -> PathBuf {
     tasks_dir.join(format!("pool-{worker}"))
 }
 

@@ -18,13 +18,19 @@
 //! no runner of it holds (a reply to `XREADGROUP` lost on the way, a record that
 //! could not be read) would otherwise wait for its next restart.
 //!
+//! The registry (`Keys::workers`) is what any worker's Redis user wrote to it,
+//! so a name is reaped only once it parses as a `WorkerName`: one that could be
+//! no worker's (`../x`, `a/b`) is logged once and skipped, and never becomes a
+//! path under `TASKS_DIR`.
+//!
 //! And it collects garbage in `TASKS_DIR`: the extracted zip of a task that is
 //! no longer queued or running (left by a worker that died on this host and was
 //! settled from elsewhere) is removed. Task records expire by themselves (TTL).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use shared::WorkerName;
 use shared::task::Outcome;
 use tokio_util::sync::CancellationToken;
 
@@ -36,13 +42,14 @@ use crate::slots::Slots;
 pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
     let mut suspects: HashMap<String, Instant> = HashMap::new();
+    let mut refused = Refused::default();
     let mut every = tokio::time::interval((ttl / 3).max(Duration::from_millis(500)));
     loop {
         tokio::select! {
             _ = every.tick() => {}
             _ = stop.cancelled() => return,
         }
-        if let Err(e) = reap(&ctx, &mut suspects, ttl).await {
+        if let Err(e) = reap(&ctx, &mut suspects, &mut refused, ttl).await {
             // A pass that could not look saw no heartbeat missing: suspicion must
             // be continuous. Kept through a Redis outage (which expires every
             // heartbeat), it would condemn a live worker on the first pass after.
@@ -58,14 +65,48 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     }
 }
 
+/// The names in the registry that are no worker's, each logged once: a
+/// planted name is skipped on every pass, and said once, not every pass.
+#[derive(Default)]
+struct Refused(HashSet<String>);
+
+impl Refused {
+    /// At most this many names are remembered; past them, a new bad name is
+    /// still skipped, only no longer logged.
+    const CAP: usize = 1000;
+
+    /// `name` as a worker name, or `None` (logged the first time) if it is none.
+    fn check(&mut self, name: String) -> Option<WorkerName> {
+        match WorkerName::parse(&name) {
+            Ok(name) => Some(name),
+            Err(e) => {
+                if self.0.len() < Self::CAP && self.0.insert(name) {
+                    tracing::warn!(
+                        error = %e,
+                        "skipped a name in the worker registry that is no worker's: it is \
+                         never reaped nor used as a path (written there by hand, or by a \
+                         worker host's Redis user)"
+                    );
+                }
+                None
+            }
+        }
+    }
+}
+
 async fn reap(
     ctx: &Ctx,
     suspects: &mut HashMap<String, Instant>,
+    refused: &mut Refused,
     ttl: Duration,
 ) -> Result<(), QueueError> {
     let me = ctx.queue.worker().to_owned();
     let mut seen_dead = Vec::new();
     for name in ctx.queue.workers().await? {
+        let Some(worker) = refused.check(name) else {
+            continue;
+        };
+        let name = worker.to_string();
         if name == me || ctx.queue.is_alive(&name).await? {
             continue;
         }
@@ -94,7 +135,7 @@ async fn reap(
         let silent_since = silent_at
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        match remove_leftovers_of(ctx, &name, Some(silent_since)).await {
+        match remove_leftovers_of(ctx, &worker, Some(silent_since)).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(worker = %name, containers = n, "removed a lost worker's containers")
@@ -107,7 +148,7 @@ async fn reap(
             tracing::info!(worker = %name, "lost worker forgotten");
             // Its caches only save time, and a process back under its name
             // opens them anew; left, they would hold disk forever.
-            crate::cache::Caches::remove_of(&ctx.config.tasks_dir, &name, silent_at).await;
+            crate::cache::Caches::remove_of(&ctx.config.tasks_dir, &worker, silent_at).await;
         }
     }
     // A worker that came back (or was forgotten) is no longer a suspect.
@@ -180,4 +221,27 @@ async fn collect_garbage(ctx: &Ctx) -> Result<(), QueueError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_worker_names_are_reaped_and_each_bad_one_is_remembered_once() {
+        let mut refused = Refused::default();
+        assert_eq!(
+            refused.check("w-1".into()).map(|w| w.to_string()),
+            Some("w-1".to_owned())
+        );
+        for bad in ["../x", "x/../../y", "..", ".", "", "../x"] {
+            assert!(refused.check(bad.into()).is_none(), "{bad:?}");
+        }
+        assert_eq!(refused.0.len(), 5, "{:?}", refused.0);
+        // Bounded: past the cap, bad names are still refused, no longer kept.
+        for i in 0..2 * Refused::CAP {
+            assert!(refused.check(format!("../{i}")).is_none());
+        }
+        assert_eq!(refused.0.len(), Refused::CAP);
+    }
 }

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use shared::TaskState;
 use shared::task::{Outcome, Settlement};
+use shared::{TaskState, WorkerName};
 use tokio_util::sync::CancellationToken;
 
 use crate::ctx::Ctx;
@@ -25,8 +25,7 @@ const PENDING_READ: Duration = Duration::from_secs(2);
 /// stays pending under this worker, and the reaper's orphan pass takes it later.
 /// Waits for Redis until `stop`.
 pub async fn recover(ctx: &Ctx, stop: &CancellationToken) -> Result<(), RecoveryError> {
-    let me = ctx.queue.worker().to_owned();
-    let orphans = remove_leftovers_of(ctx, &me, None).await?;
+    let orphans = remove_leftovers_of(ctx, &ctx.config.worker_name, None).await?;
     if orphans > 0 {
         tracing::warn!(
             orphans,
@@ -62,12 +61,12 @@ pub enum RecoveryError {
 /// whole pool directory is stale).
 pub async fn remove_leftovers_of(
     ctx: &Ctx,
-    owner: &str,
+    owner: &WorkerName,
     created_before: Option<i64>,
 ) -> Result<usize, SandboxError> {
     let removed = ctx
         .sandbox
-        .remove_containers_of(owner, created_before)
+        .remove_containers_of(owner.as_str(), created_before)
         .await?;
     let root = pool::pool_root(&ctx.config.tasks_dir, owner);
     match created_before {
