@@ -6,7 +6,10 @@
 //! - `status`: workers, queue, running tasks, tasks finished in the last hour;
 //! - `top`: the same, refreshing in the terminal, the stuck-looking tasks first;
 //! - `task ID`: one task's record and output tails, `--follow` to watch them grow;
-//! - `keys create|list|revoke|rotate`: API keys (`keys`).
+//! - `keys create|list|revoke|rotate`: API keys (`keys`); `revoke
+//!   --kill-tasks` also kills the key's active tasks.
+//! - `tasks kill --owner NAME|--admin`: kills every active task of one owner
+//!   (`tasks`: the KILL script, `FCALL`, so as `admin` like `keys`).
 //! - `usage`: what each owner's tasks used in all, the heaviest first.
 //! - `cache clear`: asks the workers to empty dependency caches (`cache`:
 //!   writes one counter, `HINCRBY`, so as `admin` like `keys`).
@@ -27,6 +30,7 @@ pub mod keys;
 pub mod read;
 pub mod render;
 pub mod signing;
+pub mod tasks;
 pub mod top;
 pub mod usage;
 
@@ -41,6 +45,9 @@ pub struct Config {
     /// Redis that requires mutual TLS.
     pub redis: shared::envvar::RedisSettings,
     pub keys: Keys,
+    /// `TASK_RETENTION_SECONDS`, as the api's: how long a task the ctl kills
+    /// keeps its record.
+    pub retention_seconds: u64,
 }
 
 impl Config {
@@ -53,6 +60,7 @@ impl Config {
         Ok(Config {
             redis: common.redis,
             keys: common.keys,
+            retention_seconds: common.retention_seconds,
         })
     }
 
@@ -104,6 +112,13 @@ pub enum CtlError {
     },
     #[error(transparent)]
     ApiKey(#[from] store::apikeys::ApiKeyError),
+    #[error("killing the tasks failed: {0}")]
+    Kill(#[from] store::scripts::InvokeError),
+    #[error(
+        "the tasks were killed, but Redis could not confirm it on the replicas \
+         REDIS_MIN_REPLICAS_ACK asks for ({0}): run the command again to be sure"
+    )]
+    KillNotReplicated(#[from] store::redis_pool::ReplicationError),
     #[error(transparent)]
     Functions(#[from] store::scripts::FunctionsError),
     #[error(transparent)]

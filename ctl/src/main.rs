@@ -7,10 +7,13 @@ use clap::{Parser, Subcommand};
 use script_runner_ctl::functions::FunctionsAdmin;
 use script_runner_ctl::keys::{IssuedKey, KeyAdmin, render_list};
 use script_runner_ctl::read::{Reader, TaskView};
+use script_runner_ctl::tasks::{Killed, MAX_TASKS, TaskAdmin};
 use script_runner_ctl::{Config, cache, render, signing, top, usage};
+use shared::Owner;
 use shared::apikey::{Limits, Scopes};
 use shared::options::Networks;
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
+use shared::task::OperatorKill;
 
 /// A live view of a script-runner deployment, read from Redis only.
 ///
@@ -53,6 +56,9 @@ enum Command {
     /// API keys: create, list, revoke, rotate.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Tasks in bulk (as Redis's admin user): kill an owner's.
+    #[command(subcommand)]
+    Tasks(TasksCommand),
     /// What each owner's tasks (API key, or OAuth subject) used in all: tasks,
     /// CPU seconds, highest peak memory, /workspace bytes; the heaviest first.
     Usage {
@@ -78,6 +84,21 @@ enum SigningKeyCommand {
     Generate,
     /// The public key (TASK_VERIFY_KEYS) of the TASK_SIGNING_KEY read from stdin.
     Public,
+}
+
+#[derive(Subcommand)]
+enum TasksCommand {
+    /// Kill every queued or running task of one owner, as kill_task does.
+    /// Exactly one of --owner, --admin.
+    #[command(group(clap::ArgGroup::new("whose").required(true).args(["owner", "admin"])))]
+    Kill {
+        /// The owner: an API key's name or oauth:<subject>.
+        #[arg(long)]
+        owner: Option<String>,
+        /// The admin key's tasks (those with no owner).
+        #[arg(long)]
+        admin: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -147,7 +168,13 @@ enum KeysCommand {
     /// Every key: name, scopes, limits, created, last used (never the key).
     List,
     /// Delete a key: refused by every api replica from its next request on.
-    Revoke { name: String },
+    Revoke {
+        name: String,
+        /// Then kill its queued and running tasks too (they keep running
+        /// otherwise).
+        #[arg(long)]
+        kill_tasks: bool,
+    },
     /// A new key for the same name, scopes, limits and tasks; the old key is
     /// refused at once.
     Rotate { name: String },
@@ -180,6 +207,31 @@ fn signing_key(cmd: SigningKeyCommand, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// "1 task", "3 tasks".
+fn tasks_phrase(n: usize) -> String {
+    if n == 1 {
+        "1 task".to_owned()
+    } else {
+        format!("{n} tasks")
+    }
+}
+
+fn whose_tasks(owner: &Owner) -> String {
+    match owner {
+        Owner::Admin => "the admin key".to_owned(),
+        _ => format!("{:?}", owner.as_stored()),
+    }
+}
+
+fn warn_truncated(killed: &Killed) {
+    if killed.truncated {
+        eprintln!(
+            "warning: more than {MAX_TASKS} tasks to look at; only those were: run it again \
+             for the rest"
+        );
+    }
+}
+
 fn seconds(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.1, 3600.0))
 }
@@ -206,6 +258,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     if let Command::Redis(cmd) = cli.command {
         return redis_functions(&config, cmd, cli.json).await;
+    }
+    if let Command::Tasks(TasksCommand::Kill { owner, admin }) = cli.command {
+        let owner = match (owner, admin) {
+            (Some(name), _) => Owner::parse(&name)?,
+            (None, _) => Owner::Admin,
+        };
+        let killed = TaskAdmin::new(&config)
+            .await?
+            .kill_all_of(&owner, OperatorKill::Owner)
+            .await?;
+        if cli.json {
+            let out = serde_json::json!({
+                "owner": (!owner.is_admin()).then(|| owner.as_stored()),
+                "admin": owner.is_admin(),
+                "killed": killed.task_ids.len(),
+                "task_ids": killed.task_ids,
+                "truncated": killed.truncated,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        } else {
+            println!(
+                "killed {} of {}",
+                tasks_phrase(killed.task_ids.len()),
+                whose_tasks(&owner)
+            );
+            warn_truncated(&killed);
+        }
+        return Ok(());
     }
     if let Command::Cache(CacheCommand::Clear { owner, admin, all }) = cli.command {
         let whose = match (owner, admin, all) {
@@ -246,7 +326,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let reader = Reader::new(&config).await?;
     match cli.command {
-        Command::Keys(_) | Command::Redis(_) | Command::Cache(_) | Command::SigningKey(_) => {}
+        Command::Keys(_)
+        | Command::Redis(_)
+        | Command::Cache(_)
+        | Command::SigningKey(_)
+        | Command::Tasks(_) => {}
         Command::Status => {
             let s = reader.status().await?;
             if cli.json {
@@ -409,12 +493,35 @@ async fn keys(config: &Config, cmd: KeysCommand, json: bool) -> anyhow::Result<(
                 print!("{}", render_list(&list));
             }
         }
-        KeysCommand::Revoke { name } => {
+        KeysCommand::Revoke { name, kill_tasks } => {
             admin.revoke(&name).await?;
-            if json {
-                println!("{}", serde_json::json!({ "name": name, "revoked": true }));
+            // Revoked first, so the key submits nothing more meanwhile.
+            let killed = if kill_tasks {
+                let owner = Owner::Key(name.clone());
+                let tasks = TaskAdmin::new(config).await?;
+                Some(tasks.kill_all_of(&owner, OperatorKill::KeyRevoked).await?)
             } else {
-                println!("revoked key {name:?}");
+                None
+            };
+            match (json, &killed) {
+                (true, None) => {
+                    println!("{}", serde_json::json!({ "name": name, "revoked": true }))
+                }
+                (true, Some(k)) => println!(
+                    "{}",
+                    serde_json::json!({
+                        "name": name, "revoked": true, "killed": k.task_ids.len(),
+                        "task_ids": k.task_ids, "truncated": k.truncated
+                    })
+                ),
+                (false, None) => println!("revoked key {name:?}"),
+                (false, Some(k)) => {
+                    println!(
+                        "revoked key {name:?} and killed {} of its tasks",
+                        k.task_ids.len()
+                    );
+                    warn_truncated(k);
+                }
             }
         }
         KeysCommand::Rotate { name } => {

@@ -51,9 +51,19 @@ async fn read_only_url(stack: &Stack) -> String {
 /// Runs the ctl with this stack's Redis (as a read-only user) and prefix, and
 /// nothing else.
 async fn ctl(stack: &Stack, args: &[&str]) -> Output {
+    ctl_as(stack, read_only_url(stack).await, args).await
+}
+
+/// Runs the ctl as Redis's admin (the test Redis's default user, who may
+/// send anything, like the deployment's `admin`): for the commands that write.
+async fn ctl_admin(stack: &Stack, args: &[&str]) -> Output {
+    ctl_as(stack, stack.redis.url(), args).await
+}
+
+async fn ctl_as(stack: &Stack, redis_url: String, args: &[&str]) -> Output {
     let mut cmd = tokio::process::Command::new(ctl_bin());
     cmd.env_clear()
-        .env("REDIS_URL", read_only_url(stack).await)
+        .env("REDIS_URL", redis_url)
         .env("REDIS_KEY_PREFIX", &stack.prefix)
         .args(args)
         .kill_on_drop(true);
@@ -64,7 +74,14 @@ async fn ctl(stack: &Stack, args: &[&str]) -> Output {
 }
 
 async fn ctl_json(stack: &Stack, args: &[&str]) -> Value {
-    let out = ctl(stack, args).await;
+    json_of(args, ctl(stack, args).await)
+}
+
+async fn ctl_admin_json(stack: &Stack, args: &[&str]) -> Value {
+    json_of(args, ctl_admin(stack, args).await)
+}
+
+fn json_of(args: &[&str], out: Output) -> Value {
     assert!(
         out.status.success(),
         "ctl {args:?} failed: {}",
@@ -734,5 +751,182 @@ async fn per_owner_usage_totals_show_in_metrics_and_the_ctl() {
         .await
         .expect("zrange");
     assert_eq!(ledger.len(), 2, "{ledger:?}");
+    stack.shutdown().await;
+}
+
+/// A new API key made by the ctl (as admin), and an MCP client holding it.
+async fn key_client(stack: &Stack, name: &str) -> (String, Client) {
+    let made = ctl_admin_json(stack, &["--json", "keys", "create", "--name", name]).await;
+    let key = made["key"].as_str().expect("the new key").to_owned();
+    let client = mcp_client(&stack.url, &key)
+        .await
+        .expect("MCP client connects with the new key");
+    (key, client)
+}
+
+/// One owner's running task and one queued behind it, and another owner's
+/// running task: the worker's two slots are full, so the queued one waits.
+struct OwnersTasks {
+    running: String,
+    queued: String,
+    other_running: String,
+}
+
+async fn fill_slots(mine: &Client, other: &Client) -> OwnersTasks {
+    let running = start_sleeper(mine, "mine").await;
+    let other_running = start_sleeper(other, "other").await;
+    let queued = run(mine, "python3.13", "echo never", json!({})).await;
+    assert_eq!(status(mine, &queued).await["state"], "queued");
+    for id in [&running, &other_running] {
+        assert!(!containers_of_task(id).is_empty(), "{id} has its container");
+    }
+    OwnersTasks {
+        running,
+        queued,
+        other_running,
+    }
+}
+
+/// `ids` sorted, as the ctl's `task_ids` are.
+fn sorted(ids: &[&String]) -> Value {
+    let mut ids: Vec<&str> = ids.iter().map(|s| s.as_str()).collect();
+    ids.sort();
+    json!(ids)
+}
+
+/// Waits until the task has ended and checks it was the operator's kill.
+async fn assert_killed_by_operator(client: &Client, id: &str, reason: &str) -> Value {
+    let s = wait_status(
+        client,
+        id,
+        "the task to end",
+        Duration::from_secs(30),
+        is_final,
+    )
+    .await;
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["reason_kind"].as_str(),
+            s["reason"].as_str()
+        ),
+        (Some("killed"), Some("killed-by-operator"), Some(reason)),
+        "{s}"
+    );
+    s
+}
+
+/// `tasks kill --owner` ends that owner's running and queued tasks (recorded
+/// `killed-by-operator`, the running one's container removed, the queued one
+/// never started) and leaves another owner's running; `--admin` then ends the
+/// admin key's task (found in the jobs stream: it has no owner's set) and
+/// still leaves the other owner's. The read-only user may not kill.
+#[tokio::test]
+async fn tasks_kill_ends_one_owners_queued_and_running_tasks_and_no_one_elses() {
+    let stack = Stack::start(Options::default()).await;
+    let (_, alice) = key_client(&stack, "alice").await;
+    let (_, bob) = key_client(&stack, "bob").await;
+    let admin = stack.client().await;
+    let t = fill_slots(&alice, &bob).await;
+    let admins = run(&admin, "python3.13", "echo admin; sleep 300", json!({})).await;
+
+    let refused = ctl(&stack, &["tasks", "kill", "--owner", "alice"]).await;
+    assert!(
+        !refused.status.success(),
+        "a read-only user killed: {}",
+        String::from_utf8_lossy(&refused.stdout)
+    );
+    assert_eq!(status(&alice, &t.running).await["state"], "running");
+
+    let out = ctl_admin_json(&stack, &["--json", "tasks", "kill", "--owner", "alice"]).await;
+    assert_eq!(
+        out,
+        json!({
+            "owner": "alice", "admin": false, "killed": 2,
+            "task_ids": sorted(&[&t.running, &t.queued]), "truncated": false
+        })
+    );
+    let reason = "killed by an operator (script-runner-ctl tasks kill)";
+    assert_killed_by_operator(&alice, &t.running, reason).await;
+    wait_container_gone(&t.running).await;
+    // The freed slot goes past the killed queued job to the admin's.
+    wait_status(
+        &admin,
+        &admins,
+        "the admin's task to start",
+        Duration::from_secs(60),
+        |s| s["stdout_tail"] == "admin\n",
+    )
+    .await;
+    let q = assert_killed_by_operator(&alice, &t.queued, reason).await;
+    assert!(q["started_at"].is_null(), "the queued task ran: {q}");
+    assert!(containers_of_task(&t.queued).is_empty());
+    assert_eq!(status(&bob, &t.other_running).await["state"], "running");
+
+    let out = ctl_admin_json(&stack, &["--json", "tasks", "kill", "--admin"]).await;
+    assert_eq!(
+        out,
+        json!({
+            "owner": null, "admin": true, "killed": 1,
+            "task_ids": [admins], "truncated": false
+        })
+    );
+    assert_killed_by_operator(&admin, &admins, reason).await;
+    wait_container_gone(&admins).await;
+    assert_eq!(status(&bob, &t.other_running).await["state"], "running");
+    assert!(!containers_of_task(&t.other_running).is_empty());
+
+    // Nothing of alice's is left; as text.
+    let again = ctl_admin(&stack, &["tasks", "kill", "--owner", "alice"]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout),
+        "killed 0 tasks of \"alice\"\n"
+    );
+    stack.shutdown().await;
+}
+
+/// `keys revoke --kill-tasks` refuses the key from its next request and ends
+/// its running and queued tasks, saying so; another key's task runs on.
+#[tokio::test]
+async fn keys_revoke_with_kill_tasks_refuses_the_key_and_ends_its_tasks() {
+    let stack = Stack::start(Options::default()).await;
+    let (key, alice) = key_client(&stack, "alice").await;
+    let (_, bob) = key_client(&stack, "bob").await;
+    let admin = stack.client().await;
+    let t = fill_slots(&alice, &bob).await;
+
+    let out = ctl_admin(&stack, &["keys", "revoke", "alice", "--kill-tasks"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "revoked key \"alice\" and killed 2 of its tasks\n"
+    );
+    assert!(
+        mcp_client(&stack.url, &key).await.is_err(),
+        "the revoked key still connects"
+    );
+    let reason = "killed by an operator: its API key was revoked (script-runner-ctl keys revoke --kill-tasks)";
+    for id in [&t.running, &t.queued] {
+        assert_killed_by_operator(&admin, id, reason).await;
+    }
+    wait_container_gone(&t.running).await;
+    assert_eq!(status(&bob, &t.other_running).await["state"], "running");
+    assert!(!containers_of_task(&t.other_running).is_empty());
+
+    // With --json, and a key with nothing running: revoked, nothing killed.
+    let (_, _carol) = key_client(&stack, "carol").await;
+    let out = ctl_admin_json(
+        &stack,
+        &["--json", "keys", "revoke", "carol", "--kill-tasks"],
+    )
+    .await;
+    assert_eq!(
+        out,
+        json!({"name": "carol", "revoked": true, "killed": 0, "task_ids": [], "truncated": false})
+    );
     stack.shutdown().await;
 }

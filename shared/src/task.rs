@@ -84,6 +84,9 @@ pub enum ReasonKind {
     TimedOut,
     /// `kill_task` was called.
     KilledByUser,
+    /// An operator killed it with `script-runner-ctl` (`tasks kill`, or
+    /// `keys revoke --kill-tasks`): every active task of its owner.
+    KilledByOperator,
     /// The container hit its memory cap.
     OutOfMemory,
     /// The container could not be created or started (e.g. the image is missing).
@@ -124,6 +127,22 @@ pub const NOT_REPLICATED_REASON: &str = "withdrawn before it was acknowledged: R
 
 /// The sentence shown to clients for a kill requested through `kill_task`.
 pub const KILLED_BY_USER_REASON: &str = "killed by kill_task";
+
+/// Why an operator killed a task (`Outcome::killed_by_operator`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorKill {
+    /// `script-runner-ctl tasks kill`: every active task of its owner.
+    Owner,
+    /// `script-runner-ctl keys revoke --kill-tasks`: its owner's key was revoked.
+    KeyRevoked,
+}
+
+/// The sentence recorded for `OperatorKill::Owner`.
+pub const KILLED_BY_OPERATOR_REASON: &str = "killed by an operator (script-runner-ctl tasks kill)";
+
+/// The sentence recorded for `OperatorKill::KeyRevoked`.
+pub const KEY_REVOKED_REASON: &str =
+    "killed by an operator: its API key was revoked (script-runner-ctl keys revoke --kill-tasks)";
 
 /// A container kills its own script this long after the task's timeout, so a
 /// task outlives neither its deadline nor a worker that died (whose timer died
@@ -368,6 +387,15 @@ impl Outcome {
         Outcome::killed(ReasonKind::KilledByUser, KILLED_BY_USER_REASON)
     }
 
+    /// An operator ended it with `script-runner-ctl`; `why` says which command.
+    pub fn killed_by_operator(why: OperatorKill) -> Outcome {
+        let reason = match why {
+            OperatorKill::Owner => KILLED_BY_OPERATOR_REASON,
+            OperatorKill::KeyRevoked => KEY_REVOKED_REASON,
+        };
+        Outcome::killed(ReasonKind::KilledByOperator, reason)
+    }
+
     /// The worker's shutdown grace period ran out.
     pub fn worker_shutdown() -> Outcome {
         Outcome::killed(
@@ -495,6 +523,7 @@ mod tests {
                 "exited",
                 "timed-out",
                 "killed-by-user",
+                "killed-by-operator",
                 "out-of-memory",
                 "start-failed",
                 "container-lost",
@@ -646,6 +675,33 @@ mod tests {
         // Any other code near the deadline is the script's own exit.
         let late = Outcome::container_exited(exit(3, false, 15), 10, b"", CAPS);
         assert_eq!(late.reason, "exited with code 3");
+    }
+
+    #[test]
+    fn an_operator_kill_is_told_apart_from_a_client_kill_and_says_which_command() {
+        for why in [OperatorKill::Owner, OperatorKill::KeyRevoked] {
+            let o = Outcome::killed_by_operator(why);
+            assert_eq!(
+                (o.state, o.kind, o.exit_code),
+                (TaskState::Killed, ReasonKind::KilledByOperator, None)
+            );
+            assert_ne!(o.reason, KILLED_BY_USER_REASON);
+        }
+        assert!(
+            Outcome::killed_by_operator(OperatorKill::KeyRevoked)
+                .reason
+                .contains("revoked")
+        );
+        // A worker that finds it killed on its tick reports what was recorded.
+        let recorded = RecordedEnd {
+            state: TaskState::Killed,
+            kind: ReasonKind::KilledByOperator,
+            reason: KILLED_BY_OPERATOR_REASON.into(),
+        };
+        assert_eq!(
+            Outcome::superseded(Some(recorded)),
+            Outcome::killed_by_operator(OperatorKill::Owner)
+        );
     }
 
     #[test]
