@@ -144,7 +144,7 @@ conn="+ping +unwatch +client|setinfo +info +wait"
 # commands the api and worker send from Rust, and tries the refused ones against a real
 # redis-server; the deploy test checks ACL LOG stays empty.
 lua="+time +fcall +function|list"
-api_cmds="$conn $lua +xadd +xread +xrevrange +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +pexpire +exists +zadd +zrem +zrange +zrevrange +zcard +zremrangebyscore +zrevrangebyscore"
+api_cmds="$conn $lua +multi +exec +xadd +xread +xrevrange +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +pexpire +exists +zadd +zrem +zrange +zrevrange +zcard +zremrangebyscore +zrevrangebyscore"
 worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hexists +hincrby +get +set +setex +exists +del +expire +sadd +srem +smembers +zadd +zincrby +zremrangebyscore"
 
 # The keys a worker reads and writes (docs/redis-keys.md), and nothing else under the
