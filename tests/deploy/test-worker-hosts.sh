@@ -200,6 +200,7 @@ run_worker() { # run_worker CERT_DIR|none: the worker as worker-h1, in the backg
     [[ "$1" == none ]] || cert=(REDIS_CLIENT_CERT="$1/client.crt" REDIS_CLIENT_KEY="$1/client.key")
     env -i PATH="$PATH" RUST_LOG=info REDIS_URL="rediss://worker-h1:$H1_PW@127.0.0.1:$TLS" \
         SSL_CERT_FILE="$WORK/tls/ca.crt" "${cert[@]}" WORKER_NAME="$ID-h1" TASKS_DIR="$WORK/tasks" \
+        TASK_VERIFY_KEYS=iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w= \
         TASK_NETWORK="$ID-tasks" TASK_BRIDGE="${ID}b" TASK_FIREWALL=off POOL_SIZE=python3.13=0,node24=0 \
         WORKER_HEARTBEAT_SECONDS=2 "$WORKER_BIN" >"$WORK/worker.log" 2>&1 &
     WORKER_PID=$!
