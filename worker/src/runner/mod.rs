@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use shared::TaskState;
 use shared::options::Network;
-use shared::scripts::Ended;
+use shared::scripts::{Ended, Progress};
 use shared::spec::SpecRejection;
 use shared::task::Outcome;
 use shared::usage::Usage;
@@ -98,15 +98,27 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     // with the finish, on its connection (see `Queue::finish`).
     let snapshot = tails.as_ref().map(Tails::snapshot);
     let last = snapshot.as_ref().map(|s| s.progress());
-    let retention = ctx.config.retention_seconds;
     let ended = Ended {
         collected: collected.as_ref().map(|c| (&c.zip[..], c.listing.as_str())),
         usage,
         owner: &spec.owner,
     };
+    record_end(ctx, task_id, &outcome, &ended, last.as_ref()).await
+}
+
+/// Writes how the task ended (FINISH), waiting for Redis as long as this
+/// worker lives; the state recorded, or `None` if the task is gone or no
+/// longer this worker's.
+async fn record_end(
+    ctx: &Ctx,
+    task_id: &str,
+    outcome: &Outcome,
+    ended: &Ended<'_>,
+    last: Option<&Progress<'_>>,
+) -> Result<Option<TaskState>, QueueError> {
+    let retention = ctx.config.retention_seconds;
     let reply = retry::redis("finish", &ctx.abort, || {
-        ctx.queue
-            .finish(task_id, &outcome, retention, &ended, last.as_ref())
+        ctx.queue.finish(task_id, outcome, retention, ended, last)
     })
     .await?;
     Ok(match reply {
@@ -125,16 +137,7 @@ async fn reject(
     tracing::warn!(task_id, "task refused, nothing run: {rejection}");
     ctx.sandbox.metrics().spec_rejected();
     let outcome = Outcome::spec_rejected(rejection);
-    let (retention, nothing) = (ctx.config.retention_seconds, Ended::default());
-    let reply = retry::redis("finish", &ctx.abort, || {
-        ctx.queue
-            .finish(task_id, &outcome, retention, &nothing, None)
-    })
-    .await?;
-    Ok(match reply {
-        TaskStateReply::State(s) => Some(s),
-        TaskStateReply::Missing | TaskStateReply::NotOwner => None,
-    })
+    record_end(ctx, task_id, &outcome, &Ended::default(), None).await
 }
 
 /// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
