@@ -8,6 +8,7 @@
 //! deployments, or several test runs, can share one Redis without meeting.
 
 use crate::names::{UnknownName, stored_names};
+use crate::workspace::WorkspaceId;
 
 /// The consumer group every worker joins on the jobs stream.
 pub const WORKER_GROUP: &str = "workers";
@@ -148,6 +149,35 @@ impl Keys {
     /// theirs. Written by FINISH; kept forever.
     pub fn usage_totals(&self) -> String {
         format!("{}:usage:totals", self.prefix)
+    }
+
+    /// A workspace (hash, `workspace::WorkspaceField`s). Written by SUBMIT (a
+    /// new one), WS_COMMIT (its head), WS_FORK and WS_DELETE.
+    pub fn workspace(&self, id: &WorkspaceId) -> String {
+        format!("{}:ws:{id}", self.prefix)
+    }
+
+    /// A workspace's versions (sorted set: version number by created_at).
+    pub fn workspace_versions(&self, id: &WorkspaceId) -> String {
+        format!("{}:ws:{id}:versions", self.prefix)
+    }
+
+    /// One version (hash, `workspace::VersionField`s): `workspace_versions`
+    /// with `:<n>` appended, as the scripts build it.
+    pub fn workspace_version(&self, id: &WorkspaceId, version: u64) -> String {
+        format!("{}:{version}", self.workspace_versions(id))
+    }
+
+    /// An owner's workspaces (sorted set: id by created_at), for
+    /// `list_workspaces`.
+    pub fn owner_workspaces(&self, owner: &str) -> String {
+        format!("{}:owner:{owner}:workspaces", self.prefix)
+    }
+
+    /// Every workspace (sorted set: id by last use), for the reaper's idle
+    /// expiry and its walk over what the blob store must keep.
+    pub fn workspaces(&self) -> String {
+        format!("{}:workspaces", self.prefix)
     }
 
     /// Requests to clear the workers' dependency caches (hash: a cache's
@@ -365,6 +395,15 @@ pub enum Field {
     /// The api's signature of the task's spec (`shared::spec`):
     /// `<key id>:<base64 Ed25519 signature>`.
     SpecSignature,
+    /// The workspace the task runs on (`WorkspaceId`); absent: none.
+    WorkspaceId,
+    /// The version it starts from (0: the empty one).
+    WorkspaceBase,
+    /// The version its `/workspace` became, once saved.
+    WorkspaceVersion,
+    /// Why its `/workspace` made no version (absent: it made one, or has not
+    /// ended yet).
+    WorkspaceNote,
 }
 
 stored_names!(Field, parse "task record field");
@@ -386,7 +425,9 @@ impl Field {
             | Field::Collect
             | Field::Owner
             | Field::Cache
-            | Field::EgressAllow => true,
+            | Field::EgressAllow
+            | Field::WorkspaceId
+            | Field::WorkspaceBase => true,
             // Written after submit (by the worker, the reaper or a kill), or
             // the signature itself.
             Field::State
@@ -411,7 +452,9 @@ impl Field {
             | Field::UsageWorkspaceBytes
             | Field::UsageEstimated
             | Field::EgressLog
-            | Field::SpecSignature => false,
+            | Field::SpecSignature
+            | Field::WorkspaceVersion
+            | Field::WorkspaceNote => false,
         }
     }
 }
@@ -517,6 +560,10 @@ mod tests {
                 "egress_allow",
                 "egress_log",
                 "spec_signature",
+                "workspace_id",
+                "workspace_base",
+                "workspace_version",
+                "workspace_note",
             ]
         );
         for &f in Field::ALL {

@@ -24,6 +24,7 @@ pub mod time;
 pub mod usage;
 pub mod view;
 pub mod worker_name;
+pub mod workspace;
 pub mod zipcheck;
 
 pub use keys::{Field, Keys};

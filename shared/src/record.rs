@@ -20,6 +20,7 @@ use crate::options::{CacheUse, Network};
 use crate::owner::Owner;
 use crate::runtimes::RuntimeName;
 use crate::task::{ReasonKind, TaskState};
+use crate::workspace::WorkspaceId;
 
 /// A task record, typed. Timestamps are Unix milliseconds by Redis's clock.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,6 +71,13 @@ pub struct TaskRecord {
     pub egress_log: Option<EgressLog>,
     /// The api's signature of the spec (`shared::spec`), as stored.
     pub spec_signature: Option<String>,
+    pub workspace_id: Option<WorkspaceId>,
+    /// The version it starts from (0: empty).
+    pub workspace_base: Option<u64>,
+    /// The version it made.
+    pub workspace_version: Option<u64>,
+    /// Why it made none.
+    pub workspace_note: Option<String>,
 }
 
 /// A field whose stored value does not read as its type. Names the field, so
@@ -134,6 +142,10 @@ impl TaskRecord {
             egress_allow: None,
             egress_log: None,
             spec_signature: None,
+            workspace_id: None,
+            workspace_base: None,
+            workspace_version: None,
+            workspace_note: None,
         }
     }
 
@@ -261,6 +273,10 @@ impl TaskRecord {
                 .as_ref()
                 .and_then(|l| serde_json::to_vec(l).ok()),
             Field::SpecSignature => text(&self.spec_signature),
+            Field::WorkspaceId => self.workspace_id.map(|w| w.to_string().into_bytes()),
+            Field::WorkspaceBase => count(self.workspace_base),
+            Field::WorkspaceVersion => count(self.workspace_version),
+            Field::WorkspaceNote => text(&self.workspace_note),
         }
     }
 
@@ -310,6 +326,15 @@ impl TaskRecord {
             }
             Field::EgressLog => self.egress_log = Some(json(f, v)?),
             Field::SpecSignature => self.spec_signature = text(),
+            Field::WorkspaceId => {
+                let id = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|s| WorkspaceId::parse(s).ok());
+                self.workspace_id = Some(id.ok_or_else(|| malformed(f, v))?);
+            }
+            Field::WorkspaceBase => self.workspace_base = Some(parse(f, v)?),
+            Field::WorkspaceVersion => self.workspace_version = Some(parse(f, v)?),
+            Field::WorkspaceNote => self.workspace_note = text(),
         }
         Ok(())
     }
@@ -383,6 +408,10 @@ mod tests {
             egress_allow: crate::egress::AllowList::parse(&["pypi.org", "*.npmjs.org"]).ok(),
             egress_log: Some(crate::egress::EgressLog::default()),
             spec_signature: Some("0011223344556677:c2ln".into()),
+            workspace_id: Some(WorkspaceId::from_bytes([7; 16])),
+            workspace_base: Some(2),
+            workspace_version: Some(3),
+            workspace_note: Some("not saved".into()),
             ..TaskRecord::new(TaskState::Failed)
         }
     }

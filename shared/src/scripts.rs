@@ -28,6 +28,7 @@ use crate::record::TaskRecord;
 use crate::spec::{self, SpecSigner};
 use crate::task::{Outcome, ReasonKind, TaskState};
 use crate::usage::{CPU_LEDGER_WINDOW_MS, Usage};
+use crate::workspace::{BlobDigest, WorkspaceId};
 
 /// Every Lua script, each named as its file `lua/<name>.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
@@ -45,6 +46,9 @@ pub enum Script {
     KeyRotate,
     KeyRevoke,
     KeyTouch,
+    WsCommit,
+    WsFork,
+    WsDelete,
 }
 
 // `Script::ALL` is the one list of scripts (for the functions library, and for the tests).
@@ -70,6 +74,9 @@ impl Script {
             Script::KeyRotate => KEY_ROTATE,
             Script::KeyRevoke => KEY_REVOKE,
             Script::KeyTouch => KEY_TOUCH,
+            Script::WsCommit => WS_COMMIT,
+            Script::WsFork => WS_FORK,
+            Script::WsDelete => WS_DELETE,
         }
     }
 }
@@ -144,6 +151,22 @@ pub struct Submit<'a> {
     /// The api's key: the record is stored with its spec signed
     /// (`spec_signature`), so workers run it.
     pub signer: &'a SpecSigner,
+    /// The task's workspace, if it runs on one: the id and the version it
+    /// starts from are the record's (`workspace_id`, `workspace_base`), signed
+    /// with the rest.
+    pub workspace: Option<SubmitWorkspace>,
+}
+
+/// How SUBMIT takes the record's workspace.
+#[derive(Debug, Clone, Copy)]
+pub struct SubmitWorkspace {
+    /// Make it (it must not exist), else take an existing one.
+    pub new: bool,
+    /// The record's base version must still be the head (the client named none).
+    pub must_be_head: bool,
+    /// `WORKSPACE_SAVE_GRACE_SECONDS` in ms: a task that ended this recently,
+    /// on a worker not lost, may still be saving, so the workspace stays busy.
+    pub save_grace_ms: u64,
 }
 
 /// An owner's quota that refused a submit. Named in SUBMIT's reply as `as_str`.
@@ -168,7 +191,7 @@ pub enum Quota {
 stored_names!(Quota);
 
 /// What SUBMIT did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubmitReply {
     Queued,
     /// `MAX_QUEUED_TASKS` refused it: this many jobs were in the stream.
@@ -187,6 +210,8 @@ pub enum SubmitReply {
         used_ms: u64,
         frees_at_ms: i64,
     },
+    /// Its workspace refused it (`detail` as `WsRefusal` says).
+    Workspace { why: WsRefusal, detail: String },
 }
 
 impl SubmitReply {
@@ -196,6 +221,10 @@ impl SubmitReply {
         match reply {
             SubmitRaw::Entry => Ok(SubmitReply::Queued),
             SubmitRaw::Backlog(n) => Ok(SubmitReply::Full(n.max(0) as u64)),
+            SubmitRaw::Workspace(why, detail) => Ok(SubmitReply::Workspace {
+                why: why.parse()?,
+                detail,
+            }),
             SubmitRaw::Quota(name, limit, count, frees_at) => {
                 let quota: Quota = name.parse().map_err(|_| UnknownName {
                     what: "quota",
@@ -225,6 +254,177 @@ pub enum SubmitRaw {
     Entry,
     Backlog(i64),
     Quota(String, i64, i64, i64),
+    /// `{'workspace', why, detail}`.
+    Workspace(String, String),
+}
+
+/// Why a workspace script (or SUBMIT, for a task's workspace) did nothing. Named
+/// in the replies as `as_str`.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::EnumString,
+)]
+#[strum(serialize_all = "snake_case", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = WsRefusal::unknown)]
+pub enum WsRefusal {
+    /// No such workspace, or another owner's (answered alike).
+    Missing,
+    /// A task runs on it (detail: its id).
+    Busy,
+    /// The version asked for is not kept (detail: the version).
+    NoVersion,
+    /// Its head moved between the api's read and the submit (detail: the head).
+    Moved,
+    /// The task is not the caller's (another worker holds it).
+    NotYours,
+    /// The workspace is no longer busy with the task (deleted, or taken after
+    /// the save grace).
+    NotBusy,
+}
+
+stored_names!(WsRefusal, parse "workspace refusal");
+
+/// A workspace script's reply: a number (a version), or why it did nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WsReply {
+    Done(u64),
+    Refused { why: WsRefusal, detail: String },
+}
+
+impl WsReply {
+    /// From the raw reply: a number, or `{'refused', why, detail?}`.
+    pub fn parse(raw: Result<i64, (String, String)>) -> Result<WsReply, UnknownName> {
+        match raw {
+            Ok(n) => Ok(WsReply::Done(n.max(0) as u64)),
+            Err((why, detail)) => Ok(WsReply::Refused {
+                why: why.parse()?,
+                detail,
+            }),
+        }
+    }
+}
+
+/// A task's /workspace becomes a version (or is recorded as making none).
+pub const WS_COMMIT: &str = include_str!("lua/ws_commit.lua");
+/// fork_workspace.
+pub const WS_FORK: &str = include_str!("lua/ws_fork.lua");
+/// delete_workspace.
+pub const WS_DELETE: &str = include_str!("lua/ws_delete.lua");
+
+/// What a task whose version WS_COMMIT refused is told.
+pub const WORKSPACE_TAKEN: &str =
+    "the workspace was deleted, or taken by another task, before this task's files were saved";
+
+/// What a worker saved of a task's /workspace.
+#[derive(Debug, Clone, Copy)]
+pub enum Saved<'a> {
+    /// Stored whole: its manifest's digest, bytes and entries.
+    Version {
+        manifest: &'a BlobDigest,
+        bytes: u64,
+        files: u64,
+    },
+    /// Nothing, for this reason (shown to the client).
+    Nothing(&'a str),
+}
+
+impl ScriptCall<WsReply> {
+    /// Replies with the new version (0: none made) or why nothing was written.
+    pub fn ws_commit(
+        keys: &Keys,
+        task_id: &str,
+        worker: &str,
+        workspace: &WorkspaceId,
+        base: u64,
+        saved: Saved<'_>,
+        versions_kept: u64,
+    ) -> Self {
+        let (manifest, bytes, files, note) = match saved {
+            Saved::Version {
+                manifest,
+                bytes,
+                files,
+            } => (
+                manifest.as_str(),
+                bytes.to_string(),
+                files.to_string(),
+                WORKSPACE_TAKEN,
+            ),
+            Saved::Nothing(why) => ("", String::new(), String::new(), why),
+        };
+        let (base, kept) = (base.to_string(), versions_kept.max(1).to_string());
+        ScriptCall::new(
+            Script::WsCommit,
+            [
+                keys.task(task_id),
+                keys.workspace(workspace),
+                keys.workspace_versions(workspace),
+            ],
+            [
+                worker.as_bytes(),
+                task_id.as_bytes(),
+                manifest.as_bytes(),
+                bytes.as_bytes(),
+                files.as_bytes(),
+                base.as_bytes(),
+                kept.as_bytes(),
+                note.as_bytes(),
+            ],
+        )
+    }
+
+    /// Replies with the version forked (0: the empty one), or why not.
+    pub fn ws_fork(
+        keys: &Keys,
+        caller: &Owner,
+        source: &WorkspaceId,
+        version: Option<u64>,
+        new: &WorkspaceId,
+    ) -> Self {
+        let owner = caller.as_stored();
+        let version = version.map(|v| v.to_string()).unwrap_or_default();
+        let (new_id, source_id) = (new.to_string(), source.to_string());
+        ScriptCall::new(
+            Script::WsFork,
+            [
+                keys.workspace(source),
+                keys.workspace(new),
+                keys.owner_workspaces(&owner),
+                keys.workspaces(),
+            ],
+            [
+                owner.as_bytes(),
+                version.as_bytes(),
+                new_id.as_bytes(),
+                source_id.as_bytes(),
+            ],
+        )
+    }
+}
+
+impl ScriptCall<bool> {
+    /// Replies 1 (true) if deleted, 0 if there was no such workspace of the
+    /// caller's. `owner` is the workspace's owner as the caller read it.
+    pub fn ws_delete(keys: &Keys, caller: &Owner, id: &WorkspaceId, owner: &Owner) -> Self {
+        let (caller, owner, ws) = (caller.as_stored(), owner.as_stored(), id.to_string());
+        ScriptCall::new(
+            Script::WsDelete,
+            [
+                keys.workspace(id),
+                keys.workspace_versions(id),
+                keys.owner_workspaces(&owner),
+                keys.workspaces(),
+            ],
+            [caller.as_bytes(), ws.as_bytes(), owner.as_bytes()],
+        )
+    }
 }
 
 impl ScriptCall<SubmitReply> {
@@ -239,6 +439,23 @@ impl ScriptCall<SubmitReply> {
         let opt = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
         let cpu_ms = opt(limits.cpu_seconds_per_day.map(|s| s.saturating_mul(1000)));
         let (max_q, max_r) = (opt(limits.max_queued), opt(limits.max_running));
+        // Without a workspace the key is named (for the header's count) and
+        // never touched.
+        let ws = s.workspace.zip(record.workspace_id);
+        let ws_key = match &ws {
+            Some((_, id)) => keys.workspace(id),
+            None => keys.workspace(&WorkspaceId::from_bytes([0; 16])),
+        };
+        let (ws_use, ws_id, ws_base, must_be_head, grace) = match &ws {
+            Some((w, id)) => (
+                if w.new { "new" } else { "existing" },
+                id.to_string(),
+                record.workspace_base.unwrap_or(0).to_string(),
+                if w.must_be_head { "1" } else { "" },
+                w.save_grace_ms.to_string(),
+            ),
+            None => ("", String::new(), String::new(), "", String::new()),
+        };
         let mut call = ScriptCall::new(
             Script::Submit,
             [
@@ -251,6 +468,9 @@ impl ScriptCall<SubmitReply> {
                 keys.owner_active(&owner),
                 keys.owner_cpu(&owner),
                 keys.owner_tasks(&owner),
+                ws_key,
+                keys.owner_workspaces(&owner),
+                keys.workspaces(),
             ],
             [
                 id.as_bytes(),
@@ -262,6 +482,11 @@ impl ScriptCall<SubmitReply> {
                 max_q.as_bytes(),
                 max_r.as_bytes(),
                 cpu_ms.as_bytes(),
+                ws_use.as_bytes(),
+                ws_id.as_bytes(),
+                ws_base.as_bytes(),
+                must_be_head.as_bytes(),
+                grace.as_bytes(),
             ],
         );
         // Signed here, from the very pairs the script stores, so no submit
@@ -672,6 +897,15 @@ mod tests {
             .chain(["~", crate::keys::TASK_EVENT_FIELD])
             .chain(crate::keys::TASK_EVENTS)
             .chain(Quota::ALL.iter().map(|q| q.as_str()))
+            .chain(WsRefusal::ALL.iter().map(|q| q.as_str()))
+            .chain(
+                crate::workspace::WorkspaceField::ALL
+                    .iter()
+                    .map(|f| f.as_str()),
+            )
+            .chain(crate::workspace::VersionField::ALL.iter().map(|f| f.as_str()))
+            .chain(["workspace", "refused", "new", "existing", "@", ":versions", ":versions:"])
+            .chain(["1", "0", "worker-lost"])
             .chain(ApiKeyField::ALL.iter().map(|f| f.as_str()))
             .chain([":(%d+)$"])
             .chain([
@@ -752,6 +986,7 @@ mod tests {
                     owner: &Owner::Key("alice".into()),
                     limits: Limits::default(),
                     signer: &crate::spec::SpecSigner::from_seed(&[1; 32]),
+                    workspace: None,
                 };
                 ScriptCall::submit(keys, &s, &record).untyped()
             }
@@ -804,6 +1039,23 @@ mod tests {
             Script::KeyRotate => ScriptCall::key_rotate(keys, "ci", "cd").untyped(),
             Script::KeyRevoke => ScriptCall::key_revoke(keys, "ci").untyped(),
             Script::KeyTouch => ScriptCall::key_touch(keys, "ab", 60_000).untyped(),
+            Script::WsCommit => {
+                let ws = WorkspaceId::from_bytes([1; 16]);
+                let saved = Saved::Version {
+                    manifest: &BlobDigest::of(b"m"),
+                    bytes: 3,
+                    files: 1,
+                };
+                ScriptCall::ws_commit(keys, "t", "w", &ws, 0, saved, 20).untyped()
+            }
+            Script::WsFork => {
+                let (a, b) = (WorkspaceId::from_bytes([1; 16]), WorkspaceId::from_bytes([2; 16]));
+                ScriptCall::ws_fork(keys, &Owner::Admin, &a, Some(1), &b).untyped()
+            }
+            Script::WsDelete => {
+                let (ws, alice) = (WorkspaceId::from_bytes([1; 16]), Owner::Key("alice".into()));
+                ScriptCall::ws_delete(keys, &alice, &ws, &alice).untyped()
+            }
         }
     }
 
@@ -899,7 +1151,7 @@ mod tests {
     #[test]
     fn submit_passes_the_records_fields_as_pairs() {
         let call = sample_call(Script::Submit, &Keys::new("p"));
-        let pairs: Vec<(String, String)> = call.args[9..]
+        let pairs: Vec<(String, String)> = call.args[14..]
             .chunks(2)
             .map(|p| {
                 (

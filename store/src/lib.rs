@@ -15,6 +15,7 @@ pub mod redis_target;
 pub mod scripts;
 pub mod tasks;
 pub mod usage;
+pub mod workspaces;
 
 /// Resolves on SIGINT or SIGTERM (whichever comes first), for a graceful stop.
 pub async fn shutdown_signal() {

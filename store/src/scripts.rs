@@ -17,7 +17,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 use shared::functions::{LIBRARY, Library};
 use shared::scripts::{
-    KeyCreated, KillReply, Script, ScriptCall, SubmitRaw, SubmitReply, TaskStateReply,
+    KeyCreated, KillReply, Script, ScriptCall, SubmitRaw, SubmitReply, TaskStateReply, WsReply,
 };
 
 /// This build's library.
@@ -240,6 +240,13 @@ impl Reply for SubmitReply {
     fn read(reply: Value) -> Result<Self, String> {
         let raw = match reply {
             Value::Int(backlog) => SubmitRaw::Backlog(backlog),
+            Value::Array(parts) if parts.len() == 3 => {
+                let (tag, why, detail): (String, String, String) = plain(Value::Array(parts))?;
+                if tag != "workspace" {
+                    return Err(format!("{tag:?}"));
+                }
+                SubmitRaw::Workspace(why, detail)
+            }
             Value::Array(parts) => {
                 let (quota, limit, count, frees): (String, i64, i64, i64) =
                     plain(Value::Array(parts))?;
@@ -249,6 +256,26 @@ impl Reply for SubmitReply {
             other => return Err(format!("{other:?}")),
         };
         SubmitReply::parse(raw).map_err(|e| format!("{:?}", e.name))
+    }
+}
+
+/// The workspace scripts' reply: a number, or `{'refused', why, detail?}`.
+impl Reply for WsReply {
+    fn read(reply: Value) -> Result<Self, String> {
+        let raw = match reply {
+            Value::Int(n) => Ok(n),
+            Value::Array(mut parts) if parts.len() >= 2 => {
+                let detail = if parts.len() > 2 {
+                    plain::<String>(parts.remove(2))?
+                } else {
+                    String::new()
+                };
+                let why: String = plain(parts.remove(1))?;
+                Err((why, detail))
+            }
+            other => return Err(format!("{other:?}")),
+        };
+        WsReply::parse(raw).map_err(|e| format!("{:?}", e.name))
     }
 }
 

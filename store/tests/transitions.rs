@@ -390,6 +390,7 @@ async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
         owner: &Owner::Admin,
         limits: Limits::default(),
         signer: signer(),
+        workspace: None,
     };
     let record = TaskRecord::new(TaskState::Queued);
     let queued = run(&mut c, ScriptCall::submit(&keys, &submit, &record)).await;
@@ -440,6 +441,7 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         owner: &Owner::Admin,
         limits: Limits::default(),
         signer: signer(),
+        workspace: None,
     };
     let _queued = run(&mut c, ScriptCall::submit(&keys, &submit("a"), &record)).await;
     let hash: std::collections::HashMap<String, Vec<u8>> =

@@ -36,9 +36,11 @@ LUA_DIR = REPO_ROOT / "shared" / "src" / "lua"
 # the variadic tail (`ARGV[n..]`), passed as a mapping or a flat sequence.
 SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "submit": (
-        ("task", "zip", "stdin", "stats", "jobs", "index", "owner_active", "owner_cpu", "owner_index"),
+        ("task", "zip", "stdin", "stats", "jobs", "index", "owner_active", "owner_cpu", "owner_index", "workspace",
+         "owner_workspaces", "workspaces"),
         ("task_id", "zip", "stdin", "horizon_ms", "max_queued", "owner", "owner_max_queued", "owner_max_running",
-         "owner_cpu_ms", "field_pairs..."),
+         "owner_cpu_ms", "workspace_use", "workspace_id", "workspace_version", "must_be_head", "save_grace_ms",
+         "field_pairs..."),
     ),
     "claim": (("task", "events"), ("worker", "entry")),
     "started": (("task", "events"), ("worker", "container")),
@@ -74,6 +76,13 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "key_touch": (("record",), ("interval_ms",)),
     "requeue": (("jobs",), ("group", "entry", "task_id")),
     "forget_worker": (("jobs", "heartbeat", "workers"), ("group", "worker")),
+    "ws_commit": (
+        ("task", "workspace", "versions"),
+        ("worker", "task_id", "manifest", "bytes", "entries", "version", "versions_kept", "why"),
+    ),
+    "ws_fork": (("source", "new", "index", "every_workspace"), ("caller", "source_version", "new_workspace_id",
+                                                              "source_workspace_id")),
+    "ws_delete": (("workspace", "versions", "owner_index", "every_workspace"), ("caller", "workspace_id", "owner")),
 }
 
 VARIADIC = "..."

@@ -171,6 +171,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 Principal::Owner(g) => g.limits,
             },
             signer: &cfg.signer,
+            workspace: None,
         };
         let submitted = self.store.submit(&submit, &record).await?;
         match submitted {
@@ -193,6 +194,13 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                     limit_seconds: limit_ms / 1000,
                     used_seconds: used_ms / 1000,
                     frees_at: shared::time::rfc3339_ms(frees_at_ms),
+                });
+            }
+            // No workspace is asked for yet.
+            SubmitReply::Workspace { why, detail } => {
+                return Err(ToolError::CorruptRecord {
+                    task_id,
+                    what: format!("workspace refused ({}): {detail}", why.as_str()),
                 });
             }
         }

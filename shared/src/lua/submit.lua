@@ -10,6 +10,9 @@
 -- KEYS[7] owner's active tasks (sorted set: task id by created_at)
 -- KEYS[8] owner's cpu ledger (sorted set: '<task id>:<cpu ms>' by finished_at)
 -- KEYS[9] owner's task index (sorted set: task id by created_at)
+-- KEYS[10] workspace hash (named but untouched without a workspace)
+-- KEYS[11] owner's workspace index (sorted set: workspace id by created_at)
+-- KEYS[12] every workspace (sorted set: workspace id by last use)
 -- ARGV[1] task id
 -- ARGV[2] the zip ('' for none)
 -- ARGV[3] the stdin bytes ('' for none)
@@ -21,7 +24,14 @@
 -- ARGV[7] owner's max queued tasks ('' for no limit)
 -- ARGV[8] owner's max running tasks, i.e. queued or running ('' for no limit)
 -- ARGV[9] owner's cpu ms per rolling day ('' for no limit)
--- ARGV[10..] field, value pairs of the new record (state 'queued' among them)
+-- ARGV[10] workspace use: '' (none), 'new' or 'existing'
+-- ARGV[11] workspace id ('' for none)
+-- ARGV[12] workspace version the task starts from ('' for none; 0 is the empty one)
+-- ARGV[13] '1' if that version must still be the workspace's head (the client
+--          named none, and the api read the head before signing)
+-- ARGV[14] workspace save grace in ms: how long after a task's end its worker
+--          may still be saving its /workspace (the workspace stays busy)
+-- ARGV[15..] field, value pairs of the new record (state 'queued' among them)
 --
 -- Every owned task goes into the owner's active tasks, whatever the request's
 -- quotas (a quota added later, or by another replica's OAUTH_* settings, counts
@@ -37,6 +47,15 @@
 -- frees_at}: 'max_queued' or 'max_running' with the owner's tasks counted
 -- (frees_at 0: when one of them ends), or 'cpu_seconds_per_day' with the limit
 -- and the use in cpu ms and frees_at the time (ms) the use falls below it.
+-- Refused by its workspace: {'workspace', why, detail}: 'missing' (no such
+-- workspace, or another owner's: answered alike), 'busy' (detail: the task on it),
+-- 'no_version' (detail: the version asked for), 'moved' (detail: the head now).
+--
+-- A workspace is busy while its 'busy' task is queued or running, or has ended
+-- less than the save grace ago on a worker that may still be saving it (one that
+-- claimed it and was not lost). A new workspace is made busy with this task; an
+-- existing one is made busy here, in the same step as the task, so two submits on
+-- one workspace cannot both pass.
 local backlog = redis.call('XLEN', KEYS[5])
 if backlog >= tonumber(ARGV[5]) then return backlog end
 local t = redis.call('TIME')
@@ -86,7 +105,40 @@ if owner ~= '' then
     end
   end
 end
-redis.call('HSET', KEYS[1], 'created_at', now, unpack(ARGV, 10))
+local ws_use, ws_id = ARGV[10], ARGV[11]
+if ws_use == 'new' then
+  if redis.call('EXISTS', KEYS[10]) == 1 then return {'workspace', 'busy', ws_id} end
+elseif ws_use == 'existing' then
+  local ws_owner, head, busy = unpack(redis.call('HMGET', KEYS[10], 'owner', 'head', 'busy'))
+  if not ws_owner or (owner ~= '' and ws_owner ~= owner) then
+    return {'workspace', 'missing', ws_id}
+  end
+  if busy and busy ~= '' then
+    local task_prefix = string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[1])
+    local st, fin, worker, kind = unpack(redis.call('HMGET', task_prefix .. busy,
+      'state', 'finished_at', 'worker', 'reason_kind'))
+    local saving = st and worker and worker ~= '' and kind ~= 'worker-lost'
+      and tonumber(fin or '0') > now_ms - tonumber(ARGV[14])
+    if st == 'queued' or st == 'running' or saving then
+      return {'workspace', 'busy', busy}
+    end
+  end
+  local base = ARGV[12]
+  if ARGV[13] == '1' and base ~= head then return {'workspace', 'moved', head} end
+  if base ~= '0' and redis.call('EXISTS', KEYS[10] .. ':versions:' .. base) == 0 then
+    return {'workspace', 'no_version', base}
+  end
+end
+redis.call('HSET', KEYS[1], 'created_at', now, unpack(ARGV, 15))
+if ws_use == 'new' then
+  redis.call('HSET', KEYS[10], 'owner', owner, 'created_at', now, 'last_used_at', now,
+    'head', '0', 'next_version', '1', 'busy', ARGV[1])
+  if owner ~= '' then redis.call('ZADD', KEYS[11], now, ws_id) end
+  redis.call('ZADD', KEYS[12], now, ws_id)
+elseif ws_use == 'existing' then
+  redis.call('HSET', KEYS[10], 'busy', ARGV[1], 'last_used_at', now)
+  redis.call('ZADD', KEYS[12], now, ws_id)
+end
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2]) end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3]) end
 redis.call('HINCRBY', KEYS[4], 'submitted', 1)

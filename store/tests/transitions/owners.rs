@@ -22,6 +22,7 @@ async fn submit_as(
         owner: &owner_of(owner),
         limits,
         signer: super::signer(),
+        workspace: None,
     };
     let record = TaskRecord {
         owner: owner.map(Owner::from_stored),
