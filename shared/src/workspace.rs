@@ -188,6 +188,12 @@ pub fn check_path(path: &str) -> Result<(), ManifestError> {
     }
 }
 
+/// How long after a task's end its worker may still be saving its /workspace,
+/// in ms: the workspace stays busy that long (SUBMIT), and a worker gives up a
+/// save that would take longer (WS_COMMIT would refuse it once another task
+/// took the workspace).
+pub const SAVE_GRACE_MS: u64 = 600_000;
+
 /// The caps on one version (`WORKSPACE_MAX_BYTES`, `WORKSPACE_MAX_FILES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VersionLimits {
