@@ -161,7 +161,7 @@ impl Caches {
             remove_tree(&root);
             return Ok(Caches::off());
         }
-        let Some(owner) = crate::workspace::parse_owner(task_user) else {
+        let Some(owner) = crate::source::parse_owner(task_user) else {
             return Err(io::Error::other(format!(
                 "TASK_USER {task_user:?} is not uid:gid"
             )));

@@ -34,7 +34,7 @@ impl Collector {
     ) -> std::io::Result<Collector> {
         let fifo = tasks_dir.join(format!("{task_id}.collect"));
         let path = fifo.clone();
-        let owner = crate::workspace::parse_owner(task_user);
+        let owner = crate::source::parse_owner(task_user);
         tokio::task::spawn_blocking(move || {
             let _ = std::fs::remove_file(&path);
             make_fifo(&path, owner)
@@ -218,7 +218,7 @@ mod tests {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
         let dir = std::env::temp_dir().join(format!("sr-fifo-test-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir(&dir).expect("dir");
-        let root = crate::workspace::effective_uid().expect("euid") == 0;
+        let root = crate::source::effective_uid().expect("euid") == 0;
         let (pipe, named) = (dir.join("p.collect"), dir.join("n.collect"));
         make_fifo(&pipe, Some((65534, 65534))).expect("fifo");
         make_fifo(&named, None).expect("fifo");

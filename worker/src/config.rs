@@ -421,7 +421,7 @@ impl SandboxLimits {
             return Err(e.into());
         }
         let user = TASK_USER.get(var);
-        if crate::workspace::parse_owner(&user).is_none_or(|(uid, _)| uid == 0) {
+        if crate::source::parse_owner(&user).is_none_or(|(uid, _)| uid == 0) {
             let e = VarError::new(
                 TASK_USER.name,
                 &user,

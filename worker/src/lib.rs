@@ -22,7 +22,7 @@ pub mod retry;
 pub mod runner;
 pub mod sandbox;
 pub mod slots;
-pub mod workspace;
+pub mod source;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -320,14 +320,14 @@ async fn drain(ctx: &Ctx, slots: &Slots) {
 }
 
 /// Makes `TASKS_DIR` if need be, the worker's alone (0700, see
-/// `workspace::make_private`); its absolute path, because Docker bind mounts
+/// `source::make_private`); its absolute path, because Docker bind mounts
 /// need a host path.
 async fn prepare_tasks_dir(dir: &Path) -> Result<PathBuf, WorkerError> {
     let d = dir.to_path_buf();
     let r = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&d)?;
         let d = std::fs::canonicalize(&d)?;
-        if let workspace::Privacy::Tightened(mode) = workspace::make_private(&d)? {
+        if let source::Privacy::Tightened(mode) = source::make_private(&d)? {
             tracing::warn!(
                 dir = %d.display(),
                 was = format!("{mode:04o}"),

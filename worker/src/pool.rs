@@ -222,7 +222,7 @@ impl Pool {
         let dir = inner.root.join(&name);
         let made = {
             let dir = dir.clone();
-            let owner = crate::workspace::parse_owner(&inner.sandbox.limits().user);
+            let owner = crate::source::parse_owner(&inner.sandbox.limits().user);
             let cache = inner.caches;
             tokio::task::spawn_blocking(move || make_dir(&dir, owner, cache)).await
         };
@@ -340,7 +340,7 @@ pub fn pool_root(tasks_dir: &Path, worker: &WorkerName) -> PathBuf {
 
 /// Removes a pool directory (after its container), never following a link.
 pub async fn remove_dir(dir: PathBuf) {
-    let _ = tokio::task::spawn_blocking(move || crate::workspace::remove(&dir)).await;
+    let _ = tokio::task::spawn_blocking(move || crate::source::remove(&dir)).await;
 }
 
 /// A pool container's host directory (the worker's alone, 0700): `src/`,

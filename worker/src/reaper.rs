@@ -217,7 +217,7 @@ async fn collect_garbage(ctx: &Ctx) -> Result<(), QueueError> {
         if remove {
             let path = ctx.config.tasks_dir.join(&name);
             tracing::info!(task_id = %name, "removing a finished task's leftover files");
-            let _ = tokio::task::spawn_blocking(move || crate::workspace::remove(&path)).await;
+            let _ = tokio::task::spawn_blocking(move || crate::source::remove(&path)).await;
         }
     }
     Ok(())

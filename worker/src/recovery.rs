@@ -14,7 +14,7 @@ use crate::pool;
 use crate::queue::{Job, QueueError, TaskStateReply};
 use crate::retry;
 use crate::sandbox::{POOL_CONTAINER_PREFIX, SandboxError};
-use crate::workspace;
+use crate::source;
 
 /// The reply timeout of the read of this worker's pending entries, less 5 s
 /// (see `Queue::blocking_connection`; that read does not block).
@@ -145,7 +145,7 @@ async fn settle(ctx: &Ctx, job: Job, lost: Outcome) -> Result<(), QueueError> {
     if ended {
         // Whatever was extracted for this task is stale.
         let src = ctx.config.tasks_dir.join(&job.task_id);
-        let _ = tokio::task::spawn_blocking(move || workspace::remove(&src)).await;
+        let _ = tokio::task::spawn_blocking(move || source::remove(&src)).await;
         ctx.queue.ack(&job.entry_id).await?;
     }
     Ok(())

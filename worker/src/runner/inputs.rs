@@ -10,7 +10,7 @@ use crate::cache::Lease;
 use crate::collect::Collector;
 use crate::ctx::Ctx;
 use crate::queue::TaskSpec;
-use crate::workspace;
+use crate::source;
 
 /// What a task brings besides its command, ready for its container.
 pub(super) struct Inputs {
@@ -27,7 +27,7 @@ pub(super) struct Inputs {
 #[derive(Debug, thiserror::Error)]
 pub(super) enum InputError {
     #[error(transparent)]
-    Extract(#[from] workspace::WorkspaceError),
+    Extract(#[from] source::SourceError),
     #[error("extracting the task's zip stopped: {0}")]
     Extractor(#[from] tokio::task::JoinError),
     #[error("could not set up collect: {0}")]
@@ -60,14 +60,14 @@ impl Inputs {
             let prepared = match warm_source {
                 Some(dir) => {
                     tokio::task::spawn_blocking(move || {
-                        workspace::fill(&dir, &zip, &limits).map(|()| dir)
+                        source::fill(&dir, &zip, &limits).map(|()| dir)
                     })
                     .await
                 }
                 None => {
                     let (dir, id) = (ctx.config.tasks_dir.clone(), task_id.to_owned());
                     tokio::task::spawn_blocking(move || {
-                        workspace::prepare(&dir, &id, &zip, &limits)
+                        source::prepare(&dir, &id, &zip, &limits)
                     })
                     .await
                 }

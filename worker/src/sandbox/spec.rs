@@ -288,7 +288,7 @@ impl Sandbox {
     /// what keep a task's files from raising privileges.
     fn tmpfs_mounts(&self) -> HashMap<String, String> {
         let l = &self.limits;
-        let owner = match crate::workspace::parse_owner(&l.user) {
+        let owner = match crate::source::parse_owner(&l.user) {
             Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
             None => "mode=1777".to_owned(),
         };

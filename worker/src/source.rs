@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use shared::zipcheck::{ZipError, ZipLimits, check_zip};
 
 #[derive(Debug, thiserror::Error)]
-pub enum WorkspaceError {
+pub enum SourceError {
     #[error("{0}")]
     Zip(#[from] ZipError),
     #[error(
@@ -43,7 +43,7 @@ pub fn prepare(
     task_id: &str,
     zip: &[u8],
     limits: &ZipLimits,
-) -> Result<PathBuf, WorkspaceError> {
+) -> Result<PathBuf, SourceError> {
     let dir = tasks_dir.join(task_id);
     // A leftover from a crashed run of the same task is discarded, not reused.
     if dir.symlink_metadata().is_ok() {
@@ -57,13 +57,13 @@ pub fn prepare(
 /// Extracts `zip` into `dir`, an empty directory that already exists (a warm
 /// pool container's source directory, mounted before the task was known), with
 /// the same checks and modes as `prepare`.
-pub fn fill(dir: &Path, zip: &[u8], limits: &ZipLimits) -> Result<(), WorkspaceError> {
+pub fn fill(dir: &Path, zip: &[u8], limits: &ZipLimits) -> Result<(), SourceError> {
     extract(dir, zip, limits)?;
     make_readable(dir)?;
     Ok(())
 }
 
-fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), WorkspaceError> {
+fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), SourceError> {
     let entries = check_zip(bytes, limits)?;
     let mut archive =
         zip::ZipArchive::new(Cursor::new(bytes)).map_err(|e| ZipError::NotAZip(e.to_string()))?;
@@ -81,14 +81,14 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
         let mut file =
             archive
                 .by_index(entry.index)
-                .map_err(|source| WorkspaceError::OpenEntry {
+                .map_err(|source| SourceError::OpenEntry {
                     name: name.clone(),
                     source,
                 })?;
         let mut out = fs::File::create(&target)?;
         // Read one byte past the budget: if it arrives, the archive lied.
         let copied = io::copy(&mut (&mut file).take(budget + 1), &mut out);
-        let too_large = WorkspaceError::ExpandedTooLarge(limits.max_expanded_bytes);
+        let too_large = SourceError::ExpandedTooLarge(limits.max_expanded_bytes);
         let written = match copied {
             Ok(n) => n,
             // The zip reader (zip 9) refuses to go past an entry's declared size,
@@ -101,7 +101,7 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), Workspace
             {
                 return Err(too_large);
             }
-            Err(source) => return Err(WorkspaceError::ReadEntry { name, source }),
+            Err(source) => return Err(SourceError::ReadEntry { name, source }),
         };
         if written > budget {
             return Err(too_large);
@@ -339,7 +339,7 @@ mod tests {
         // ...the bytes actually written do not.
         let err = prepare(&root, "t3", &z, &limits).err();
         assert!(
-            matches!(err, Some(WorkspaceError::ExpandedTooLarge(1000))),
+            matches!(err, Some(SourceError::ExpandedTooLarge(1000))),
             "{err:?}"
         );
         remove(&root);
