@@ -474,6 +474,48 @@ impl VersionRecord {
     }
 }
 
+/// Where workspace blobs are kept (`WORKSPACE_STORE`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A directory on this host (`file:///path`, or an absolute path): one
+    /// host, or a volume every api and worker mounts.
+    Local(std::path::PathBuf),
+    /// An S3 bucket (`s3://bucket/prefix`), on AWS or any S3-compatible server
+    /// (`WORKSPACE_S3_ENDPOINT`).
+    S3 { bucket: String, prefix: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a workspace store: give an absolute path (or file:///path) for a directory, or s3://bucket[/prefix]"
+)]
+pub struct BadStoreLocation(pub String);
+
+impl StoreLocation {
+    pub fn parse(text: &str) -> Result<StoreLocation, BadStoreLocation> {
+        let bad = || BadStoreLocation(text.to_owned());
+        if let Some(rest) = text.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            let ok = !bucket.is_empty()
+                && bucket
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'));
+            if !ok || prefix.split('/').any(|p| p == "." || p == "..") {
+                return Err(bad());
+            }
+            return Ok(StoreLocation::S3 {
+                bucket: bucket.to_owned(),
+                prefix: prefix.trim_matches('/').to_owned(),
+            });
+        }
+        let path = text.strip_prefix("file://").unwrap_or(text);
+        if !path.starts_with('/') {
+            return Err(bad());
+        }
+        Ok(StoreLocation::Local(path.into()))
+    }
+}
+
 /// What a `run_script` call asked of workspaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkspaceUse {
@@ -585,6 +627,28 @@ mod tests {
             Manifest::from_json(bad_digest, LIMITS),
             Err(ManifestError::Json(_))
         ));
+    }
+
+    #[test]
+    fn store_locations_parse() {
+        assert_eq!(
+            StoreLocation::parse("/var/lib/sr"),
+            Ok(StoreLocation::Local("/var/lib/sr".into()))
+        );
+        assert_eq!(
+            StoreLocation::parse("file:///data"),
+            Ok(StoreLocation::Local("/data".into()))
+        );
+        assert_eq!(
+            StoreLocation::parse("s3://bucket/a/b/"),
+            Ok(StoreLocation::S3 {
+                bucket: "bucket".into(),
+                prefix: "a/b".into()
+            })
+        );
+        for bad in ["relative/dir", "s3://", "s3://b/../x", "http://x"] {
+            assert!(StoreLocation::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

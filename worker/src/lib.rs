@@ -23,6 +23,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod slots;
 pub mod source;
+pub mod workspaces;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

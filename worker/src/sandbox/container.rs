@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use bollard::errors::Error as DockerError;
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder,
+    DownloadFromContainerOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 
@@ -82,6 +82,33 @@ impl Sandbox {
         if let Err(e) = self.docker.kill_container(id, Some(opts)).await {
             tracing::debug!(container = id, error = %e, "kill (container may have exited already)");
         }
+    }
+
+    /// Freezes every process of a container (the freezer cgroup) without
+    /// ending any: a workspace task's end. Its /workspace stays until the
+    /// container is killed, so it can still be read (`workspace_archive`);
+    /// nothing of the task runs meanwhile. False if the engine refused.
+    pub async fn pause(&self, id: &str) -> bool {
+        match self.docker.pause_container(id).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(container = id, error = %e, "pause (container may have exited already)");
+                false
+            }
+        }
+    }
+
+    /// A tar of the container's /workspace, as the engine reads it (from the
+    /// tmpfs volume, on the host side: no process of the task's is involved).
+    /// Paths start `workspace/`.
+    pub fn workspace_archive(
+        &self,
+        id: &str,
+    ) -> impl futures_util::Stream<Item = Result<bytes::Bytes, DockerError>> + '_ {
+        let opts = DownloadFromContainerOptionsBuilder::default()
+            .path("/workspace")
+            .build();
+        self.docker.download_from_container(id, Some(opts))
     }
 
     /// Removes a container whatever its state, and says whether it is gone

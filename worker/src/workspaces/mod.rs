@@ -1,0 +1,217 @@
+//! Persistent workspaces on the worker: a version restored into a host
+//! directory before the task's container starts (`restore`), and the task's
+//! /workspace, read from its container once the task has ended (whatever the
+//! end), stored as the next version (`pack`, then the blobs and the manifest
+//! uploaded) over the blob store (`blobs`, `http`).
+//!
+//! The worker only moves bytes: which version a task starts from and whether
+//! its version becomes the head are Redis's (SUBMIT made the workspace busy
+//! with the task; WS_COMMIT, run by `Queue::ws_commit` after everything here
+//! is stored, moves the head). A save that fails, or a worker that dies
+//! mid-save, leaves the head where it was: nothing names the blobs it stored.
+
+pub mod blobs;
+pub mod http;
+mod pack;
+mod restore;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures_util::{StreamExt, TryStreamExt};
+use shared::workspace::{BlobDigest, Manifest, StoreLocation, VersionLimits};
+
+use crate::sandbox::Sandbox;
+use blobs::{BlobError, BlobStore, S3Settings};
+use pack::PackError;
+
+/// The worker's workspace settings (`WORKSPACE_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkspaceConfig {
+    /// `WORKSPACE_STORE`: where blobs are kept.
+    pub store: StoreLocation,
+    pub s3: S3Settings,
+    /// `WORKSPACE_CACHE_MB`: this host's blob cache, in bytes.
+    pub cache_bytes: u64,
+    /// `WORKSPACE_MAX_MB` and `WORKSPACE_MAX_FILES`: the caps on one version.
+    pub limits: VersionLimits,
+    /// `WORKSPACE_VERSIONS_KEPT`: the newest versions a workspace keeps.
+    pub versions_kept: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error(transparent)]
+    Pack(#[from] PackError),
+    #[error("reading the task's /workspace from the engine: {0}")]
+    Archive(#[source] bollard::errors::Error),
+    #[error("restoring the workspace's files: {0}")]
+    Restore(#[source] std::io::Error),
+    #[error("the workspace step stopped: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// A version stored whole, ready for WS_COMMIT.
+#[derive(Debug)]
+pub struct StoredVersion {
+    pub manifest: BlobDigest,
+    pub bytes: u64,
+    pub entries: u64,
+    /// Blobs sent to the store (the rest it had, or this host's base had).
+    pub uploaded: u64,
+    pub took: Duration,
+}
+
+/// This worker's workspaces: the blob store, its cache and the caps.
+#[derive(Debug, Clone)]
+pub struct Workspaces {
+    blobs: BlobStore,
+    config: WorkspaceConfig,
+    /// The task user, who owns restored files (`TASK_USER`).
+    owner: Option<(u32, u32)>,
+}
+
+/// How many blobs move at once.
+const CONCURRENCY: usize = 8;
+
+impl Workspaces {
+    pub fn open(
+        config: &WorkspaceConfig,
+        cache_dir: PathBuf,
+        task_user: &str,
+    ) -> Result<Workspaces, BlobError> {
+        Ok(Workspaces {
+            blobs: BlobStore::open(&config.store, &config.s3, cache_dir, config.cache_bytes)?,
+            config: config.clone(),
+            owner: crate::source::parse_owner(task_user),
+        })
+    }
+
+    pub fn versions_kept(&self) -> u64 {
+        self.config.versions_kept
+    }
+
+    /// Fills `dir` (empty) with the version whose manifest is `manifest`:
+    /// every blob fetched into this host's cache first (downloaded only if
+    /// missing there), then the files copied out of it.
+    pub async fn restore(&self, manifest: &BlobDigest, dir: &Path) -> Result<(), WorkspaceError> {
+        let m = self.blobs.manifest(manifest, self.config.limits).await?;
+        let blobs: Vec<BlobDigest> = m.blobs().into_iter().cloned().collect();
+        futures_util::stream::iter(blobs)
+            .map(|d| async move { self.blobs.fetch(&d).await })
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let (cache, dir, owner) = (self.blobs.cache().clone(), dir.to_path_buf(), self.owner);
+        tokio::task::spawn_blocking(move || restore::restore(&m, &cache, &dir, owner))
+            .await?
+            .map_err(WorkspaceError::Restore)?;
+        Ok(())
+    }
+
+    /// Stores the /workspace of `container` (paused or exited but not removed)
+    /// as a version: packed into the cache, then each blob the store lacks
+    /// sent, then the manifest. `base` is the version it started from, whose
+    /// blobs the store holds already.
+    pub async fn save(
+        &self,
+        sandbox: &Sandbox,
+        container: &str,
+        base: Option<&Manifest>,
+    ) -> Result<StoredVersion, WorkspaceError> {
+        let started = Instant::now();
+        let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
+        let (cache, limits) = (self.blobs.cache().clone(), self.config.limits);
+        let packer = tokio::task::spawn_blocking(move || {
+            pack::pack(ChannelReader::new(rx), &cache, limits)
+        });
+        let mut archive = std::pin::pin!(sandbox.workspace_archive(container));
+        let mut fed = Ok(());
+        while let Some(chunk) = archive.next().await {
+            match chunk {
+                // The packer stopped early (a cap): its error says why.
+                Ok(bytes) => {
+                    if tx.send(bytes).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    fed = Err(WorkspaceError::Archive(e));
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let packed = packer.await?;
+        fed?;
+        let packed = packed?;
+        if packed.skipped > 0 {
+            tracing::info!(
+                container,
+                skipped = packed.skipped,
+                "workspace entries that are no file, directory or link were left out"
+            );
+        }
+        let known = base.map(Manifest::blobs).unwrap_or_default();
+        let new: Vec<BlobDigest> = packed
+            .manifest
+            .blobs()
+            .into_iter()
+            .filter(|d| !known.contains(d))
+            .cloned()
+            .collect();
+        let sent = futures_util::stream::iter(new)
+            .map(|d| async move { self.blobs.store_blob(&d).await })
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<bool>>()
+            .await?;
+        let manifest = self.blobs.put_manifest(&packed.manifest).await?;
+        let cache = self.blobs.cache().clone();
+        tokio::task::spawn_blocking(move || cache.evict());
+        Ok(StoredVersion {
+            manifest,
+            bytes: packed.manifest.bytes(),
+            entries: packed.manifest.count(),
+            uploaded: sent.into_iter().filter(|&s| s).count() as u64,
+            took: started.elapsed(),
+        })
+    }
+
+    /// The manifest of a version, for a save that starts from it.
+    pub async fn manifest(&self, digest: &BlobDigest) -> Result<Manifest, WorkspaceError> {
+        Ok(self.blobs.manifest(digest, self.config.limits).await?)
+    }
+}
+
+/// The archive's bytes, as the blocking packer reads them.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    chunk: bytes::Bytes,
+}
+
+impl ChannelReader {
+    fn new(rx: tokio::sync::mpsc::Receiver<bytes::Bytes>) -> ChannelReader {
+        ChannelReader {
+            rx,
+            chunk: bytes::Bytes::new(),
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(c) => self.chunk = c,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.chunk.len());
+        buf[..n].copy_from_slice(&self.chunk[..n]);
+        self.chunk = self.chunk.slice(n..);
+        Ok(n)
+    }
+}
