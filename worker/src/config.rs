@@ -1,6 +1,9 @@
 //! The worker's configuration, loaded from the environment. `.env.example` lists
 //! every variable with its default; docs/configuration.md explains each.
 
+use crate::workspaces::WorkspaceConfig;
+use crate::workspaces::blobs::S3Settings;
+use shared::workspace::{StoreLocation, VersionLimits};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -130,6 +133,8 @@ pub struct Config {
     /// `MAX_TIMEOUT_SECONDS`: this worker's own cap on a task's timeout,
     /// whatever its record says.
     pub max_timeout_seconds: u64,
+    /// `WORKSPACE_*`: where workspace versions are stored, and their caps.
+    pub workspaces: WorkspaceConfig,
 }
 
 /// The egress proxy (`crate::egress`).
@@ -293,6 +298,16 @@ const TASK_VERIFY_KEYS: Var = Var::new("TASK_VERIFY_KEYS", "");
 /// The api's variable of the same name and default: its cap on what a client
 /// may ask, here the worker's cap on what a record may say.
 const MAX_TIMEOUT_SECONDS: Var = Var::new("MAX_TIMEOUT_SECONDS", "3600");
+// Persistent workspaces (docs/workspaces.md). Empty store: `<TASKS_DIR>/workspace-store`.
+const WORKSPACE_STORE: Var = Var::new("WORKSPACE_STORE", "");
+const WORKSPACE_S3_ENDPOINT: Var = Var::new("WORKSPACE_S3_ENDPOINT", "");
+const WORKSPACE_S3_REGION: Var = Var::new("WORKSPACE_S3_REGION", "us-east-1");
+const WORKSPACE_S3_ACCESS_KEY_ID: Var = Var::new("WORKSPACE_S3_ACCESS_KEY_ID", "");
+const WORKSPACE_S3_SECRET_ACCESS_KEY: Var = Var::new("WORKSPACE_S3_SECRET_ACCESS_KEY", "");
+const WORKSPACE_CACHE_MB: Var = Var::new("WORKSPACE_CACHE_MB", "2048");
+const WORKSPACE_MAX_MB: Var = Var::new("WORKSPACE_MAX_MB", "1024");
+const WORKSPACE_MAX_FILES: Var = Var::new("WORKSPACE_MAX_FILES", "100000");
+const WORKSPACE_VERSIONS_KEPT: Var = Var::new("WORKSPACE_VERSIONS_KEPT", "20");
 
 /// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
@@ -369,7 +384,10 @@ impl Config {
             return Err(ConfigError::MissingVerifyKeys);
         }
         let verifier = SpecVerifier::from_list(&verify_keys).map_err(ConfigError::VerifyKeys)?;
+        let tasks_dir = PathBuf::from(TASKS_DIR.get(&var));
+        let workspaces = workspace_config(&var, &tasks_dir)?;
         Ok(Config {
+            workspaces,
             verifier,
             max_timeout_seconds: MAX_TIMEOUT_SECONDS.range(&var, 1, 86_400)?,
             pool,
@@ -390,7 +408,7 @@ impl Config {
                 1,
                 1024,
             )? as usize,
-            tasks_dir: PathBuf::from(TASKS_DIR.get(&var)),
+            tasks_dir,
             catalog,
             limits: SandboxLimits::from_lookup(&var)?,
             zip_limits: ZipLimits::from_lookup(&var)?,
@@ -407,6 +425,49 @@ impl Config {
             },
         })
     }
+}
+
+/// `WORKSPACE_*`, checked: a store that parses, S3 credentials given together,
+/// caps in range.
+fn workspace_config(
+    var: &impl Fn(&str) -> Option<String>,
+    tasks_dir: &std::path::Path,
+) -> Result<WorkspaceConfig, ConfigError> {
+    let store = match WORKSPACE_STORE.get(var) {
+        s if s.trim().is_empty() => {
+            let dir = std::path::absolute(tasks_dir.join("workspace-store"))
+                .unwrap_or_else(|_| tasks_dir.join("workspace-store"));
+            StoreLocation::Local(dir)
+        }
+        s => StoreLocation::parse(s.trim())
+            .map_err(|e| VarError::new(WORKSPACE_STORE.name, &s, e))?,
+    };
+    let s3 = S3Settings {
+        endpoint: Some(WORKSPACE_S3_ENDPOINT.get(var)).filter(|e| !e.trim().is_empty()),
+        region: WORKSPACE_S3_REGION.get(var),
+        access_key_id: WORKSPACE_S3_ACCESS_KEY_ID.get(var),
+        secret_access_key: WORKSPACE_S3_SECRET_ACCESS_KEY.get(var),
+    };
+    if matches!(store, StoreLocation::S3 { .. })
+        && (s3.access_key_id.is_empty() || s3.secret_access_key.is_empty())
+    {
+        let e = VarError::new(
+            WORKSPACE_S3_ACCESS_KEY_ID.name,
+            "",
+            "an access key id, with WORKSPACE_S3_SECRET_ACCESS_KEY, for an s3:// WORKSPACE_STORE",
+        );
+        return Err(e.into());
+    }
+    Ok(WorkspaceConfig {
+        store,
+        s3,
+        cache_bytes: WORKSPACE_CACHE_MB.range(var, 0, 1 << 30)? << 20,
+        limits: VersionLimits {
+            max_bytes: WORKSPACE_MAX_MB.range(var, 1, 1 << 20)? << 20,
+            max_files: WORKSPACE_MAX_FILES.range(var, 1, 10_000_000)?,
+        },
+        versions_kept: WORKSPACE_VERSIONS_KEPT.range(var, 1, 10_000)?,
+    })
 }
 
 impl SandboxLimits {

@@ -14,6 +14,7 @@ use crate::firewall::Firewall;
 use crate::pool::Pool;
 use crate::queue::Queue;
 use crate::sandbox::Sandbox;
+use crate::workspaces::Workspaces;
 
 /// What every part of a running worker shares. Clones share it.
 #[derive(Clone)]
@@ -31,6 +32,8 @@ pub struct Ctx {
     pub firewall: Option<Firewall>,
     /// The egress proxy of allow-list tasks.
     pub egress: EgressProxy,
+    /// Workspace versions: restored before a task, saved after it.
+    pub workspaces: Workspaces,
     /// Removals of ended tasks' containers and files, waited for at shutdown.
     pub cleanups: TaskTracker,
 }

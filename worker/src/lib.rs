@@ -64,6 +64,8 @@ pub enum WorkerError {
     RedisSetup(#[from] store::redis_setup::SetupError),
     #[error("restart recovery: {0}")]
     Recovery(#[from] recovery::RecoveryError),
+    #[error("the workspace store: {0}")]
+    Workspaces(#[from] workspaces::blobs::BlobError),
 }
 
 /// Runs until `shutdown` resolves. Then it takes no new job, gives running tasks
@@ -224,6 +226,21 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
                 cache::Caches::off()
             })
     };
+    // The store is opened, not reached: an S3 server that is down fails the
+    // workspace tasks that need it, not the worker.
+    let workspaces = {
+        let (cfg, cache_dir, user) = (
+            config.workspaces.clone(),
+            config
+                .tasks_dir
+                .join(format!("blobs-{}", config.worker_name)),
+            config.limits.user.clone(),
+        );
+        tokio::task::spawn_blocking(move || workspaces::Workspaces::open(&cfg, cache_dir, &user))
+            .await
+            .map_err(std::io::Error::other)
+            .map_err(|e| workspaces::blobs::BlobError::Cache(e))??
+    };
     let pool = pool::Pool::new(
         sandbox.clone(),
         config.pool.clone(),
@@ -240,6 +257,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         caches,
         firewall,
         egress,
+        workspaces,
         cleanups: TaskTracker::new(),
     })
 }

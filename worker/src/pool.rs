@@ -62,6 +62,12 @@ impl Warm {
         self.dir.join("src")
     }
 
+    /// Where a claiming workspace task's version is restored (read-only in
+    /// the container too).
+    pub fn restore(&self) -> PathBuf {
+        self.dir.join("restore")
+    }
+
     /// The collection pipe, mounted in the container.
     pub fn fifo(&self) -> PathBuf {
         self.dir.join("collect")
@@ -236,6 +242,7 @@ impl Pool {
             runtime: runtime.as_str(),
             image,
             source: &dir.join("src"),
+            restore: &dir.join("restore"),
             fifo: &dir.join("collect"),
             cache: cache_dir.as_deref(),
         };
@@ -343,8 +350,8 @@ pub async fn remove_dir(dir: PathBuf) {
     let _ = tokio::task::spawn_blocking(move || crate::source::remove(&dir)).await;
 }
 
-/// A pool container's host directory (the worker's alone, 0700): `src/`,
-/// readable by the task's user (the container reaches it through its mount, not
+/// A pool container's host directory (the worker's alone, 0700): `src/` and
+/// `restore/`, readable by the task's user (the container reaches it through its mount, not
 /// through this directory), the collection pipe, the task user's (`owner`),
 /// and with caches `cache/`, the worker's (so the task cannot replace the
 /// cache lent into it).
@@ -354,6 +361,9 @@ fn make_dir(dir: &Path, owner: Option<(u32, u32)>, cache: bool) -> std::io::Resu
     std::fs::create_dir_all(&src)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755))?;
+    let restore = dir.join("restore");
+    std::fs::create_dir(&restore)?;
+    std::fs::set_permissions(&restore, std::fs::Permissions::from_mode(0o755))?;
     if cache {
         let cache = dir.join("cache");
         std::fs::create_dir(&cache)?;

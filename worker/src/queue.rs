@@ -16,7 +16,8 @@ use shared::cache::Generations;
 use shared::egress::Egress;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::options::{CacheUse, Network};
-use shared::scripts::{Ended, ScriptCall};
+use shared::scripts::{Ended, Saved, ScriptCall, WsReply};
+use shared::workspace::{VersionRecord, WorkspaceId};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::spec::{SpecRejection, SpecVerifier};
 use shared::task::{Outcome, RecordedEnd};
@@ -42,6 +43,18 @@ pub enum QueueError {
     /// version's script, which retrying does not change.
     #[error("the {script} script replied {reply}, which this version does not know")]
     Reply { script: &'static str, reply: String },
+    /// A workspace's stored records do not read.
+    #[error(transparent)]
+    Workspace(store::workspaces::WorkspaceReadError),
+}
+
+impl From<store::workspaces::WorkspaceReadError> for QueueError {
+    fn from(e: store::workspaces::WorkspaceReadError) -> QueueError {
+        match e {
+            store::workspaces::WorkspaceReadError::Redis(e) => QueueError::Redis(e),
+            other => QueueError::Workspace(other),
+        }
+    }
 }
 
 impl From<scripts::InvokeError> for QueueError {
@@ -171,6 +184,8 @@ pub struct TaskSpec {
     pub owner: Owner,
     /// Whether it uses its owner's dependency caches.
     pub cache: CacheUse,
+    /// The workspace it runs on, and the version it starts from (0: empty).
+    pub workspace: Option<(WorkspaceId, u64)>,
 }
 
 /// Bytes a task was submitted with (its zip, its stdin), cheap to clone; its
@@ -186,7 +201,7 @@ impl std::fmt::Debug for Payload {
 
 /// The fields `task_spec` reads: what a `TaskSpec` is made of, every signed
 /// field among them (`tests::every_signed_field_is_read`), and the signature.
-const SPEC_FIELDS: [Field; 14] = [
+const SPEC_FIELDS: [Field; 16] = [
     Field::State,
     Field::Runtime,
     Field::Image,
@@ -200,6 +215,8 @@ const SPEC_FIELDS: [Field; 14] = [
     Field::EgressAllow,
     Field::Owner,
     Field::Cache,
+    Field::WorkspaceId,
+    Field::WorkspaceBase,
     Field::SpecSignature,
 ];
 
@@ -215,6 +232,7 @@ pub struct Queue {
     target: RedisTarget,
     keys: Keys,
     tasks: Tasks,
+    workspaces: store::workspaces::Workspaces,
     worker: String,
     replica_ack: Option<ReplicaAck>,
 }
@@ -233,6 +251,7 @@ impl Queue {
             pool,
             target: redis.clone(),
             tasks: Tasks::new(keys.clone()),
+            workspaces: store::workspaces::Workspaces::new(keys.clone()),
             keys,
             worker,
             replica_ack,
@@ -476,6 +495,38 @@ impl Queue {
         Ok(state.map_or(TaskStateReply::Missing, TaskStateReply::State))
     }
 
+    /// A workspace's version record (its manifest's digest), if it is kept.
+    pub async fn workspace_version(
+        &self,
+        id: &WorkspaceId,
+        version: u64,
+    ) -> Result<Option<VersionRecord>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(self.workspaces.version(&mut conn, id, version).await?)
+    }
+
+    /// WS_COMMIT: the task's stored /workspace becomes its workspace's next
+    /// version (or the task is recorded as making none), as this worker.
+    pub async fn ws_commit(
+        &self,
+        task_id: &str,
+        (id, base): (WorkspaceId, u64),
+        saved: Saved<'_>,
+        versions_kept: u64,
+    ) -> Result<WsReply, QueueError> {
+        let call = ScriptCall::ws_commit(
+            &self.keys,
+            task_id,
+            &self.worker,
+            &id,
+            base,
+            saved,
+            versions_kept,
+        );
+        let mut conn = self.pool.get().await?;
+        Ok(scripts::invoke(&mut conn, &call).await?)
+    }
+
     /// The task's spec, once its signature holds under one of `verifier`'s keys
     /// (`Err` says why not: then nothing of the record may be acted on); `None`
     /// if there is no such task. The record's fields, zip and stdin are read in
@@ -540,6 +591,7 @@ impl Queue {
             owner: r.owner.unwrap_or(Owner::Admin),
             // Records written before the field existed: the default.
             cache: r.cache.unwrap_or_default(),
+            workspace: r.workspace_id.map(|id| (id, r.workspace_base.unwrap_or(0))),
         })))
     }
 

@@ -205,18 +205,21 @@ async fn collect_garbage(ctx: &Ctx) -> Result<(), QueueError> {
     .await
     .unwrap_or_default();
     for (name, old) in entries {
-        // Only task ids are ours to judge; anything else in TASKS_DIR is left alone.
-        if uuid::Uuid::parse_str(&name).is_err() {
+        // Only task ids are ours to judge (a task's zip directory, or its
+        // restored workspace, `<id>.restore`); anything else in TASKS_DIR is
+        // left alone.
+        let task_id = name.strip_suffix(".restore").unwrap_or(&name);
+        if uuid::Uuid::parse_str(task_id).is_err() {
             continue;
         }
-        let remove = match ctx.queue.state(&name).await? {
+        let remove = match ctx.queue.state(task_id).await? {
             TaskStateReply::Missing => old,
             TaskStateReply::State(s) => s.is_terminal(),
             TaskStateReply::NotOwner => false,
         };
         if remove {
             let path = ctx.config.tasks_dir.join(&name);
-            tracing::info!(task_id = %name, "removing a finished task's leftover files");
+            tracing::info!(task_id, "removing a finished task's leftover files");
             let _ = tokio::task::spawn_blocking(move || crate::source::remove(&path)).await;
         }
     }

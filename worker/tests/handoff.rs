@@ -95,6 +95,7 @@ fn spec<'a>(
         image,
         command,
         source: None,
+        restore: None,
         timeout_seconds: 30,
         env,
         network: Network::None,

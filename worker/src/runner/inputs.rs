@@ -10,12 +10,22 @@ use crate::cache::Lease;
 use crate::collect::Collector;
 use crate::ctx::Ctx;
 use crate::queue::TaskSpec;
+use crate::retry;
 use crate::source;
+use crate::workspaces::WorkspaceError;
+use shared::workspace::{Manifest, WorkspaceId};
 
 /// What a task brings besides its command, ready for its container.
 pub(super) struct Inputs {
     /// The extracted zip on the host: a new directory, or the warm container's.
     pub(super) source: Option<std::path::PathBuf>,
+    /// The workspace version the task starts from, restored on the host (a
+    /// new directory, or the warm container's), and its manifest; `None` for
+    /// no workspace, or its empty version 0.
+    pub(super) restored: Option<(PathBuf, Manifest)>,
+    /// Whether `restored` is a directory of its own (a cold task's), removed
+    /// with the task.
+    pub(super) own_restore: bool,
     pub(super) stdin: Option<Vec<u8>>,
     pub(super) collector: Option<Collector>,
     /// The owner's dependency cache, lent to this task.
@@ -32,6 +42,12 @@ pub(super) enum InputError {
     Extractor(#[from] tokio::task::JoinError),
     #[error("could not set up collect: {0}")]
     Collect(#[source] std::io::Error),
+    #[error("could not restore the workspace: {0}")]
+    Restore(#[from] WorkspaceError),
+    #[error("version {version} of workspace {id} is no longer kept")]
+    VersionGone { id: WorkspaceId, version: u64 },
+    #[error("could not read the workspace's version: {0}")]
+    VersionRead(#[from] crate::queue::QueueError),
 }
 
 /// A warm container's host directories (not the container: its attached
@@ -39,6 +55,7 @@ pub(super) enum InputError {
 /// its cache mount directory if it has one.
 pub(super) struct WarmDirs {
     pub(super) source: PathBuf,
+    pub(super) restore: PathBuf,
     pub(super) fifo: PathBuf,
     pub(super) cache: Option<PathBuf>,
 }
@@ -50,10 +67,12 @@ impl Inputs {
         spec: &TaskSpec,
         warm: Option<WarmDirs>,
     ) -> Result<Inputs, InputError> {
-        let (warm_source, warm_fifo, warm_cache) = match warm {
-            Some(w) => (Some(w.source), Some(w.fifo), Some(w.cache)),
-            None => (None, None, None),
+        let (warm_source, warm_restore, warm_fifo, warm_cache) = match warm {
+            Some(w) => (Some(w.source), Some(w.restore), Some(w.fifo), Some(w.cache)),
+            None => (None, None, None, None),
         };
+        let own_restore = warm_restore.is_none();
+        let restored = restore(ctx, task_id, spec, warm_restore).await?;
         let source = if let Some(zip) = &spec.zip {
             let zip = zip.0.clone();
             let limits = ctx.config.zip_limits;
@@ -91,6 +110,8 @@ impl Inputs {
         let cache = lend_cache(ctx, task_id, spec, warm_cache).await;
         Ok(Inputs {
             source,
+            restored,
+            own_restore,
             stdin,
             collector,
             cache,
@@ -111,6 +132,58 @@ impl Inputs {
         env.extend(spec.env.iter().cloned());
         env
     }
+}
+
+/// Restores the version a workspace task starts from (none for version 0)
+/// into `warm` (the pool container's directory) or a new directory.
+async fn restore(
+    ctx: &Ctx,
+    task_id: &str,
+    spec: &TaskSpec,
+    warm: Option<PathBuf>,
+) -> Result<Option<(PathBuf, Manifest)>, InputError> {
+    let Some((id, version)) = spec.workspace else {
+        return Ok(None);
+    };
+    if version == 0 {
+        return Ok(None);
+    }
+    let record = retry::redis("read the workspace version", &ctx.abort, || {
+        ctx.queue.workspace_version(&id, version)
+    })
+    .await?
+    .ok_or(InputError::VersionGone { id, version })?;
+    let manifest = ctx.workspaces.manifest(&record.manifest).await?;
+    let dir = match warm {
+        Some(dir) => dir,
+        None => {
+            let dir = ctx.config.tasks_dir.join(format!("{task_id}.restore"));
+            let made = dir.clone();
+            tokio::task::spawn_blocking(move || {
+                if made.symlink_metadata().is_ok() {
+                    crate::source::remove(&made);
+                }
+                std::fs::create_dir(&made)?;
+                std::fs::set_permissions(&made, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            })
+            .await
+            .map_err(|e| InputError::Restore(e.into()))?
+            .map_err(|e| InputError::Restore(WorkspaceError::Restore(e)))?;
+            dir
+        }
+    };
+    let started = std::time::Instant::now();
+    ctx.workspaces.restore(&record.manifest, &dir).await?;
+    tracing::info!(
+        task_id,
+        workspace = %id,
+        version,
+        files = manifest.count(),
+        bytes = manifest.bytes(),
+        ms = started.elapsed().as_millis() as u64,
+        "workspace restored"
+    );
+    Ok(Some((dir, manifest)))
 }
 
 /// Lends the task its owner's dependency cache, unless it opted out, the

@@ -104,6 +104,7 @@ pub(super) async fn clean_up(
     ctx: Ctx,
     container: Option<String>,
     source: Option<std::path::PathBuf>,
+    restored: Option<std::path::PathBuf>,
     warm: Option<Warm>,
     cache: Option<Lease>,
 ) {
@@ -128,8 +129,9 @@ pub(super) async fn clean_up(
             }
         }
     }
-    if let Some(src) = source {
-        // A warm container's source directory went with its directory.
-        crate::pool::remove_dir(src).await;
+    // A warm container's source and restore directories went with its
+    // directory.
+    for dir in [source, restored].into_iter().flatten() {
+        crate::pool::remove_dir(dir).await;
     }
 }

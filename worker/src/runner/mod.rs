@@ -13,6 +13,7 @@
 //! how the task ended) and `meter` (what the task is charged).
 
 mod inputs;
+mod keep;
 mod launch;
 mod meter;
 mod supervise;
@@ -92,7 +93,13 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     tracing::info!(task_id, runtime = %spec.runtime, "task claimed");
     let mut collected = None;
     let mut usage = Usage::default();
-    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected, &mut usage).await;
+    let mut saved = None;
+    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected, &mut usage, &mut saved).await;
+    // Before FINISH: a task that shows as ended has its version, if it made one.
+    if let Some(workspace) = spec.workspace {
+        let saved = saved.unwrap_or_else(|| Err(keep::NOT_RUN.to_owned()));
+        keep::commit(ctx, task_id, workspace, &saved).await;
+    }
     // The container is gone by now: only the record is left to write, and it is
     // worth waiting for Redis as long as this worker lives. The final tails go
     // with the finish, on its connection (see `Queue::finish`).
@@ -140,6 +147,13 @@ async fn reject(
     record_end(ctx, task_id, &outcome, &Ended::default(), None).await
 }
 
+/// A cold task's restored workspace directory, removed with the task (a warm
+/// one's goes with the pool container's directory).
+fn own_restore(inputs: &Inputs) -> Option<std::path::PathBuf> {
+    let (dir, _) = inputs.restored.as_ref().filter(|_| inputs.own_restore)?;
+    Some(dir.clone())
+}
+
 /// Prepares, runs and cleans up; returns how the task ended and, if it ran, its
 /// output (and puts in `collected` the files `collect` gathered, and in `usage`
 /// what its container used). Docker resources are released whether or not
@@ -150,6 +164,7 @@ async fn execute(
     spec: &TaskSpec,
     collected: &mut Option<Collected>,
     usage: &mut Usage,
+    saved: &mut Option<Result<crate::workspaces::StoredVersion, String>>,
 ) -> (Outcome, Option<Tails>) {
     // The image is this worker's for the runtime, never the record's: a
     // record naming another one (written by anything but an api that agrees
@@ -181,6 +196,7 @@ async fn execute(
     let (launched, inputs) = loop {
         let dirs = warm.as_ref().map(|w| WarmDirs {
             source: w.source(),
+            restore: w.restore(),
             fifo: w.fifo(),
             cache: w.cache_mount(),
         });
@@ -205,6 +221,7 @@ async fn execute(
             image,
             command: &spec.command,
             source: inputs.source.as_deref(),
+            restore: inputs.restored.as_ref().map(|(dir, _)| dir.as_path()),
             timeout_seconds: spec.timeout_seconds,
             env: &env,
             network: spec.egress.network(),
@@ -270,19 +287,27 @@ async fn execute(
                 ctx.caches.returning(lease);
             }
             *usage = used;
+            let restored = own_restore(&inputs);
             if let Some(c) = inputs.collector {
                 *collected = c.finish().await;
+            }
+            // Its container is paused, not gone: its files are read now.
+            if spec.workspace.is_some() {
+                let base = inputs.restored.as_ref().map(|(_, m)| m);
+                *saved = Some(keep::save(ctx, task_id, &container, base).await);
             }
             ctx.cleanups.spawn(clean_up(
                 ctx.clone(),
                 Some(container),
                 inputs.source,
+                restored,
                 warm,
                 inputs.cache,
             ));
             ended
         }
         Err((outcome, container)) => {
+            let restored = own_restore(&inputs);
             if let Some(c) = inputs.collector {
                 c.finish().await;
             }
@@ -290,6 +315,7 @@ async fn execute(
                 ctx.clone(),
                 container,
                 inputs.source,
+                restored,
                 warm,
                 inputs.cache,
             ));

@@ -145,7 +145,7 @@ pub(super) async fn supervise(
     let mut meter = Meter::new(sandbox.limits().cpus, handed_at);
     let mut output = Output { stream, open: true };
     let mut tails = Tails::new(egress);
-    let end = match record_start(ctx, task_id, &container, &mut meter).await {
+    let end = match record_start(ctx, task_id, &container, &mut meter, spec.workspace.is_some()).await {
         Some(end) => end,
         None => {
             meter.sample(sandbox, &container).await;
@@ -163,7 +163,16 @@ pub(super) async fn supervise(
     // Stopped by the worker (or by someone else): the last output comes until
     // the stream ends. After an exit the prelude's markers said all of the
     // script's output is in; the container goes in the background.
-    if !matches!(end, End::Exited(_)) {
+    if spec.workspace.is_some() {
+        // Paused, not killed: its /workspace is saved next (`keep::save`), and
+        // a paused container writes nothing more, so what is ready is all.
+        sandbox.pause(&container).await;
+        for event in output.stream.ready() {
+            if let Event::Frame(frame) = event {
+                tails.push(frame);
+            }
+        }
+    } else if !matches!(end, End::Exited(_)) {
         if output.open {
             sandbox.kill(&container).await;
         }
@@ -219,13 +228,23 @@ async fn oom_killed(sandbox: &Sandbox, container: &str, reading: Option<&Reading
 /// now and must be supervised (timeout, output) even if Redis is down; only
 /// `started_at` is lost then. Returns how it ended if the task is no longer this
 /// worker's to run (the container is stopped then, what it used read first).
-async fn record_start(ctx: &Ctx, task_id: &str, container: &str, meter: &mut Meter) -> Option<End> {
+async fn record_start(
+    ctx: &Ctx,
+    task_id: &str,
+    container: &str,
+    meter: &mut Meter,
+    keep: bool,
+) -> Option<End> {
     match ctx.queue.started(task_id, container).await {
         Ok(r) if r.is_running() => None,
         Ok(_) => {
             // Killed or taken over while we were preparing.
             meter.read_end(&ctx.sandbox, container).await;
-            ctx.sandbox.kill(container).await;
+            if keep {
+                ctx.sandbox.pause(container).await;
+            } else {
+                ctx.sandbox.kill(container).await;
+            }
             Some(End::Superseded)
         }
         Err(e) => {
@@ -297,7 +316,7 @@ impl Run<'_> {
                         // it used so far is read first: the kill ends its cgroup).
                         Ok(_) => {
                             self.meter.read_end(sandbox, container).await;
-                            sandbox.kill(container).await;
+                            self.stop().await;
                             return End::Superseded;
                         }
                         // Redis is down: keep running the task; publish when it is back.
@@ -306,12 +325,12 @@ impl Run<'_> {
                 },
                 _ = &mut deadline => {
                     self.meter.read_end(sandbox, container).await;
-                    sandbox.kill(container).await;
+                    self.stop().await;
                     return End::Decided(Outcome::timed_out(timeout_seconds));
                 }
                 _ = ctx.abort.cancelled() => {
                     self.meter.read_end(sandbox, container).await;
-                    sandbox.kill(container).await;
+                    self.stop().await;
                     return End::Decided(Outcome::worker_shutdown());
                 }
             }
@@ -328,6 +347,16 @@ impl Run<'_> {
         }
     }
 
+    /// Stops the task's processes: a kill, or for a workspace task a pause,
+    /// which stops them as surely and keeps its /workspace to be saved.
+    async fn stop(&self) {
+        if self.spec.workspace.is_some() {
+            self.ctx.sandbox.pause(self.container).await;
+        } else {
+            self.ctx.sandbox.kill(self.container).await;
+        }
+    }
+
     /// The script exited with `code` (its prelude said so, or the engine did):
     /// its container's usage, read before anything stops it, and whether it was
     /// OOM-killed.
@@ -335,8 +364,14 @@ impl Run<'_> {
         let ran = self.started.elapsed();
         let sandbox = &self.ctx.sandbox;
         let reading = self.meter.read_end(sandbox, self.container).await;
-        // 137 is SIGKILL; at the memory cap it is the OOM killer.
-        let oom_killed = code == 137 && oom_killed(sandbox, self.container, reading.as_ref()).await;
+        // 137 is SIGKILL; at the memory cap it is the OOM killer. A workspace
+        // task's container must stay for its save: only the cgroup's word.
+        let oom_killed = code == 137
+            && if self.spec.workspace.is_some() {
+                reading.as_ref().is_some_and(Reading::oom_killed)
+            } else {
+                oom_killed(sandbox, self.container, reading.as_ref()).await
+            };
         End::Exited(ContainerExit {
             code,
             oom_killed,

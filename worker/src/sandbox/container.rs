@@ -98,6 +98,18 @@ impl Sandbox {
         }
     }
 
+    /// Whether the container is paused (so its /workspace is still mounted and
+    /// nothing changes it).
+    pub async fn is_paused(&self, id: &str) -> bool {
+        self.docker
+            .inspect_container(id, None)
+            .await
+            .ok()
+            .and_then(|c| c.state)
+            .and_then(|s| s.paused)
+            .unwrap_or(false)
+    }
+
     /// A tar of the container's /workspace, as the engine reads it (from the
     /// tmpfs volume, on the host side: no process of the task's is involved).
     /// Paths start `workspace/`.

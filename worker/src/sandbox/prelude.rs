@@ -17,6 +17,10 @@ pub(super) const COLLECT_MOUNT: &str = "/.sr-collect";
 /// Where the extracted zip is mounted (read-only) before it is copied to /workspace.
 pub(super) const SOURCE_MOUNT: &str = "/.sr-source";
 
+/// Where a workspace task's restored version is mounted (read-only): copied to
+/// /workspace first, the zip over it.
+pub(super) const RESTORE_MOUNT: &str = "/.sr-restore";
+
 /// How long the prelude stays idle after the task's exit status is out: the
 /// worker reads the cgroup within milliseconds and then stops the container;
 /// short, because a container whose worker died must end soon after its task
@@ -62,7 +66,7 @@ pub(super) fn container_command() -> Vec<String> {
          run() {{ cd /workspace && export PATH=\"$PATH:$HOME/.local/bin\" && \
          if command -v timeout >/dev/null 2>&1; \
          then timeout -s KILL \"$2\" sh -c \"$1\"; else sh -c \"$1\"; fi; }}\n\
-         if [ \"$z\" = 1 ]; then cp -R {SOURCE_MOUNT}/. /workspace/ && run \"$@\"; else run \"$@\"; fi\n\
+         if [ \"$r\" = 1 ] && ! cp -R {RESTORE_MOUNT}/. /workspace/;          then echo 'script-runner: the workspace could not be copied into /workspace' >&2; false;          elif [ \"$z\" = 1 ]; then cp -R {SOURCE_MOUNT}/. /workspace/ && run \"$@\"; else run \"$@\"; fi\n\
          rc=$?\n\
          if [ \"$c\" = 1 ]; then shift 2; \
          for pat in \"$@\"; do for f in $pat; do find \"$f\" -type f -print 2>/dev/null; done; done \
@@ -81,6 +85,8 @@ pub(super) struct Handoff<'a> {
     pub nonce: &'a str,
     pub command: &'a str,
     pub has_source: bool,
+    /// A restored workspace version is mounted at `RESTORE_MOUNT`.
+    pub has_restore: bool,
     pub deadline_seconds: u64,
     pub collect: &'a [String],
     pub env: &'a [(String, String)],
@@ -98,9 +104,10 @@ pub struct NulByte(&'static str);
 /// the task's.
 pub(super) fn handoff_line(h: &Handoff<'_>) -> Result<Vec<u8>, NulByte> {
     let mut line = format!(
-        "n={}; z={}; c={}; set -- {} {}",
+        "n={}; z={}; r={}; c={}; set -- {} {}",
         h.nonce,
         u8::from(h.has_source),
+        u8::from(h.has_restore),
         u8::from(!h.collect.is_empty()),
         quote(h.command, "command")?,
         h.deadline_seconds
@@ -273,6 +280,7 @@ mod tests {
             nonce: "abc",
             command,
             has_source: true,
+            has_restore: false,
             deadline_seconds: 65,
             collect,
             env,
@@ -324,6 +332,7 @@ mod tests {
             nonce: "abc",
             command: "echo a\0b",
             has_source: false,
+            has_restore: false,
             deadline_seconds: 1,
             collect: &[],
             env: &[],

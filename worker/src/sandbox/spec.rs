@@ -6,12 +6,15 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, MountVolumeOptions,
+    MountVolumeOptionsDriverConfig, ResourcesUlimits,
+};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, CreateImageOptionsBuilder};
 use futures_util::StreamExt;
 use shared::options::Network;
 
-use super::prelude::{COLLECT_MOUNT, SOURCE_MOUNT, container_command, task_env};
+use super::prelude::{COLLECT_MOUNT, RESTORE_MOUNT, SOURCE_MOUNT, container_command, task_env};
 use super::{Attached, LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
 use crate::cache::CACHE_MOUNT;
 
@@ -43,6 +46,8 @@ pub struct ContainerSpec<'a> {
     pub command: &'a str,
     /// The extracted zip on the host, if any.
     pub source: Option<&'a Path>,
+    /// The workspace version it starts from, restored on the host, if any.
+    pub restore: Option<&'a Path>,
     pub timeout_seconds: u64,
     /// Extra environment variables, as the api checked them.
     pub env: &'a [(String, String)],
@@ -70,6 +75,8 @@ pub struct WarmSpec<'a> {
     pub image: &'a str,
     /// Mounted where a cold task's extracted zip is: filled at claim.
     pub source: &'a Path,
+    /// Mounted where a cold task's restored workspace version is: filled at claim.
+    pub restore: &'a Path,
     /// The collection pipe, mounted ahead of time.
     pub fifo: &'a Path,
     /// Mounted at `CACHE_MOUNT`: a claiming task's cache is lent into it.
@@ -79,6 +86,7 @@ pub struct WarmSpec<'a> {
 /// Host paths mounted into a task container.
 struct Mounts<'a> {
     source: Option<&'a Path>,
+    restore: Option<&'a Path>,
     collect: Option<&'a Path>,
     cache: Option<&'a Path>,
 }
@@ -97,6 +105,7 @@ impl Sandbox {
     ) -> Result<(String, Attached), SandboxError> {
         let mounts = Mounts {
             source: spec.source,
+            restore: spec.restore,
             collect: spec.collect.map(|(fifo, _)| fifo),
             cache: spec.cache,
         };
@@ -137,6 +146,7 @@ impl Sandbox {
             host_config: Some(self.host_config(
                 &Mounts {
                     source: Some(warm.source),
+                    restore: Some(warm.restore),
                     collect: Some(warm.fifo),
                     cache: warm.cache,
                 },
@@ -215,6 +225,9 @@ impl Sandbox {
         if let Some(src) = mounts.source {
             binds.push(format!("{}:{SOURCE_MOUNT}:ro", src.display()));
         }
+        if let Some(restored) = mounts.restore {
+            binds.push(format!("{}:{RESTORE_MOUNT}:ro", restored.display()));
+        }
         // A pipe, not a file: what the prelude writes goes to the worker's
         // memory (bounded by what it reads), never to the host's disk.
         if let Some(fifo) = mounts.collect {
@@ -236,6 +249,7 @@ impl Sandbox {
             security_opt: Some(vec!["no-new-privileges".into()]),
             readonly_rootfs: Some(true),
             tmpfs: Some(self.tmpfs_mounts()),
+            mounts: Some(vec![self.workspace_mount()]),
             ulimits: Some(vec![
                 ResourcesUlimits {
                     name: Some("nofile".into()),
@@ -279,8 +293,42 @@ impl Sandbox {
         }
     }
 
-    /// /workspace and /tmp are size-capped tmpfs mounts (/workspace owned by the
-    /// task's user), so a task can never fill the host's disk.
+    /// /workspace: a size-capped tmpfs owned by the task's user, as a volume of
+    /// the engine's `local` driver (type tmpfs) rather than a `Tmpfs` entry. It
+    /// is the same mount inside (flags and size below, nothing on the host's
+    /// disk), but the engine can read a volume from the host side while the
+    /// container exists, paused or not: that is how a workspace task's files
+    /// are saved after its end, whatever the end (`Sandbox::workspace_archive`).
+    /// Anonymous, so it goes with its container (`remove` passes `v`).
+    fn workspace_mount(&self) -> Mount {
+        let l = &self.limits;
+        let owner = match crate::source::parse_owner(&l.user) {
+            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
+            None => "mode=1777".to_owned(),
+        };
+        Mount {
+            target: Some("/workspace".into()),
+            typ: Some(MountType::VOLUME),
+            volume_options: Some(MountVolumeOptions {
+                driver_config: Some(MountVolumeOptionsDriverConfig {
+                    name: Some("local".into()),
+                    options: Some(HashMap::from([
+                        ("type".to_owned(), "tmpfs".to_owned()),
+                        ("device".to_owned(), "tmpfs".to_owned()),
+                        (
+                            "o".to_owned(),
+                            format!("{TMPFS_FLAGS},size={}m,{owner}", l.disk_mib),
+                        ),
+                    ])),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// /tmp is a size-capped tmpfs mount, so a task can never fill the host's
+    /// disk (nor, with /workspace, its memory past the two caps).
     ///
     /// `exec` explicitly: Docker mounts a tmpfs noexec unless told otherwise, and
     /// a task must run what it brings or installs (`./run.sh`,
@@ -288,20 +336,10 @@ impl Sandbox {
     /// what keep a task's files from raising privileges.
     fn tmpfs_mounts(&self) -> HashMap<String, String> {
         let l = &self.limits;
-        let owner = match crate::source::parse_owner(&l.user) {
-            Some((uid, gid)) => format!("uid={uid},gid={gid},mode=0755"),
-            None => "mode=1777".to_owned(),
-        };
-        HashMap::from([
-            (
-                "/tmp".to_owned(),
-                format!("{TMPFS_FLAGS},size={}m,mode=1777", l.tmpfs_mib),
-            ),
-            (
-                "/workspace".to_owned(),
-                format!("{TMPFS_FLAGS},size={}m,{owner}", l.disk_mib),
-            ),
-        ])
+        HashMap::from([(
+            "/tmp".to_owned(),
+            format!("{TMPFS_FLAGS},size={}m,mode=1777", l.tmpfs_mib),
+        )])
     }
 
     async fn pull(&self, image: &str) -> Result<(), SandboxError> {

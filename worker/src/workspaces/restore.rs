@@ -61,7 +61,8 @@ pub fn restore(
     // filled first.
     for (path, mode) in dirs.into_iter().rev() {
         let given = chown(&path);
-        let mode = if given { mode } else { mode | 0o555 };
+        // Not given away: the worker's own, so it must be able to remove it.
+        let mode = if given { mode } else { mode | 0o755 };
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
     }
     Ok(())

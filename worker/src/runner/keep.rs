@@ -1,0 +1,99 @@
+//! A workspace task's end: its /workspace, read from its paused container
+//! before the container goes, stored as the next version (`save`), and that
+//! version committed as the workspace's head, or the task recorded as making
+//! none (`commit`).
+//!
+//! Every end the worker sees makes a version (exit, kill, timeout, shutdown):
+//! the container is paused, not killed, so its files are still there. Only a
+//! container that is gone by itself (the task killed its own init, or the
+//! engine lost it) makes none, and the task says why (`workspace_note`).
+
+use shared::scripts::{Saved, WsReply};
+use shared::workspace::{Manifest, WorkspaceId};
+
+use crate::ctx::Ctx;
+use crate::retry;
+use crate::workspaces::StoredVersion;
+
+/// Why a workspace task made no version, as its record says.
+pub(super) const NOT_RUN: &str = "the task did not run, so its workspace was left as it was";
+const GONE: &str = "the task's container ended by itself before its /workspace could be saved (its own init was killed, or the engine lost it): the workspace was left as it was";
+
+/// Saves `container`'s /workspace (paused by `supervise`). `base`: the
+/// version it started from, whose blobs the store holds.
+pub(super) async fn save(
+    ctx: &Ctx,
+    task_id: &str,
+    container: &str,
+    base: Option<&Manifest>,
+) -> Result<StoredVersion, String> {
+    let sandbox = &ctx.sandbox;
+    if !sandbox.is_paused(container).await {
+        return Err(GONE.to_owned());
+    }
+    let stored = ctx
+        .workspaces
+        .save(sandbox, container, base)
+        .await
+        .map_err(|e| format!("the task's /workspace could not be saved: {e}"))?;
+    // Paused all along, so the volume was mounted during the whole read: an
+    // exited container's /workspace reads as empty, which must never become
+    // a version.
+    if !sandbox.is_paused(container).await {
+        return Err(GONE.to_owned());
+    }
+    tracing::info!(
+        task_id,
+        files = stored.entries,
+        bytes = stored.bytes,
+        uploaded = stored.uploaded,
+        ms = stored.took.as_millis() as u64,
+        "workspace saved"
+    );
+    Ok(stored)
+}
+
+/// WS_COMMIT: the stored version becomes the head, or the task is recorded as
+/// making none (`saved` says why); the workspace is no longer busy either way.
+/// Waits for Redis as long as the worker runs. The version made, if any.
+pub(super) async fn commit(
+    ctx: &Ctx,
+    task_id: &str,
+    workspace: (WorkspaceId, u64),
+    saved: &Result<StoredVersion, String>,
+) -> Option<u64> {
+    let what = match saved {
+        Ok(v) => Saved::Version {
+            manifest: &v.manifest,
+            bytes: v.bytes,
+            files: v.entries,
+        },
+        Err(why) => Saved::Nothing(why),
+    };
+    let kept = ctx.workspaces.versions_kept();
+    let reply = retry::redis("commit the workspace version", &ctx.abort, || {
+        ctx.queue.ws_commit(task_id, workspace, what, kept)
+    })
+    .await;
+    let (id, base) = workspace;
+    match reply {
+        Ok(WsReply::Done(0)) => {
+            if let Err(why) = saved {
+                tracing::info!(task_id, workspace = %id, base, "no workspace version: {why}");
+            }
+            None
+        }
+        Ok(WsReply::Done(n)) => {
+            tracing::info!(task_id, workspace = %id, base, version = n, "workspace version committed");
+            Some(n)
+        }
+        Ok(WsReply::Refused { why, .. }) => {
+            tracing::warn!(task_id, workspace = %id, refused = why.as_str(), "workspace version not committed");
+            None
+        }
+        Err(e) => {
+            tracing::error!(task_id, workspace = %id, error = %e, "could not commit the workspace version");
+            None
+        }
+    }
+}
