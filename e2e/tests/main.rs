@@ -20,3 +20,4 @@ mod recovery;
 mod redis_acl;
 mod running;
 mod waiting;
+mod workspaces;

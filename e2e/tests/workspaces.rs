@@ -1,0 +1,186 @@
+//! Persistent workspaces, end to end: a task's /workspace becomes a version that
+//! the next task starts from, through the real api, worker, Redis, Docker
+//! engine and the blob store on the local file system.
+
+use std::time::Duration;
+
+use script_runner_e2e::*;
+use serde_json::{Value, json};
+
+/// Runs `command` on `workspace` (`"new"` or `{"id": ...}`) to its end, and
+/// waits until its workspace outcome (a version, or a note) is recorded too.
+async fn run_on(client: &Client, workspace: Value, command: &str) -> Value {
+    let id = run(client, "python3.13", command, json!({ "workspace": workspace })).await;
+    settled(client, &id).await
+}
+
+/// The task's status once it has ended and made its version (or said why not).
+async fn settled(client: &Client, task_id: &str) -> Value {
+    wait_status(
+        client,
+        task_id,
+        "the task's end and its workspace version",
+        Duration::from_secs(120),
+        |s| is_final(s) && (s["workspace_version"].is_u64() || s["workspace_note"].is_string()),
+    )
+    .await
+}
+
+fn ws_id(status: &Value) -> String {
+    status["workspace_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no workspace_id in {status}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn files_links_and_modes_carry_over_from_one_task_to_the_next() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let first = run_on(
+        &client,
+        json!("new"),
+        "mkdir -p src/deep && echo hello > src/deep/a.txt \
+         && printf '#!/bin/sh\\necho ran-me\\n' > run.sh && chmod 755 run.sh \
+         && echo secret > private && chmod 600 private \
+         && ln -s /etc/hostname host-link && ln -s deep/a.txt src/rel-link \
+         && echo made",
+    )
+    .await;
+    assert_eq!(first["state"], "succeeded", "{first}");
+    assert_eq!(first["workspace_version"], 1, "{first}");
+    let ws = ws_id(&first);
+
+    let second = run_on(
+        &client,
+        json!({ "id": ws }),
+        "cat src/deep/a.txt && ./run.sh && cat private && readlink host-link \
+         && cat src/rel-link && stat -c %a private run.sh",
+    )
+    .await;
+    assert_eq!(second["state"], "succeeded", "{second}");
+    assert_eq!(
+        second["stdout_tail"], "hello\nran-me\nsecret\n/etc/hostname\nhello\n600\n755\n",
+        "{second}"
+    );
+    assert_eq!(second["workspace_id"], ws.as_str());
+    assert_eq!(second["workspace_version"], 2, "{second}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_timed_out_and_killed_tasks_each_make_a_version() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let failed = run_on(&client, json!("new"), "echo 1 > failed.txt; exit 3").await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    assert_eq!(failed["workspace_version"], 1, "{failed}");
+    let ws = ws_id(&failed);
+
+    let id = run(
+        &client,
+        "python3.13",
+        "echo 2 > timed-out.txt; sleep 300",
+        json!({ "workspace": { "id": ws }, "timeout_seconds": 2 }),
+    )
+    .await;
+    let timed_out = settled(&client, &id).await;
+    assert_eq!(timed_out["state"], "timed_out", "{timed_out}");
+    assert_eq!(timed_out["workspace_version"], 2, "{timed_out}");
+
+    let id = start_until_output(
+        &client,
+        "echo 3 > killed.txt; echo ready; sleep 300",
+        json!({ "workspace": { "id": ws } }),
+        "ready\n",
+    )
+    .await;
+    call_ok(&client, "kill_task", json!({ "task_id": id })).await;
+    let killed = settled(&client, &id).await;
+    assert_eq!(killed["state"], "killed", "{killed}");
+    assert_eq!(killed["workspace_version"], 3, "{killed}");
+
+    let all = run_on(&client, json!({ "id": ws }), "cat failed.txt timed-out.txt killed.txt").await;
+    assert_eq!(all["stdout_tail"], "1\n2\n3\n", "{all}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn forks_diverge_and_an_old_version_can_be_started_from() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let base = run_on(&client, json!("new"), "echo base > f").await;
+    let ws = ws_id(&base);
+    let fork_a = call_ok(&client, "fork_workspace", json!({ "workspace_id": ws })).await;
+    let fork_b = call_ok(&client, "fork_workspace", json!({ "workspace_id": ws, "version": 1 })).await;
+    let (a, b) = (ws_id(&fork_a), ws_id(&fork_b));
+    assert!(a != ws && b != ws && a != b, "{fork_a} {fork_b}");
+
+    run_on(&client, json!({ "id": a }), "echo a >> f").await;
+    run_on(&client, json!({ "id": b }), "echo b >> f").await;
+    run_on(&client, json!({ "id": ws }), "echo original >> f").await;
+    let read = |id: String| {
+        let client = &client;
+        async move { run_on(client, json!({ "id": id }), "cat f").await["stdout_tail"].clone() }
+    };
+    assert_eq!(read(a).await, "base\na\n");
+    assert_eq!(read(b).await, "base\nb\n");
+    assert_eq!(read(ws.clone()).await, "base\noriginal\n");
+
+    // Version 1 is still there: starting from it rolls back.
+    let back = run_on(&client, json!({ "id": ws, "version": 1 }), "cat f").await;
+    assert_eq!(back["stdout_tail"], "base\n", "{back}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_zip_is_unpacked_over_the_restored_files() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let first = run_on(&client, json!("new"), "echo old > keep && echo old > replace").await;
+    let ws = ws_id(&first);
+    let zip = zip_of(&[("replace", "new\n"), ("added", "added\n")]);
+    let id = run(
+        &client,
+        "python3.13",
+        "cat keep replace added",
+        json!({ "workspace": { "id": ws }, "zip_base64": zip }),
+    )
+    .await;
+    let second = settled(&client, &id).await;
+    assert_eq!(second["stdout_tail"], "old\nnew\nadded\n", "{second}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_task_that_kills_its_own_init_makes_no_version_and_says_why() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let first = run_on(&client, json!("new"), "echo kept > f").await;
+    let ws = ws_id(&first);
+    let gone = run_on(&client, json!({ "id": ws }), "echo lost > f; kill -9 -1").await;
+    assert!(gone["workspace_version"].is_null(), "{gone}");
+    assert!(
+        gone["workspace_note"]
+            .as_str()
+            .is_some_and(|n| n.contains("before its /workspace could be saved")),
+        "{gone}"
+    );
+    // The head stayed at version 1, and the workspace is free again.
+    let next = run_on(&client, json!({ "id": ws }), "cat f").await;
+    assert_eq!(next["stdout_tail"], "kept\n", "{next}");
+    assert_eq!(next["workspace_version"], 2, "{next}");
+    stack.shutdown().await;
+}
+
+/// A zip of `files` (name, text), base64.
+fn zip_of(files: &[(&str, &str)]) -> String {
+    use std::io::Write;
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (name, text) in files {
+        w.start_file(*name, zip::write::SimpleFileOptions::default())
+            .expect("zip entry");
+        w.write_all(text.as_bytes()).expect("zip write");
+    }
+    b64(w.finish().expect("zip").into_inner())
+}
