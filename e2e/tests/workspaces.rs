@@ -10,7 +10,13 @@ use serde_json::{Value, json};
 /// Runs `command` on `workspace` (`"new"` or `{"id": ...}`) to its end, and
 /// waits until its workspace outcome (a version, or a note) is recorded too.
 async fn run_on(client: &Client, workspace: Value, command: &str) -> Value {
-    let id = run(client, "python3.13", command, json!({ "workspace": workspace })).await;
+    let id = run(
+        client,
+        "python3.13",
+        command,
+        json!({ "workspace": workspace }),
+    )
+    .await;
     settled(client, &id).await
 }
 
@@ -100,7 +106,12 @@ async fn failed_timed_out_and_killed_tasks_each_make_a_version() {
     assert_eq!(killed["state"], "killed", "{killed}");
     assert_eq!(killed["workspace_version"], 3, "{killed}");
 
-    let all = run_on(&client, json!({ "id": ws }), "cat failed.txt timed-out.txt killed.txt").await;
+    let all = run_on(
+        &client,
+        json!({ "id": ws }),
+        "cat failed.txt timed-out.txt killed.txt",
+    )
+    .await;
     assert_eq!(all["stdout_tail"], "1\n2\n3\n", "{all}");
     stack.shutdown().await;
 }
@@ -112,7 +123,12 @@ async fn forks_diverge_and_an_old_version_can_be_started_from() {
     let base = run_on(&client, json!("new"), "echo base > f").await;
     let ws = ws_id(&base);
     let fork_a = call_ok(&client, "fork_workspace", json!({ "workspace_id": ws })).await;
-    let fork_b = call_ok(&client, "fork_workspace", json!({ "workspace_id": ws, "version": 1 })).await;
+    let fork_b = call_ok(
+        &client,
+        "fork_workspace",
+        json!({ "workspace_id": ws, "version": 1 }),
+    )
+    .await;
     let (a, b) = (ws_id(&fork_a), ws_id(&fork_b));
     assert!(a != ws && b != ws && a != b, "{fork_a} {fork_b}");
 
@@ -137,7 +153,12 @@ async fn forks_diverge_and_an_old_version_can_be_started_from() {
 async fn the_zip_is_unpacked_over_the_restored_files() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;
-    let first = run_on(&client, json!("new"), "echo old > keep && echo old > replace").await;
+    let first = run_on(
+        &client,
+        json!("new"),
+        "echo old > keep && echo old > replace",
+    )
+    .await;
     let ws = ws_id(&first);
     let zip = zip_of(&[("replace", "new\n"), ("added", "added\n")]);
     let id = run(
@@ -183,4 +204,125 @@ fn zip_of(files: &[(&str, &str)]) -> String {
         w.write_all(text.as_bytes()).expect("zip write");
     }
     b64(w.finish().expect("zip").into_inner())
+}
+
+/// A fresh directory for a worker's `TASKS_DIR`.
+fn host_dir(name: &str) -> String {
+    let dir =
+        std::env::temp_dir().join(format!("sr-host-{name}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("tasks dir");
+    dir.display().to_string()
+}
+
+#[tokio::test]
+async fn a_version_saved_on_one_host_is_restored_on_another_through_s3() {
+    let garage = testkit::garage::Garage::start().await;
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        extra_env: garage.worker_env(),
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let (dir_a, dir_b) = (host_dir("a"), host_dir("b"));
+    let host_a = stack
+        .spawn_worker_process("host-a", &[("TASKS_DIR", &dir_a), ("POOL_SIZE", "")])
+        .await;
+    let first = run_on(
+        &client,
+        json!("new"),
+        "head -c 3000000 /dev/urandom > blob && sha256sum blob > blob.sum \
+         && mkdir -p .venv/bin && ln -s /usr/bin/python3 .venv/bin/python",
+    )
+    .await;
+    assert_eq!(first["workspace_version"], 1, "{first}");
+    let ws = ws_id(&first);
+    host_a.terminate();
+    assert!(host_a.exited_cleanly().await, "host a stops");
+
+    stack
+        .spawn_worker_process("host-b", &[("TASKS_DIR", &dir_b), ("POOL_SIZE", "")])
+        .await;
+    let second = run_on(
+        &client,
+        json!({ "id": ws }),
+        "sha256sum -c blob.sum && .venv/bin/python -c 'print(40 + 2)'",
+    )
+    .await;
+    assert_eq!(second["state"], "succeeded", "{second}");
+    assert_eq!(second["stdout_tail"], "blob: OK\n42\n", "{second}");
+    assert_eq!(second["workspace_version"], 2, "{second}");
+    // Neither host kept a store of its own: the versions are in S3.
+    for dir in [&dir_a, &dir_b] {
+        let local = std::path::Path::new(dir).join("workspace-store");
+        assert!(!local.exists(), "{} exists", local.display());
+    }
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_save_leaves_the_head_where_it_was() {
+    let mut stack = Stack::start(Options {
+        start_worker: false,
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    let mut worker = stack
+        .spawn_worker_process("saver", &[("POOL_SIZE", "")])
+        .await;
+    // Enough files that the save takes a while after the script's end.
+    let id = run(
+        &client,
+        "python3.13",
+        "for i in $(seq 1 400); do head -c 400000 /dev/urandom > f$i; done; echo done",
+        json!({ "workspace": "new", "timeout_seconds": 120 }),
+    )
+    .await;
+    let running = wait_status(
+        &client,
+        &id,
+        "the script's end",
+        Duration::from_secs(120),
+        |s| s["stdout_tail"] == "done\n" || is_final(s),
+    )
+    .await;
+    let ws = ws_id(&running);
+    // Its container is paused for the save: kill the worker now.
+    let container = format!("sr-{id}");
+    wait_until(
+        "the container to be paused for its save",
+        Duration::from_secs(30),
+        || {
+            let paused = docker_ids(&[
+                "ps",
+                "-q",
+                "--filter",
+                &format!("name={container}"),
+                "--filter",
+                "status=paused",
+            ]);
+            async move { (!paused.is_empty()).then_some(()) }
+        },
+    )
+    .await;
+    worker.kill();
+    // Another worker settles it as lost; the workspace keeps no version.
+    stack.start_worker("settler", &[]).await;
+    let lost = wait_status(
+        &client,
+        &id,
+        "the lost worker's task settled",
+        Duration::from_secs(90),
+        is_final,
+    )
+    .await;
+    assert!(lost["workspace_version"].is_null(), "{lost}");
+    let info = call_ok(&client, "get_workspace", json!({ "workspace_id": ws })).await;
+    assert_eq!(info["head"], 0, "{info}");
+    assert_eq!(info["versions"], json!([]), "{info}");
+    // Free again at once, and empty.
+    let next = run_on(&client, json!({ "id": ws }), "ls | wc -l").await;
+    assert_eq!(next["stdout_tail"], "0\n", "{next}");
+    stack.shutdown().await;
 }

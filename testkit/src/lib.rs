@@ -8,6 +8,7 @@
 //! Waiting is always on a condition with a deadline, never a bare sleep.
 
 pub mod exposition;
+pub mod garage;
 pub mod json;
 mod mcp;
 pub mod process;

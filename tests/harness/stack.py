@@ -538,13 +538,22 @@ class Stack:
         """What is in the shared TASKS_DIR besides the directories of idle warm
         pool containers (`pool-<worker>/<container name>`) and the owners'
         dependency caches (`cache-<worker>/owners`, kept on purpose; a cache
-        still lent after its task ended shows as `cache-<worker>/lent/<id>`)."""
+        still lent after its task ended shows as `cache-<worker>/lent/<id>`),
+        the workspace store (`workspace-store/`, the default one) and the workers'
+        workspace blob caches (`blobs-<worker>/`; a file still being written
+        shows as `blobs-<worker>/tmp/<name>`)."""
         idle = self.idle_pool_names()
         pool_dirs = {f"pool-{n}" for n in self.worker_names()}
         cache_dirs = {f"cache-{n}" for n in self.worker_names()}
+        blob_dirs = {f"blobs-{n}" for n in self.worker_names()}
         left = []
         for entry in sorted((self.tmp_dir / "tasks").iterdir()):
-            if entry.name in cache_dirs and entry.is_dir():
+            if entry.name == "workspace-store" and entry.is_dir():
+                continue
+            if entry.name in blob_dirs and entry.is_dir():
+                tmp = entry / "tmp"
+                left += [f"{entry.name}/tmp/{sub.name}" for sub in sorted(tmp.iterdir())] if tmp.is_dir() else []
+            elif entry.name in cache_dirs and entry.is_dir():
                 lent = entry / "lent"
                 left += [f"{entry.name}/lent/{sub.name}" for sub in sorted(lent.iterdir())] if lent.is_dir() else []
             elif entry.name in pool_dirs and entry.is_dir():

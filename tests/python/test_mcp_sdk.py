@@ -152,8 +152,15 @@ def left_in_tasks_dir(stack) -> list[str]:
     collection pipe) and the dependency caches' (cache-<worker>/: the owners' caches
     are kept on purpose, docs/sandbox.md; e2e/tests/caches.rs checks what they hold)."""
     tasks = stack.tmp_dir / "tasks"
-    kept = ("pool-", "cache-")
-    files = [str(p) for p in tasks.rglob("*") if p.is_file() and not p.relative_to(tasks).parts[0].startswith("cache-")]
+    # And the workspace store and blob caches, which keep what workspaces saved.
+    kept = ("pool-", "cache-", "blobs-", "workspace-store")
+    files = [
+        str(p)
+        for p in tasks.rglob("*")
+        if p.is_file()
+        and not p.relative_to(tasks).parts[0].startswith(("cache-", "workspace-store"))
+        and not (p.relative_to(tasks).parts[0].startswith("blobs-") and p.parent.name != "tmp")
+    ]
     others = [str(p) for p in tasks.iterdir() if not p.name.startswith(kept)]
     return files + others
 

@@ -78,13 +78,12 @@ fn extract(dir: &Path, bytes: &[u8], limits: &ZipLimits) -> Result<(), SourceErr
             fs::create_dir_all(parent)?;
         }
         let name = entry.path.display().to_string();
-        let mut file =
-            archive
-                .by_index(entry.index)
-                .map_err(|source| SourceError::OpenEntry {
-                    name: name.clone(),
-                    source,
-                })?;
+        let mut file = archive
+            .by_index(entry.index)
+            .map_err(|source| SourceError::OpenEntry {
+                name: name.clone(),
+                source,
+            })?;
         let mut out = fs::File::create(&target)?;
         // Read one byte past the budget: if it arrives, the archive lied.
         let copied = io::copy(&mut (&mut file).take(budget + 1), &mut out);

@@ -85,10 +85,8 @@ impl Inputs {
                 }
                 None => {
                     let (dir, id) = (ctx.config.tasks_dir.clone(), task_id.to_owned());
-                    tokio::task::spawn_blocking(move || {
-                        source::prepare(&dir, &id, &zip, &limits)
-                    })
-                    .await
+                    tokio::task::spawn_blocking(move || source::prepare(&dir, &id, &zip, &limits))
+                        .await
                 }
             };
             Some(prepared??)

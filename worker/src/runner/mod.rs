@@ -94,7 +94,8 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     let mut collected = None;
     let mut usage = Usage::default();
     let mut saved = None;
-    let (outcome, tails) = execute(ctx, task_id, &spec, &mut collected, &mut usage, &mut saved).await;
+    let (outcome, tails) =
+        execute(ctx, task_id, &spec, &mut collected, &mut usage, &mut saved).await;
     // Before FINISH: a task that shows as ended has its version, if it made one.
     if let Some(workspace) = spec.workspace {
         let saved = saved.unwrap_or_else(|| Err(keep::NOT_RUN.to_owned()));

@@ -145,7 +145,15 @@ pub(super) async fn supervise(
     let mut meter = Meter::new(sandbox.limits().cpus, handed_at);
     let mut output = Output { stream, open: true };
     let mut tails = Tails::new(egress);
-    let end = match record_start(ctx, task_id, &container, &mut meter, spec.workspace.is_some()).await {
+    let end = match record_start(
+        ctx,
+        task_id,
+        &container,
+        &mut meter,
+        spec.workspace.is_some(),
+    )
+    .await
+    {
         Some(end) => end,
         None => {
             meter.sample(sandbox, &container).await;

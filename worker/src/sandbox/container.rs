@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use bollard::errors::Error as DockerError;
 use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    DownloadFromContainerOptionsBuilder, RemoveContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, DownloadFromContainerOptionsBuilder,
+    KillContainerOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 

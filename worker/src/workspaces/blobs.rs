@@ -108,11 +108,7 @@ impl BlobStore {
 
     fn blob_path(&self, d: &BlobDigest) -> Path {
         let hex = d.as_str();
-        self.prefix
-            .clone()
-            .join("blobs")
-            .join(&hex[..2])
-            .join(hex)
+        self.prefix.clone().join("blobs").join(&hex[..2]).join(hex)
     }
 
     fn manifest_path(&self, d: &BlobDigest) -> Path {
@@ -135,7 +131,12 @@ impl BlobStore {
         d: &BlobDigest,
         limits: VersionLimits,
     ) -> Result<Manifest, BlobError> {
-        let bytes = self.store.get(&self.manifest_path(d)).await?.bytes().await?;
+        let bytes = self
+            .store
+            .get(&self.manifest_path(d))
+            .await?
+            .bytes()
+            .await?;
         if &BlobDigest::of(&bytes) != d {
             return Err(BlobError::Corrupt(d.clone()));
         }

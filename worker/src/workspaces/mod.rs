@@ -125,9 +125,8 @@ impl Workspaces {
         let started = Instant::now();
         let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
         let (cache, limits) = (self.blobs.cache().clone(), self.config.limits);
-        let packer = tokio::task::spawn_blocking(move || {
-            pack::pack(ChannelReader::new(rx), &cache, limits)
-        });
+        let packer =
+            tokio::task::spawn_blocking(move || pack::pack(ChannelReader::new(rx), &cache, limits));
         let mut archive = std::pin::pin!(sandbox.workspace_archive(container));
         let mut fed = Ok(());
         while let Some(chunk) = archive.next().await {

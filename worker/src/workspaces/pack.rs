@@ -228,24 +228,42 @@ mod tests {
     #[test]
     fn files_dirs_and_links_are_kept_as_they_are_and_setuid_is_dropped() {
         let tar = tar_of(|b| {
-            b.append_data(&mut header(EntryType::Directory, 0o755, 0), "workspace/", &[][..])
-                .expect("root");
-            b.append_data(&mut header(EntryType::Directory, 0o700, 0), "workspace/bin", &[][..])
-                .expect("dir");
-            b.append_data(&mut header(EntryType::Regular, 0o4755, 3), "workspace/bin/run", &b"hi\n"[..])
-                .expect("file");
+            b.append_data(
+                &mut header(EntryType::Directory, 0o755, 0),
+                "workspace/",
+                &[][..],
+            )
+            .expect("root");
+            b.append_data(
+                &mut header(EntryType::Directory, 0o700, 0),
+                "workspace/bin",
+                &[][..],
+            )
+            .expect("dir");
+            b.append_data(
+                &mut header(EntryType::Regular, 0o4755, 3),
+                "workspace/bin/run",
+                &b"hi\n"[..],
+            )
+            .expect("file");
             let mut link = header(EntryType::Symlink, 0o777, 0);
-            b.append_link(&mut link, "workspace/py", "/usr/bin/python3").expect("symlink");
+            b.append_link(&mut link, "workspace/py", "/usr/bin/python3")
+                .expect("symlink");
             let mut hard = header(EntryType::Link, 0o644, 0);
-            b.append_link(&mut hard, "workspace/same", "workspace/bin/run").expect("hard link");
+            b.append_link(&mut hard, "workspace/same", "workspace/bin/run")
+                .expect("hard link");
             let mut fifo = header(EntryType::Fifo, 0o644, 0);
-            b.append_data(&mut fifo, "workspace/pipe", &[][..]).expect("fifo");
+            b.append_data(&mut fifo, "workspace/pipe", &[][..])
+                .expect("fifo");
         });
         let (_dir, cache) = cache();
         let packed = pack(&tar[..], &cache, LIMITS).expect("packs");
         let m = &packed.manifest;
-        let kinds: Vec<(&str, &EntryKind)> =
-            m.entries.iter().map(|e| (e.path.as_str(), &e.kind)).collect();
+        let kinds: Vec<(&str, &EntryKind)> = m
+            .entries
+            .iter()
+            .map(|e| (e.path.as_str(), &e.kind))
+            .collect();
         let digest = BlobDigest::of(b"hi\n");
         assert_eq!(
             kinds,
@@ -300,8 +318,12 @@ mod tests {
         ));
         let many = tar_of(|b| {
             for i in 0..101 {
-                b.append_data(&mut header(EntryType::Regular, 0o644, 0), format!("workspace/f{i}"), &[][..])
-                    .expect("file");
+                b.append_data(
+                    &mut header(EntryType::Regular, 0o644, 0),
+                    format!("workspace/f{i}"),
+                    &[][..],
+                )
+                .expect("file");
             }
         });
         assert!(matches!(

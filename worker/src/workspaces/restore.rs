@@ -29,7 +29,8 @@ pub fn restore(
     owner: Option<(u32, u32)>,
 ) -> io::Result<()> {
     let chown = |path: &Path| -> bool {
-        owner.is_some_and(|(uid, gid)| std::os::unix::fs::lchown(path, Some(uid), Some(gid)).is_ok())
+        owner
+            .is_some_and(|(uid, gid)| std::os::unix::fs::lchown(path, Some(uid), Some(gid)).is_ok())
     };
     let mut dirs = Vec::new();
     for entry in &manifest.entries {
