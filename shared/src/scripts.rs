@@ -211,7 +211,10 @@ pub enum SubmitReply {
         frees_at_ms: i64,
     },
     /// Its workspace refused it (`detail` as `WsRefusal` says).
-    Workspace { why: WsRefusal, detail: String },
+    Workspace {
+        why: WsRefusal,
+        detail: String,
+    },
 }
 
 impl SubmitReply {
@@ -903,8 +906,20 @@ mod tests {
                     .iter()
                     .map(|f| f.as_str()),
             )
-            .chain(crate::workspace::VersionField::ALL.iter().map(|f| f.as_str()))
-            .chain(["workspace", "refused", "new", "existing", "@", ":versions", ":versions:"])
+            .chain(
+                crate::workspace::VersionField::ALL
+                    .iter()
+                    .map(|f| f.as_str()),
+            )
+            .chain([
+                "workspace",
+                "refused",
+                "new",
+                "existing",
+                "@",
+                ":versions",
+                ":versions:",
+            ])
             .chain(["1", "0", "worker-lost"])
             .chain(ApiKeyField::ALL.iter().map(|f| f.as_str()))
             .chain([":(%d+)$"])
@@ -1049,7 +1064,10 @@ mod tests {
                 ScriptCall::ws_commit(keys, "t", "w", &ws, 0, saved, 20).untyped()
             }
             Script::WsFork => {
-                let (a, b) = (WorkspaceId::from_bytes([1; 16]), WorkspaceId::from_bytes([2; 16]));
+                let (a, b) = (
+                    WorkspaceId::from_bytes([1; 16]),
+                    WorkspaceId::from_bytes([2; 16]),
+                );
                 ScriptCall::ws_fork(keys, &Owner::Admin, &a, Some(1), &b).untyped()
             }
             Script::WsDelete => {

@@ -98,7 +98,11 @@ impl TryFrom<String> for BlobDigest {
 
     fn try_from(s: String) -> Result<Self, BadDigest> {
         let ok = s.len() == 64 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
-        if ok { Ok(BlobDigest(s)) } else { Err(BadDigest(s)) }
+        if ok {
+            Ok(BlobDigest(s))
+        } else {
+            Err(BadDigest(s))
+        }
     }
 }
 
@@ -178,7 +182,9 @@ pub fn check_path(path: &str) -> Result<(), ManifestError> {
         || path.len() > MAX_PATH_BYTES
         || path.starts_with('/')
         || path.contains('\0')
-        || path.split('/').any(|p| p.is_empty() || p == "." || p == "..");
+        || path
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..");
     if bad {
         Err(ManifestError::BadPath {
             path: path.chars().take(200).collect(),
@@ -544,8 +550,7 @@ mod tests {
 
     #[test]
     fn a_manifest_is_sorted_and_checked() {
-        let m = Manifest::new(vec![file("d/x", 5), dir("d"), file("a", 3)], LIMITS)
-            .expect("valid");
+        let m = Manifest::new(vec![file("d/x", 5), dir("d"), file("a", 3)], LIMITS).expect("valid");
         let paths: Vec<_> = m.entries.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["a", "d", "d/x"]);
         assert_eq!((m.bytes(), m.count(), m.blobs().len()), (8, 3, 2));
