@@ -1,6 +1,7 @@
 //! The edge: bad input is refused with a clear message and creates nothing; the
 //! bearer token guards /mcp; /healthz tells whether Redis is reachable; another
-//! owner's task files are not even read.
+//! owner's task files are not even read; workspaces are taken one task at a
+//! time and seen by their owner only.
 
 // Test code: a failed expectation is a panic (the workspace lints deny these in product code).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -22,6 +23,8 @@ use testkit::process::ApiProcess;
 mod access;
 #[path = "edge/input.rs"]
 mod input;
+#[path = "edge/workspaces.rs"]
+mod workspaces;
 
 #[tokio::test]
 async fn tools_are_listed_with_input_and_output_schemas() {
@@ -33,10 +36,14 @@ async fn tools_are_listed_with_input_and_output_schemas() {
     assert_eq!(
         names,
         [
+            "delete_workspace",
+            "fork_workspace",
             "get_task_files",
             "get_task_status",
+            "get_workspace",
             "kill_task",
             "list_tasks",
+            "list_workspaces",
             "run_script"
         ]
     );

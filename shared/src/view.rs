@@ -13,11 +13,12 @@ use crate::tail::render_tail;
 use crate::task::{ReasonKind, TaskState};
 use crate::time::{rfc3339_ms, task_clock};
 use crate::usage::{Usage, UsageView};
+use crate::workspace::WorkspaceId;
 
 /// The fields a [`StatusView`] is built from: what a reader asks Redis for
 /// (`HMGET`) when it shows only the status. The command, image, env and the
 /// worker's bookkeeping stay in Redis.
-pub const STATUS_FIELDS: [Field; 21] = [
+pub const STATUS_FIELDS: [Field; 24] = [
     Field::State,
     Field::Runtime,
     Field::TimeoutSeconds,
@@ -39,6 +40,17 @@ pub const STATUS_FIELDS: [Field; 21] = [
     Field::UsageEstimated,
     Field::EgressAllow,
     Field::EgressLog,
+    Field::WorkspaceId,
+    Field::WorkspaceVersion,
+    Field::WorkspaceNote,
+];
+
+/// The fields a [`WorkspaceView`] is built from, for a reader that shows a
+/// task's workspace without the rest of its status (`list_tasks`).
+pub const WORKSPACE_FIELDS: [Field; 3] = [
+    Field::WorkspaceId,
+    Field::WorkspaceVersion,
+    Field::WorkspaceNote,
 ];
 
 /// A task's status at one moment, as clients see it: the fields of
@@ -94,6 +106,10 @@ pub struct StatusView {
     /// could have used, which its owner's CPU quota is charged). Null until it
     /// ended, or if it never ran; a figure the host could not report is null.
     pub usage: Option<UsageView>,
+    /// Only for a task run on a workspace: its id, the version it made and why
+    /// it made none.
+    #[serde(flatten)]
+    pub workspace: Option<WorkspaceView>,
     /// Only for a task run with network {"allow": [...]}: its allow-list
     /// (`allow`) and each host it asked the egress proxy for (`attempts`: host,
     /// port, verdict "allowed" or why it was refused, count, bytes_out,
@@ -113,6 +129,60 @@ pub struct EgressView {
     /// at most 64 lines, the rest counted in `dropped`.
     #[serde(flatten)]
     pub log: EgressLog,
+}
+
+/// A task's workspace, in every view of the task (`get_task_status`,
+/// `list_tasks`, `tasks/get`): absent, fields and all, for a task run without
+/// one. Flattened into those views.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkspaceView {
+    /// Only for a task run on a workspace: the workspace it runs on.
+    pub workspace_id: WorkspaceId,
+    /// Only for a task run on a workspace: the version its /workspace became
+    /// when it ended (the workspace's head from then on); null until it is
+    /// saved, and when it made none (workspace_note says why).
+    pub workspace_version: Option<u64>,
+    /// Only for a task run on a workspace: why it made no version (e.g. its
+    /// worker was lost, or the workspace was deleted meanwhile); null
+    /// otherwise.
+    pub workspace_note: Option<String>,
+}
+
+impl WorkspaceView {
+    /// The workspace part of `r`, if it runs on one.
+    pub fn of(r: &TaskRecord) -> Option<WorkspaceView> {
+        Some(WorkspaceView {
+            workspace_id: r.workspace_id?,
+            workspace_version: r.workspace_version,
+            workspace_note: r.workspace_note.clone(),
+        })
+    }
+}
+
+/// The fields [`holds_workspace`] reads of the task a workspace's `busy`
+/// field names.
+pub const HOLDER_FIELDS: [Field; 4] = [
+    Field::State,
+    Field::FinishedAt,
+    Field::Worker,
+    Field::ReasonKind,
+];
+
+/// Whether the task a workspace's `busy` field names (`None`: its record is
+/// gone) still holds the workspace at `now_ms`: while it is queued or running,
+/// and for `grace_ms` after its end on a worker that claimed it and was not
+/// lost (that worker may still be saving its /workspace). SUBMIT's rule
+/// (`shared/src/lua/submit.lua`), for the views: a task killed before any
+/// worker claimed it leaves `busy` set but holds nothing.
+pub fn holds_workspace(task: Option<&TaskRecord>, now_ms: i64, grace_ms: u64) -> bool {
+    let Some(t) = task else { return false };
+    if !t.state.is_terminal() {
+        return true;
+    }
+    let claimed = t.worker.as_deref().is_some_and(|w| !w.is_empty());
+    let lost = t.reason_kind == Some(ReasonKind::WorkerLost);
+    let grace = i64::try_from(grace_ms).unwrap_or(i64::MAX);
+    claimed && !lost && t.finished_at.unwrap_or(0) > now_ms.saturating_sub(grace)
 }
 
 impl StatusView {
@@ -158,6 +228,7 @@ impl StatusView {
             started_at: r.started_at.map(rfc3339_ms),
             finished_at: r.finished_at.map(rfc3339_ms),
             usage: Usage::of(r).map(|u| u.view()),
+            workspace: WorkspaceView::of(r),
             egress: r.egress_allow.as_ref().map(|l| EgressView {
                 allow: l.entries().iter().map(ToString::to_string).collect(),
                 log: r.egress_log.clone().unwrap_or_default(),
@@ -229,5 +300,69 @@ mod tests {
         assert!(json.get("egress").is_none(), "{json}");
         assert_eq!(serde_json::from_value::<StatusView>(json)?, v);
         Ok(())
+    }
+
+    #[test]
+    fn a_workspace_task_shows_its_workspace_and_others_show_none() -> Result<(), serde_json::Error>
+    {
+        let plain = serde_json::to_value(StatusView::new(
+            &TaskRecord::new(TaskState::Queued),
+            9_000,
+            100,
+        ))?;
+        for field in ["workspace_id", "workspace_version", "workspace_note"] {
+            assert!(plain.get(field).is_none(), "{field} in {plain}");
+        }
+        let id = WorkspaceId::from_bytes([3; 16]);
+        let r = TaskRecord {
+            workspace_id: Some(id),
+            workspace_base: Some(2),
+            ..TaskRecord::new(TaskState::Running)
+        };
+        let v = StatusView::new(&r, 9_000, 100);
+        let json = serde_json::to_value(&v)?;
+        assert_eq!(json["workspace_id"], serde_json::json!(id.to_string()));
+        assert_eq!(json["workspace_version"], serde_json::Value::Null);
+        assert_eq!(json["workspace_note"], serde_json::Value::Null);
+        assert_eq!(serde_json::from_value::<StatusView>(json)?, v);
+        let saved = TaskRecord {
+            workspace_version: Some(3),
+            ..r
+        };
+        let v = StatusView::new(&saved, 9_000, 100);
+        assert_eq!(
+            v.workspace.and_then(|w| w.workspace_version),
+            Some(3),
+            "the version it made"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_workspace_is_held_while_its_task_runs_or_may_still_be_saving() {
+        let grace = 1_000;
+        let task = |state, worker: Option<&str>, finished, kind| TaskRecord {
+            worker: worker.map(str::to_owned),
+            finished_at: finished,
+            reason_kind: kind,
+            ..TaskRecord::new(state)
+        };
+        let holds = |t: &TaskRecord| holds_workspace(Some(t), 10_000, grace);
+        assert!(holds(&task(TaskState::Queued, None, None, None)));
+        assert!(holds(&task(TaskState::Running, Some("w"), None, None)));
+        // Ended on a worker that may still be saving: held for the grace.
+        let ended = task(TaskState::Succeeded, Some("w"), Some(9_500), None);
+        assert!(holds(&ended));
+        assert!(!holds_workspace(Some(&ended), 10_500, grace));
+        // Killed before any worker claimed it, or its worker lost: free.
+        assert!(!holds(&task(TaskState::Killed, None, Some(9_900), None)));
+        let lost = task(
+            TaskState::Failed,
+            Some("w"),
+            Some(9_900),
+            Some(ReasonKind::WorkerLost),
+        );
+        assert!(!holds(&lost));
+        assert!(!holds_workspace(None, 10_000, grace), "a record gone");
     }
 }

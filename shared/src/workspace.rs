@@ -63,6 +63,19 @@ impl<'de> Deserialize<'de> for WorkspaceId {
     }
 }
 
+/// A string in the UUID form (`parse` takes the hyphenated one only).
+impl schemars::JsonSchema for WorkspaceId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "WorkspaceId".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string", "format": "uuid"})
+    }
+}
+
 /// A blob's name: the SHA-256 of its bytes, as 64 lower-case hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]

@@ -31,6 +31,39 @@ pub struct Page {
     pub next: Option<String>,
 }
 
+/// Where a page of [`Workspaces::page`] ended: the last workspace examined,
+/// with its score in the index (created_at for an owner's, last use for the
+/// admin's). Unlike a rank, it still places the next page when that workspace
+/// has been deleted since.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageCursor {
+    pub score: i64,
+    pub id: WorkspaceId,
+}
+
+impl PageCursor {
+    /// Whether the index entry (`score`, `member`) comes after this cursor,
+    /// highest score first (equal scores come in reverse member order).
+    fn is_before(&self, score: i64, member: &str) -> bool {
+        score < self.score || (score == self.score && member < self.id.to_string().as_str())
+    }
+}
+
+/// One page of [`Workspaces::page`].
+#[derive(Debug, Clone)]
+pub struct ScoredPage {
+    pub workspaces: Vec<WorkspaceRecord>,
+    /// Where the next page starts, if there is one.
+    pub next: Option<PageCursor>,
+}
+
+/// Index entries [`Workspaces::page`] reads per round trip beyond the page
+/// itself, and the round trips it makes at most: entries at the cursor's very
+/// score are skipped, so a page costs a bounded number of reads however many
+/// share it.
+const PAGE_SLACK: usize = 16;
+const PAGE_ROUNDS: usize = 8;
+
 /// The workspace records under one key prefix.
 #[derive(Debug, Clone)]
 pub struct Workspaces {
@@ -161,5 +194,82 @@ impl Workspaces {
             .then(|| ids.get(limit.saturating_sub(1)).cloned())
             .flatten();
         Ok(Page { workspaces, next })
+    }
+
+    /// A page of `who`'s workspaces (every one for the admin, by last use),
+    /// newest first: at most `limit`, after `after`. The index is read by
+    /// score, so a cursor whose workspace was deleted since still places the
+    /// page; the records come in one round trip. A workspace deleted between
+    /// the two reads, or whose record does not read (logged), is left out.
+    pub async fn page(
+        &self,
+        conn: &mut impl ConnectionLike,
+        who: &Owner,
+        after: Option<&PageCursor>,
+        limit: usize,
+    ) -> Result<ScoredPage, WorkspaceReadError> {
+        let index = if who.is_admin() {
+            self.keys.workspaces()
+        } else {
+            self.keys.owner_workspaces(&who.as_stored())
+        };
+        let max = after.map_or_else(|| "+inf".to_owned(), |c| c.score.to_string());
+        let batch = limit + 1 + PAGE_SLACK;
+        let mut picked: Vec<(WorkspaceId, i64)> = Vec::new();
+        let mut offset = 0;
+        for _ in 0..PAGE_ROUNDS {
+            let entries: Vec<(String, i64)> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(&index)
+                .arg(&max)
+                .arg("-inf")
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(batch)
+                .query_async(conn)
+                .await?;
+            let read = entries.len();
+            for (member, score) in entries {
+                if after.is_some_and(|c| !c.is_before(score, &member)) {
+                    continue;
+                }
+                // Only ids this service made are in the index; anything else is skipped.
+                if let Ok(id) = WorkspaceId::parse(&member) {
+                    picked.push((id, score));
+                }
+            }
+            if picked.len() > limit || read < batch {
+                break;
+            }
+            offset += read;
+        }
+        let more = picked.len() > limit;
+        picked.truncate(limit);
+        if picked.is_empty() {
+            return Ok(ScoredPage {
+                workspaces: Vec::new(),
+                next: None,
+            });
+        }
+        let mut pipe = redis::pipe();
+        for (id, _) in &picked {
+            pipe.cmd("HGETALL").arg(self.keys.workspace(id));
+        }
+        let hashes: Vec<Vec<(String, String)>> = pipe.query_async(conn).await?;
+        let mut workspaces = Vec::with_capacity(picked.len());
+        for ((id, _), pairs) in picked.iter().zip(hashes) {
+            match WorkspaceRecord::from_hash(*id, &pairs) {
+                Ok(Some(ws)) if who.is_admin() || &ws.owner == who => workspaces.push(ws),
+                Ok(_) => {}
+                // One bad record must not hide every page after it.
+                Err(e) => {
+                    tracing::warn!(workspace_id = %id, error = %e, "a workspace record does not read; left out of the listing");
+                }
+            }
+        }
+        let next = more
+            .then(|| picked.last().map(|&(id, score)| PageCursor { score, id }))
+            .flatten();
+        Ok(ScoredPage { workspaces, next })
     }
 }

@@ -9,7 +9,7 @@ use super::{Store, StoreError};
 const LIST_BATCH: usize = 100;
 
 /// The fields `list` reads of each record.
-const LISTED_FIELDS: [Field; 11] = [
+const LISTED_FIELDS: [Field; 14] = [
     Field::State,
     Field::Runtime,
     Field::Command,
@@ -21,6 +21,10 @@ const LISTED_FIELDS: [Field; 11] = [
     Field::UsagePeakMemoryBytes,
     Field::UsageWorkspaceBytes,
     Field::UsageEstimated,
+    // shared::view::WORKSPACE_FIELDS (the test below holds them to it)
+    Field::WorkspaceId,
+    Field::WorkspaceVersion,
+    Field::WorkspaceNote,
 ];
 
 /// Where a page of `list` ended: the last task examined.
@@ -50,11 +54,13 @@ pub struct ListedTask {
     pub reason_kind: Option<ReasonKind>,
     pub finished_ms: Option<i64>,
     pub usage: Option<shared::usage::Usage>,
+    pub workspace: Option<shared::view::WorkspaceView>,
 }
 
 impl ListedTask {
     fn new(task_id: String, created_ms: i64, r: shared::TaskRecord) -> ListedTask {
         let usage = shared::usage::Usage::of(&r);
+        let workspace = shared::view::WorkspaceView::of(&r);
         ListedTask {
             task_id,
             created_ms,
@@ -66,6 +72,7 @@ impl ListedTask {
             reason_kind: r.reason_kind,
             finished_ms: r.finished_at,
             usage,
+            workspace,
         }
     }
 }
@@ -151,5 +158,17 @@ impl Store {
             }
         }
         Ok((page, last))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_task_reads_what_its_workspace_view_needs() {
+        for f in shared::view::WORKSPACE_FIELDS {
+            assert!(LISTED_FIELDS.contains(&f), "{f}");
+        }
     }
 }

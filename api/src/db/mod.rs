@@ -1,9 +1,10 @@
 //! The api's view of Redis, by job: `submit` (run_script), `read` (a task's
 //! status and files), `wait` (a task's next event), `list` (list_tasks),
-//! `kill` (kill_task) and `snapshot` (/metrics); here the handle, its errors,
-//! the API key lookup and the health check. Task records are read through the
-//! store's task repository (`store::tasks`); every write is a Lua script
-//! (`shared/src/lua/`).
+//! `kill` (kill_task), `workspaces` (the workspace tools) and `snapshot`
+//! (/metrics); here the handle, its errors, the API key lookup and the health
+//! check. Task records are read through the store's task repository
+//! (`store::tasks`), workspaces through its workspace repository
+//! (`store::workspaces`); every write is a Lua script (`shared/src/lua/`).
 
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use shared::record::RecordError;
 use store::redis_pool::{LeanPool, RedisTarget, ReplicationError};
 use store::scripts::InvokeError;
 use store::tasks::{TaskReadError, Tasks};
+use store::workspaces::Workspaces;
 
 mod kill;
 mod list;
@@ -22,10 +24,12 @@ mod read;
 mod snapshot;
 mod submit;
 mod wait;
+mod workspaces;
 
 pub use list::{ListCursor, ListedTask};
 pub use read::{STATUS_FIELDS, StatusRead, TaskFiles};
 pub use snapshot::{METRICS_OWNERS, Snapshot};
+pub use store::workspaces::PageCursor as WorkspaceCursor;
 pub use wait::{WAIT_CONNECTIONS, Woke};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +44,13 @@ pub enum StoreError {
         task_id: String,
         #[source]
         source: RecordError,
+    },
+    /// A stored workspace or version record does not read as its type.
+    #[error("workspace {id}: {source}")]
+    Workspace {
+        id: shared::workspace::WorkspaceId,
+        #[source]
+        source: shared::workspace::BadStored,
     },
     /// A script replied with something this version does not know.
     #[error("the {script} script replied {reply}, which this version does not know")]
@@ -90,6 +101,7 @@ pub struct Store {
     waits: LeanPool,
     keys: Keys,
     tasks: Tasks,
+    workspaces: Workspaces,
     replica_ack: Option<ReplicaAck>,
 }
 
@@ -120,6 +132,7 @@ impl Store {
             pool,
             waits,
             tasks: Tasks::new(keys.clone()),
+            workspaces: Workspaces::new(keys.clone()),
             keys,
             replica_ack,
         })

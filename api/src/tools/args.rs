@@ -12,10 +12,11 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use shared::TaskState;
 use shared::options::CacheUse;
+use shared::workspace::{WorkspaceId, WorkspaceUse};
 
 use super::error::ToolError;
 use crate::config::MAX_WAIT_SECONDS;
-use crate::db::ListCursor;
+use crate::db::{ListCursor, WorkspaceCursor};
 
 /// Standard alphabet; padding optional, since models often drop it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -88,6 +89,130 @@ pub struct RunScriptInput {
     /// script then costs one call.
     #[serde(default, deserialize_with = "wait_seconds")]
     pub wait_seconds: Option<i64>,
+    /// Optional: run on a persistent workspace, so files carry over between
+    /// tasks. "new" makes an empty one (its workspace_id is in the result);
+    /// {"id": "<workspace_id>"} starts from that workspace's head (its newest
+    /// version), {"id": "<workspace_id>", "version": N} from version N (0 is
+    /// the empty one; get_workspace lists the kept ones). The task starts
+    /// with that version's files in /workspace (zip_base64, if given, is
+    /// unpacked over them), and when it ends, whatever the end (succeeded,
+    /// failed, timed-out or killed), its /workspace becomes the workspace's
+    /// next version and its head. One task at a time per workspace: while one
+    /// is using it, another is refused (workspace_busy; fork_workspace makes a
+    /// copy to run on at once).
+    #[serde(default, deserialize_with = "workspace_use")]
+    #[schemars(schema_with = "workspace_schema")]
+    pub workspace: Option<WorkspaceUse>,
+}
+
+/// `workspace`'s schema: "new", or an object naming a workspace and
+/// optionally a version (`workspace_use` checks it, naming what is wrong).
+fn workspace_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "anyOf": [
+            {"type": "string", "enum": ["new"]},
+            {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "format": "uuid"},
+                    "version": {"type": "integer", "minimum": 0}
+                },
+                "required": ["id"],
+                "additionalProperties": false
+            }
+        ]
+    })
+}
+
+/// What `workspace` may be, for the refusals.
+const WORKSPACE_FORMS: &str =
+    "\"new\", or {\"id\": \"<workspace_id>\"} with an optional \"version\": N";
+
+/// `workspace`: "new", `{"id": ..., "version": N}` (version optional), or,
+/// as leniently as the other arguments, the id alone as a string, and
+/// `workspace_id` for `id` (the name the other tools use) and a version sent
+/// as a string ("3").
+fn workspace_use<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<WorkspaceUse>, D::Error> {
+    use serde::de::Error as _;
+    use serde_json::Value;
+    let value = Option::<Value>::deserialize(d)?;
+    let id = |text: &str| {
+        WorkspaceId::parse(text.trim()).map_err(|_| {
+            D::Error::custom(format!(
+                "workspace id {:?} is not a workspace id: pass the workspace_id run_script or fork_workspace returned (a UUID)",
+                text.chars().take(80).collect::<String>()
+            ))
+        })
+    };
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.trim().eq_ignore_ascii_case("new") => {
+            Ok(Some(WorkspaceUse::New))
+        }
+        Some(Value::String(s)) if uuid::Uuid::try_parse(s.trim()).is_ok() => {
+            Ok(Some(WorkspaceUse::Existing {
+                id: id(&s)?,
+                version: None,
+            }))
+        }
+        Some(Value::Object(mut map)) => {
+            let given = match (map.remove("id"), map.remove("workspace_id")) {
+                (Some(v), None) | (None, Some(v)) => v,
+                (None, None) => {
+                    return Err(D::Error::custom(format!(
+                        "workspace needs an \"id\": pass {WORKSPACE_FORMS}"
+                    )));
+                }
+                (Some(_), Some(_)) => {
+                    return Err(D::Error::custom(
+                        "workspace has both \"id\" and \"workspace_id\": pass one, \"id\"",
+                    ));
+                }
+            };
+            let Value::String(text) = &given else {
+                return Err(D::Error::custom(format!(
+                    "workspace id must be a string (the workspace_id, a UUID), got {given}"
+                )));
+            };
+            let id = id(text)?;
+            let version = match map.remove("version") {
+                None | Some(Value::Null) => None,
+                Some(v) => match whole(&v) {
+                    Some(n) if n >= 0 => Some(n as u64),
+                    Some(n) => {
+                        return Err(D::Error::custom(format!(
+                            "workspace version must be 0 or more (got {n}); omit it for the head"
+                        )));
+                    }
+                    None => {
+                        return Err(D::Error::custom(format!(
+                            "workspace version must be a whole number, got {v}"
+                        )));
+                    }
+                },
+            };
+            if let Some(extra) = map.keys().next() {
+                return Err(D::Error::custom(format!(
+                    "workspace has no field {extra:?}: pass {WORKSPACE_FORMS}"
+                )));
+            }
+            Ok(Some(WorkspaceUse::Existing { id, version }))
+        }
+        Some(other) => Err(D::Error::custom(format!(
+            "workspace must be {WORKSPACE_FORMS}; got {}",
+            shown(&other)
+        ))),
+    }
+}
+
+/// A JSON value as a refusal quotes it, cut to a readable length.
+fn shown(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    if text.chars().count() > 80 {
+        format!("{}...", text.chars().take(80).collect::<String>())
+    } else {
+        text
+    }
 }
 
 /// `network`'s schema: one of two names, or an object with an allow-list
@@ -203,18 +328,26 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(
     let value = Option::<Value>::deserialize(d)?;
     let parsed = match &value {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n.as_i64().or_else(|| n.as_f64().and_then(integral)),
-        Some(Value::String(s)) => s
-            .trim()
-            .parse()
-            .ok()
-            .or_else(|| s.trim().parse().ok().and_then(integral)),
-        Some(_) => None,
+        Some(v) => whole(v),
     };
     parsed.map(Some).ok_or_else(|| {
         let shown = value.map(|v| v.to_string()).unwrap_or_default();
         serde::de::Error::custom(format!("{name} must be a whole number, got {shown}"))
     })
+}
+
+/// A number, or a number written as a string, that is whole: as an i64.
+fn whole(value: &serde_json::Value) -> Option<i64> {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) => n.as_i64().or_else(|| n.as_f64().and_then(integral)),
+        Value::String(s) => s
+            .trim()
+            .parse()
+            .ok()
+            .or_else(|| s.trim().parse().ok().and_then(integral)),
+        _ => None,
+    }
 }
 
 /// A float with no fractional part as an i64, saturating: a huge timeout is
@@ -278,6 +411,73 @@ pub struct ListTasksInput {
     /// Tasks per page, 1 to {max_list_limit} (default {default_list_limit}).
     #[serde(default, deserialize_with = "limit")]
     pub limit: Option<i64>,
+}
+
+/// Input of `list_workspaces`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListWorkspacesInput {
+    /// The next_cursor of the previous page; omit for the newest workspaces.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// Workspaces per page, 1 to {max_list_limit} (default {default_list_limit}).
+    #[serde(default, deserialize_with = "limit")]
+    pub limit: Option<i64>,
+}
+
+/// Input of `get_workspace` and `delete_workspace`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceIdInput {
+    /// The workspace_id run_script (with workspace "new") or fork_workspace
+    /// returned.
+    pub workspace_id: String,
+}
+
+/// Input of `fork_workspace`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkWorkspaceInput {
+    /// The workspace to fork: a workspace_id run_script (with workspace
+    /// "new") or fork_workspace returned.
+    pub workspace_id: String,
+    /// Optional: the version to fork (0 is the empty one; get_workspace lists
+    /// the kept ones). Default: its head, the newest.
+    #[serde(default, deserialize_with = "version")]
+    pub version: Option<i64>,
+}
+
+fn version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    whole_number("version", d)
+}
+
+/// A version argument: 0 or more.
+pub(super) fn parse_version(given: Option<i64>) -> Result<Option<u64>, ToolError> {
+    match given {
+        None => Ok(None),
+        Some(n) if n >= 0 => Ok(Some(n as u64)),
+        Some(n) => Err(ToolError::BadVersion(n)),
+    }
+}
+
+pub(super) fn parse_workspace_id(raw: &str) -> Result<WorkspaceId, ToolError> {
+    WorkspaceId::parse(raw.trim())
+        .map_err(|_| ToolError::MalformedWorkspaceId(raw.chars().take(80).collect()))
+}
+
+/// A `list_workspaces` cursor: `<score>.<workspace id>`, as `workspace_cursor`
+/// writes it.
+pub(super) fn parse_workspace_cursor(raw: &str) -> Result<WorkspaceCursor, ToolError> {
+    let bad = || ToolError::BadWorkspaceCursor(raw.chars().take(80).collect());
+    let (score, id) = raw.trim().split_once('.').ok_or_else(bad)?;
+    Ok(WorkspaceCursor {
+        score: score.parse().map_err(|_| bad())?,
+        id: WorkspaceId::parse(id).map_err(|_| bad())?,
+    })
+}
+
+pub(super) fn workspace_cursor(c: &WorkspaceCursor) -> String {
+    format!("{}.{}", c.score, c.id)
 }
 
 pub(super) fn decode_base64(field: &'static str, value: &str) -> Result<Vec<u8>, ToolError> {
@@ -355,6 +555,80 @@ mod tests {
     }
 
     #[test]
+    fn workspace_refusals_say_what_is_allowed() {
+        let parse = |w: serde_json::Value| {
+            let args = serde_json::json!({ "runtime": "r", "command_base64": "x", "workspace": w });
+            serde_json::from_value::<Named<RunScriptInput>>(args)
+                .map(|Named(i)| i.workspace)
+                .map_err(|e| e.to_string())
+        };
+        let id = "0f5e3c1a-9b2d-4c7e-8a11-23456789abcd";
+        assert_eq!(parse(serde_json::json!("new")), Ok(Some(WorkspaceUse::New)));
+        assert_eq!(
+            parse(serde_json::json!(" NEW ")),
+            Ok(Some(WorkspaceUse::New))
+        );
+        assert_eq!(parse(serde_json::Value::Null), Ok(None));
+        let refused = |w: serde_json::Value| parse(w).err().unwrap_or_default();
+        for (sent, says) in [
+            (
+                serde_json::json!("old"),
+                "workspace must be \"new\", or {\"id\"",
+            ),
+            (serde_json::json!(7), "got 7"),
+            (serde_json::json!({}), "workspace needs an \"id\""),
+            (
+                serde_json::json!({ "id": "nope" }),
+                "workspace id \"nope\" is not a workspace id",
+            ),
+            (
+                serde_json::json!({ "id": 5 }),
+                "workspace id must be a string",
+            ),
+            (
+                serde_json::json!({ "id": id, "version": -1 }),
+                "workspace version must be 0 or more (got -1)",
+            ),
+            (
+                serde_json::json!({ "id": id, "version": "latest" }),
+                "workspace version must be a whole number",
+            ),
+            (
+                serde_json::json!({ "id": id, "head": 1 }),
+                "workspace has no field \"head\"",
+            ),
+            (
+                serde_json::json!({ "id": id, "workspace_id": id }),
+                "both \"id\" and \"workspace_id\"",
+            ),
+            (
+                serde_json::json!("0f5e3c1a9b2d4c7e8a1123456789abcd"),
+                "is not a workspace id",
+            ),
+        ] {
+            let message = refused(sent.clone());
+            assert!(message.contains(says), "{sent}: {message}");
+        }
+        assert_eq!(
+            parse_version(Some(-2)).map_err(|e| e.to_string()),
+            Err(
+                "version must be a version number, 0 or more (got -2); omit it for the head"
+                    .to_owned()
+            )
+        );
+        assert!(parse_workspace_id("../x").is_err());
+        let cursor = WorkspaceCursor {
+            score: 17,
+            id: WorkspaceId::from_bytes([4; 16]),
+        };
+        assert_eq!(
+            parse_workspace_cursor(&workspace_cursor(&cursor)).ok(),
+            Some(cursor)
+        );
+        assert!(parse_workspace_cursor("17").is_err());
+    }
+
+    #[test]
     fn task_ids_must_be_uuids() {
         assert!(parse_task_id("nope").is_err());
         let id = uuid::Uuid::new_v4().to_string();
@@ -407,7 +681,8 @@ mod properties {
         fn run_script_arguments_parse_or_name_the_argument(
             field in prop::sample::select(vec![
                 "runtime", "command_base64", "zip_base64", "timeout_seconds",
-                "stdin_base64", "env", "network", "collect", "cache",
+                "stdin_base64", "env", "network", "collect", "cache", "wait_seconds",
+                "workspace",
             ]),
             value in json_value(),
         ) {
@@ -436,6 +711,55 @@ mod properties {
             if let Err(message) = result {
                 prop_assert!(message.contains(field), "{field}={value}: {message}");
             }
+        }
+
+        #[test]
+        fn workspace_tool_arguments_parse_or_name_the_argument(
+            field in prop::sample::select(vec!["workspace_id", "version", "cursor", "limit"]),
+            value in json_value(),
+        ) {
+            let id = "0f5e3c1a-9b2d-4c7e-8a11-23456789abcd";
+            let result = match field {
+                "workspace_id" | "version" => {
+                    let mut args = json!({ "workspace_id": id });
+                    args[field] = value.clone();
+                    parse::<ForkWorkspaceInput>(args).map(|_| ())
+                }
+                _ => {
+                    let mut args = json!({});
+                    args[field] = value.clone();
+                    parse::<ListWorkspacesInput>(args).map(|_| ())
+                }
+            };
+            if let Err(message) = result {
+                prop_assert!(message.contains(field), "{field}={value}: {message}");
+            }
+        }
+
+        #[test]
+        fn workspaces_come_back_as_sent_in_any_usual_form(
+            id in any::<u128>(),
+            version in prop::option::of(0..u32::MAX as u64),
+            form in 0..4u8,
+            upper in any::<bool>(),
+        ) {
+            let text = uuid::Uuid::from_u128(id).hyphenated().to_string();
+            let text = if upper { text.to_uppercase() } else { text };
+            // The id alone, or an object with a version as a number, a
+            // string or a float, under either name.
+            let workspace = match (form, version) {
+                (0, None) => json!(text),
+                (1, v) => json!({ "id": text, "version": v }),
+                (2, Some(v)) => json!({ "workspace_id": text, "version": v.to_string() }),
+                (_, v) => json!({ "id": format!(" {text} "), "version": v.map(|v| v as f64) }),
+            };
+            let args = json!({ "runtime": "r", "command_base64": "x", "workspace": workspace });
+            let parsed = parse::<RunScriptInput>(args).map(|i| i.workspace);
+            let want = WorkspaceUse::Existing {
+                id: WorkspaceId::from_bytes(*uuid::Uuid::from_u128(id).as_bytes()),
+                version,
+            };
+            prop_assert_eq!(parsed, Ok(Some(want)));
         }
 
         #[test]

@@ -1,12 +1,14 @@
-//! The five tools: `run_script`, `get_task_status`, `kill_task`,
-//! `get_task_files` and `list_tasks`. Their arguments are in `args`, their
-//! answers in `output`, their errors in `error`; the descriptions here hold
+//! The nine tools: `run_script`, `get_task_status`, `kill_task`,
+//! `get_task_files` and `list_tasks`, and the workspace tools
+//! `list_workspaces`, `get_workspace`, `fork_workspace` and
+//! `delete_workspace`. Their arguments are in `args`, their answers in
+//! `output`, their errors in `error`; the descriptions here hold
 //! `{placeholders}` that `describe` fills in from the config.
 
 use base64::Engine as _;
 use base64::engine::general_purpose;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{CallToolResponse, CallToolResult, CreateTaskResult};
+use rmcp::model::{CallToolResponse, CallToolResult, CreateTaskResult, MetaObject};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, tool, tool_router};
 use shared::options::{CollectedFiles, Networks};
@@ -14,17 +16,25 @@ use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 use shared::{TaskRecord, TaskState};
 
 use super::args::{
-    DEFAULT_LIST_LIMIT, ListTasksInput, MAX_LIST_LIMIT, Named, RunScriptInput, StatusInput,
-    TaskIdInput, decode_base64, decode_command, parse_cursor, parse_task_id, wait_duration,
+    DEFAULT_LIST_LIMIT, ForkWorkspaceInput, ListTasksInput, ListWorkspacesInput, MAX_LIST_LIMIT,
+    Named, RunScriptInput, StatusInput, TaskIdInput, WorkspaceIdInput, decode_base64,
+    decode_command, parse_cursor, parse_task_id, parse_version, parse_workspace_cursor,
+    parse_workspace_id, wait_duration, workspace_cursor,
 };
-use super::error::ToolError;
-use super::output::{KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutput, TaskStatus};
+use super::error::{MOVED_ATTEMPTS, ToolError};
+use super::output::{
+    DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
+    ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFilesOutput, TaskStatus,
+};
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
+use super::tasks::WORKSPACE_META_KEY;
 use crate::auth::{Grant, Principal, Scope};
 use crate::config::OPERATOR_CEILING;
+use crate::db::StoreError;
 use shared::apikey::Limits;
-use shared::scripts::{Quota, Submit, SubmitReply};
+use shared::scripts::{Quota, Submit, SubmitReply, SubmitWorkspace, WsRefusal, WsReply};
+use shared::workspace::{SAVE_GRACE_MS, WorkspaceId, WorkspaceUse};
 
 /// Index entries one `list_tasks` call examines at most (a rare state filter
 /// returns a short page and a cursor rather than scanning everything).
@@ -43,7 +53,9 @@ where the optional base64 zip of source files is extracted first. Otherwise call
 recent tasks. Optional: stdin_base64 (input, then EOF), env (extra variables), network \"none\" (no network at \
 all), \"internet\" (the internet but never this service) or {\"allow\": [\"pypi.org\"]} (only those hosts, through \
 a proxy set in HTTP_PROXY/HTTPS_PROXY; no DNS), collect (files to fetch afterwards with \
-get_task_files), cache \"none\" (empty pip/npm caches; by default they persist between your tasks). The container has no access to this service, \
+get_task_files), cache \"none\" (empty pip/npm caches; by default they persist between your tasks), workspace \"new\" or \
+{\"id\": \"<workspace_id>\"} (files that carry over: the task starts from the workspace's newest version and its /workspace \
+becomes the next one when it ends; see list_workspaces, get_workspace, fork_workspace). The container has no access to this service, \
 memory/CPU/process caps and a wall-clock timeout (default {default_timeout_seconds} s, at most \
 {max_timeout_seconds} s). A client that declares \
 the MCP tasks extension gets a task to poll with tasks/get instead.",
@@ -141,8 +153,33 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 list.check_within(ceiling, "the hosts this API key allows (its --allow-hosts)")?;
             }
         }
+        // A new workspace's id is made here. An existing one's base version is
+        // a signed field of the record: the head is read before the submit, and
+        // SUBMIT checks it is still the head (`must_be_head`).
+        let (workspace_id, workspace_base, submit_workspace) = match input.workspace {
+            None => (None, None, None),
+            Some(WorkspaceUse::New) => (
+                Some(WorkspaceId::from_bytes(*uuid::Uuid::new_v4().as_bytes())),
+                Some(0),
+                Some(SubmitWorkspace {
+                    new: true,
+                    must_be_head: false,
+                    save_grace_ms: SAVE_GRACE_MS,
+                }),
+            ),
+            // Without a version the base is the head, read below.
+            Some(WorkspaceUse::Existing { id, version }) => (
+                Some(id),
+                version,
+                Some(SubmitWorkspace {
+                    new: false,
+                    must_be_head: version.is_none(),
+                    save_grace_ms: SAVE_GRACE_MS,
+                }),
+            ),
+        };
         let task_id = uuid::Uuid::new_v4().to_string();
-        let record = TaskRecord {
+        let mut record = TaskRecord {
             runtime: Some(runtime.clone()),
             image: Some(image.to_owned()),
             command: Some(command),
@@ -157,6 +194,8 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             stdout_bytes: Some(0),
             stderr_bytes: Some(0),
             owner: Some(who.owner().clone()).filter(|o| !o.is_admin()),
+            workspace_id,
+            workspace_base,
             ..TaskRecord::new(TaskState::Queued)
         };
         let submit = Submit {
@@ -171,9 +210,39 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                 Principal::Owner(g) => g.limits,
             },
             signer: &cfg.signer,
-            workspace: None,
+            workspace: submit_workspace,
         };
-        let submitted = self.store.submit(&submit, &record).await?;
+        let mut attempt = 1;
+        let submitted = loop {
+            // On the head: read it now, for the record to be signed with.
+            if let (
+                Some(id),
+                Some(SubmitWorkspace {
+                    must_be_head: true, ..
+                }),
+            ) = (workspace_id, submit.workspace)
+            {
+                let ws = self
+                    .store
+                    .workspace(&id, who.owner())
+                    .await?
+                    .ok_or(ToolError::UnknownWorkspace(id))?;
+                record.workspace_base = Some(ws.head);
+            }
+            let reply = self.store.submit(&submit, &record).await?;
+            // The head moved since the read (a task on it was just saved):
+            // again, from the new head.
+            if let SubmitReply::Workspace {
+                why: WsRefusal::Moved,
+                ..
+            } = reply
+                && attempt < MOVED_ATTEMPTS
+            {
+                attempt += 1;
+                continue;
+            }
+            break reply;
+        };
         match submitted {
             SubmitReply::Queued => {}
             SubmitReply::Full(backlog) => return Err(ToolError::QueueFull(backlog)),
@@ -196,25 +265,37 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                     frees_at: shared::time::rfc3339_ms(frees_at_ms),
                 });
             }
-            // No workspace is asked for yet.
             SubmitReply::Workspace { why, detail } => {
-                return Err(ToolError::CorruptRecord {
-                    task_id,
-                    what: format!("workspace refused ({}): {detail}", why.as_str()),
-                });
+                return Err(workspace_refusal(
+                    workspace_id,
+                    record.workspace_base,
+                    why,
+                    detail,
+                ));
             }
         }
         let owner = who.owner();
-        tracing::info!(%task_id, %owner, %runtime, timeout_seconds, "task queued");
+        match workspace_id {
+            Some(id) => tracing::info!(
+                %task_id, %owner, %runtime, timeout_seconds, workspace_id = %id,
+                workspace_base = record.workspace_base.unwrap_or(0), "task queued"
+            ),
+            None => tracing::info!(%task_id, %owner, %runtime, timeout_seconds, "task queued"),
+        }
         // A client that declared the tasks extension gets a task handle (only now
         // that the record exists, so tasks/get on any replica finds it).
         if ctx
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks())
         {
-            return Ok(CallToolResponse::Task(CreateTaskResult::new(
-                self.new_mcp_task(&who, &task_id).await?,
-            )));
+            let mut created = CreateTaskResult::new(self.new_mcp_task(&who, &task_id).await?);
+            // A "new" caller learns its workspace at once here too.
+            if let Some(id) = workspace_id {
+                let mut meta = MetaObject::new();
+                meta.insert(WORKSPACE_META_KEY.into(), serde_json::json!(id));
+                created.meta = Some(meta);
+            }
+            return Ok(CallToolResponse::Task(created));
         }
         let mut state = TaskState::Queued;
         if !wait.is_zero() {
@@ -243,6 +324,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             task_id,
             state,
             timeout_seconds,
+            workspace_id,
         };
         let value = serde_json::to_value(output).map_err(ToolError::Encode)?;
         Ok(CallToolResult::structured(value).into())
@@ -408,4 +490,189 @@ a task's output. Tasks are kept for the server's retention period.",
             next_cursor: next.map(|c| format!("{}.{}", c.created_ms, c.task_id)),
         }))
     }
+
+    #[tool(
+        name = "list_workspaces",
+        description = "List your persistent workspaces, newest first: workspace_id, head (the newest version, \
+which a task starts from by default), busy_task (the task using it, if one is), created_at, last_used_at and \
+forked_from. Page with limit (1-{max_list_limit}, default {default_list_limit}) and the returned next_cursor until \
+it is null. get_workspace shows one with its versions; run_script with workspace {\"id\": ...} runs on one.",
+        annotations(
+            title = "List workspaces",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_workspaces(
+        &self,
+        Parameters(Named(input)): Parameters<Named<ListWorkspacesInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ListWorkspacesOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Read, "list_workspaces")?;
+        let limit = match input.limit {
+            None => DEFAULT_LIST_LIMIT,
+            Some(n) if n < 1 || n > MAX_LIST_LIMIT as i64 => {
+                return Err(ToolError::BadLimit {
+                    got: n,
+                    max: MAX_LIST_LIMIT,
+                });
+            }
+            Some(n) => n as usize,
+        };
+        let cursor = input
+            .cursor
+            .as_deref()
+            .map(parse_workspace_cursor)
+            .transpose()?;
+        let (workspaces, next) = self
+            .store
+            .list_workspaces(who.owner(), cursor.as_ref(), limit)
+            .await?;
+        Ok(Json(ListWorkspacesOutput {
+            workspaces: workspaces.into_iter().map(Into::into).collect(),
+            next_cursor: next.as_ref().map(workspace_cursor),
+        }))
+    }
+
+    #[tool(
+        name = "get_workspace",
+        description = "Get one of your workspaces and its kept versions: each version's number, the task that \
+made it (its /workspace when it ended), bytes, files (entry count), created_at and parent (the version that task \
+started from). Start a task from any of them with run_script workspace {\"id\": ..., \"version\": N} (a roll \
+back), or fork one with fork_workspace. Version 0 is the empty one every workspace starts at.",
+        annotations(
+            title = "Get a workspace",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn get_workspace(
+        &self,
+        Parameters(Named(input)): Parameters<Named<WorkspaceIdInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<GetWorkspaceOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Read, "get_workspace")?;
+        let id = parse_workspace_id(&input.workspace_id)?;
+        let (ws, versions) = self
+            .store
+            .workspace_with_versions(&id, who.owner())
+            .await?
+            .ok_or(ToolError::UnknownWorkspace(id))?;
+        Ok(Json(GetWorkspaceOutput {
+            workspace: ws.into(),
+            versions: versions.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    #[tool(
+        name = "fork_workspace",
+        description = "Make a new workspace from a version of one of yours (its head unless version is given), \
+at once and whatever its size: no file is copied. Returns the new workspace_id; tasks on the two then diverge, \
+and the original stays as it was. Use it to run on a workspace that is busy, or to try two things from one state.",
+        annotations(
+            title = "Fork a workspace",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn fork_workspace(
+        &self,
+        Parameters(Named(input)): Parameters<Named<ForkWorkspaceInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ForkWorkspaceOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Run, "fork_workspace")?;
+        let source = parse_workspace_id(&input.workspace_id)?;
+        let version = parse_version(input.version)?;
+        let new = WorkspaceId::from_bytes(*uuid::Uuid::new_v4().as_bytes());
+        let reply = self
+            .store
+            .fork_workspace(who.owner(), &source, version, &new)
+            .await?;
+        match reply {
+            WsReply::Done(forked) => {
+                tracing::info!(workspace_id = %new, source = %source, version = forked, "workspace forked");
+                Ok(Json(ForkWorkspaceOutput {
+                    workspace_id: new,
+                    forked_from: ForkedFrom {
+                        workspace_id: source,
+                        version: forked,
+                    },
+                    head: u64::from(forked != 0),
+                }))
+            }
+            WsReply::Refused { why, detail } => {
+                Err(workspace_refusal(Some(source), version, why, detail))
+            }
+        }
+    }
+
+    #[tool(
+        name = "delete_workspace",
+        description = "Delete one of your workspaces and all its versions; its id is then unknown. Forks made \
+from it are not affected. A task still running on it keeps running, but its files are not saved.",
+        annotations(
+            title = "Delete a workspace",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn delete_workspace(
+        &self,
+        Parameters(Named(input)): Parameters<Named<WorkspaceIdInput>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<DeleteWorkspaceOutput>, ToolError> {
+        let who = allowed(&ctx, Scope::Run, "delete_workspace")?;
+        let id = parse_workspace_id(&input.workspace_id)?;
+        if !self.store.delete_workspace(who.owner(), &id).await? {
+            return Err(ToolError::UnknownWorkspace(id));
+        }
+        tracing::info!(workspace_id = %id, owner = %who.owner(), "workspace deleted");
+        Ok(Json(DeleteWorkspaceOutput {
+            workspace_id: id,
+            deleted: true,
+        }))
+    }
+}
+
+/// A workspace script's (or SUBMIT's) refusal as the tool error a client reads.
+/// `asked` is the version the call named or read (for a `no_version` whose
+/// detail does not read).
+fn workspace_refusal(
+    workspace: Option<WorkspaceId>,
+    asked: Option<u64>,
+    why: WsRefusal,
+    detail: String,
+) -> ToolError {
+    let Some(workspace) = workspace else {
+        return unexpected(why, detail);
+    };
+    match why {
+        WsRefusal::Missing => ToolError::UnknownWorkspace(workspace),
+        WsRefusal::Busy => ToolError::WorkspaceBusy {
+            workspace,
+            task: detail,
+        },
+        WsRefusal::NoVersion => ToolError::UnknownVersion {
+            workspace,
+            version: detail.parse().ok().or(asked).unwrap_or_default(),
+        },
+        WsRefusal::Moved => ToolError::WorkspaceMoving(workspace),
+        WsRefusal::NotYours | WsRefusal::NotBusy => unexpected(why, detail),
+    }
+}
+
+/// A refusal no call of the api's can get (a worker's, from WS_COMMIT).
+fn unexpected(why: WsRefusal, detail: String) -> ToolError {
+    ToolError::Store(StoreError::Reply {
+        script: "workspace",
+        reply: format!("{} {detail}", why.as_str()),
+    })
 }

@@ -161,7 +161,7 @@ mod tests {
             ("MAX_STDIN_BYTES", "2097152"),
         ]);
         let tools = with_limits(ScriptRunner::tool_router(), &config).list_all();
-        assert_eq!(tools.len(), 5);
+        assert_eq!(tools.len(), 9);
         // schemars keeps the doc comments' line breaks.
         let text = serde_json::to_string(&tools)
             .unwrap_or_default()

@@ -15,9 +15,14 @@ use shared::apikey::{Scope, Scopes};
 use shared::egress::EgressError;
 use shared::options::{CollectError, EnvError, Network, Networks};
 use shared::tail::TAIL_CAP;
+use shared::workspace::{BadWorkspaceId, WorkspaceId};
 use shared::zipcheck::ZipError;
 
 use crate::config::MAX_WAIT_SECONDS;
+
+/// How many times `run_script` submits on a workspace's head when the head
+/// moved between its read and the submit, before it says the workspace is busy.
+pub const MOVED_ATTEMPTS: u32 = 3;
 use crate::db::StoreError;
 
 /// What kind of error a tool call met, for a client to branch on without
@@ -38,6 +43,13 @@ pub enum ErrorCode {
     NotFinished,
     /// The service is at capacity: try again once some tasks have finished.
     QueueFull,
+    /// No workspace with this id that the caller may use: never made here, or
+    /// deleted (another owner's is answered alike).
+    UnknownWorkspace,
+    /// The workspace has no such version kept: get_workspace lists them.
+    UnknownVersion,
+    /// A task is using the workspace: wait for it to end, or fork_workspace.
+    WorkspaceBusy,
     /// The API key lacks the scope this call needs, or may not use the
     /// network asked for: use a key that has it.
     MissingScope,
@@ -155,6 +167,38 @@ pub enum ToolError {
     )]
     QueueFull(u64),
     #[error(
+        "workspace_id {0:?} is not a workspace id: pass the workspace_id exactly as run_script or fork_workspace returned it (a UUID)"
+    )]
+    MalformedWorkspaceId(String),
+    #[error(
+        "no workspace with id {0}: it was never made here, or it was deleted; list_workspaces lists yours, and run_script with workspace \"new\" makes one"
+    )]
+    UnknownWorkspace(WorkspaceId),
+    #[error(
+        "workspace {workspace} has no version {version}: it was never made, or it is no longer kept (only the newest are); get_workspace lists the kept versions, and omitting version uses the head"
+    )]
+    UnknownVersion {
+        workspace: WorkspaceId,
+        version: u64,
+    },
+    #[error(
+        "workspace {workspace} is busy: task {task} is using it (one task at a time per workspace, until its /workspace is saved); wait for that task to end (get_task_status with wait_seconds), or fork_workspace to run from the same version at once"
+    )]
+    WorkspaceBusy {
+        workspace: WorkspaceId,
+        task: String,
+    },
+    #[error(
+        "workspace {0} is busy: its head moved on each of {MOVED_ATTEMPTS} tries, as tasks on it ended and were saved; try again, or fork_workspace to run from one version at once"
+    )]
+    WorkspaceMoving(WorkspaceId),
+    #[error("version must be a version number, 0 or more (got {0}); omit it for the head")]
+    BadVersion(i64),
+    #[error(
+        "cursor {0:?} is not one list_workspaces returned; pass next_cursor exactly as given, or omit it for the newest workspaces"
+    )]
+    BadWorkspaceCursor(String),
+    #[error(
         "this {credential} lacks the {needed} scope, which {call} needs (it has: {have}); {}",
         credential.remedy(*needed)
     )]
@@ -209,7 +253,16 @@ fn retry_hint(e: &StoreError) -> &'static str {
         | StoreError::Pool(_)
         | StoreError::BuildPool(_)
         | StoreError::NotReplicated(_) => "; try again shortly",
-        StoreError::Record { .. } | StoreError::Reply { .. } | StoreError::ApiKey(_) => "",
+        StoreError::Record { .. }
+        | StoreError::Workspace { .. }
+        | StoreError::Reply { .. }
+        | StoreError::ApiKey(_) => "",
+    }
+}
+
+impl From<BadWorkspaceId> for ToolError {
+    fn from(e: BadWorkspaceId) -> ToolError {
+        ToolError::MalformedWorkspaceId(e.0)
     }
 }
 
@@ -228,7 +281,13 @@ impl ToolError {
             | ToolError::BadWaitSeconds(_)
             | ToolError::MalformedTaskId(_)
             | ToolError::BadCursor(_)
-            | ToolError::BadLimit { .. } => C::InvalidArgument,
+            | ToolError::BadLimit { .. }
+            | ToolError::MalformedWorkspaceId(_)
+            | ToolError::BadVersion(_)
+            | ToolError::BadWorkspaceCursor(_) => C::InvalidArgument,
+            ToolError::UnknownWorkspace(_) => C::UnknownWorkspace,
+            ToolError::UnknownVersion { .. } => C::UnknownVersion,
+            ToolError::WorkspaceBusy { .. } | ToolError::WorkspaceMoving(_) => C::WorkspaceBusy,
             ToolError::CommandTooLong { .. }
             | ToolError::ZipTooLarge { .. }
             | ToolError::StdinTooLarge { .. } => C::TooLarge,
@@ -276,7 +335,10 @@ impl ToolError {
                 | StoreError::NotReplicated(_),
             ) => C::Unavailable,
             ToolError::Store(
-                StoreError::Record { .. } | StoreError::Reply { .. } | StoreError::ApiKey(_),
+                StoreError::Record { .. }
+                | StoreError::Workspace { .. }
+                | StoreError::Reply { .. }
+                | StoreError::ApiKey(_),
             ) => C::Internal,
         }
     }
@@ -292,10 +354,13 @@ impl ToolError {
             | ErrorCode::UnknownRuntime
             | ErrorCode::TooLarge
             | ErrorCode::NotFinished
+            | ErrorCode::UnknownWorkspace
+            | ErrorCode::UnknownVersion
             | ErrorCode::UnknownTool => RpcCode::INVALID_PARAMS,
             ErrorCode::UnknownMethod => RpcCode::METHOD_NOT_FOUND,
             ErrorCode::MissingScope => RpcCode::INVALID_REQUEST,
             ErrorCode::QueueFull
+            | ErrorCode::WorkspaceBusy
             | ErrorCode::QuotaExceeded
             | ErrorCode::Unavailable
             | ErrorCode::Internal => RpcCode::INTERNAL_ERROR,

@@ -11,7 +11,7 @@
 //! - `runner`: `ScriptRunner`, the state every handler works with;
 //! - `status`: a task record as `get_task_status` shows it;
 //! - `tasks`: `tasks/get` and `tasks/cancel` (the MCP tasks extension);
-//! - `calls`: the five tools;
+//! - `calls`: the nine tools (five for tasks, four for workspaces);
 //! - `fallback`: the answer to a request rmcp could not parse;
 //! - `server_info`: who we are, stamped in every result's `_meta`;
 //! - `server`: rmcp's `ServerHandler`, dispatching to the above.
@@ -30,9 +30,11 @@ mod tasks;
 
 pub use error::{ErrorCode, ToolError};
 pub use output::{
-    KillOutput, ListTasksOutput, RunScriptOutput, TaskFilesOutput, TaskStatus, TaskSummary,
+    DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
+    ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFilesOutput, TaskStatus,
+    TaskSummary, VersionSummary, WorkspaceSummary,
 };
 pub use runner::ScriptRunner;
 pub use server::TOOL_LIST_TTL_MS;
 pub use server_info::SERVER_INFO_META_KEY;
-pub use tasks::{REASON_KIND_META_KEY, STATE_META_KEY};
+pub use tasks::{REASON_KIND_META_KEY, STATE_META_KEY, WORKSPACE_META_KEY};

@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use shared::options::CollectedFile;
 use shared::time::rfc3339_ms;
 use shared::usage::UsageView;
-use shared::view::StatusView;
+use shared::view::{StatusView, WorkspaceView};
+use shared::workspace::{VersionRecord, WorkspaceId, WorkspaceRecord};
 use shared::{ReasonKind, TaskState};
 
 use crate::db::ListedTask;
@@ -27,6 +28,10 @@ pub struct RunScriptOutput {
     pub state: TaskState,
     /// The effective timeout, after the server's cap.
     pub timeout_seconds: u64,
+    /// Only with workspace: the workspace the task runs on (for "new", the id
+    /// of the workspace just made: pass it as workspace {"id": ...} next time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_id: Option<WorkspaceId>,
 }
 
 /// Output of `get_task_status`.
@@ -59,6 +64,10 @@ pub struct TaskSummary {
     pub command: String,
     /// What it used (as in get_task_status); null until it ended.
     pub usage: Option<UsageView>,
+    /// Only for a task run on a workspace: workspace_id, workspace_version and
+    /// workspace_note, as in get_task_status.
+    #[serde(flatten)]
+    pub workspace: Option<WorkspaceView>,
 }
 
 /// Output of `list_tasks`.
@@ -113,8 +122,142 @@ impl From<ListedTask> for TaskSummary {
             exit_code: t.exit_code,
             command: first_line.chars().take(LIST_COMMAND_CHARS).collect(),
             usage: t.usage.map(|u| u.view()),
+            workspace: t.workspace,
         }
     }
+}
+
+/// The version a workspace was forked from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ForkedFrom {
+    /// The workspace forked.
+    pub workspace_id: WorkspaceId,
+    /// Its version the fork started from (0: the empty one).
+    pub version: u64,
+}
+
+impl ForkedFrom {
+    /// The stored `<workspace id>@<version>`.
+    pub fn parse(stored: &str) -> Option<ForkedFrom> {
+        let (id, version) = stored.rsplit_once('@')?;
+        Some(ForkedFrom {
+            workspace_id: WorkspaceId::parse(id).ok()?,
+            version: version.parse().ok()?,
+        })
+    }
+}
+
+/// A workspace, as list_workspaces and get_workspace show it.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct WorkspaceSummary {
+    /// Pass it to run_script as workspace {"id": ...}, or to the other
+    /// workspace tools.
+    pub workspace_id: WorkspaceId,
+    /// The version a task starts from when it names none: the newest (0: the
+    /// empty one, before any task saved one).
+    pub head: u64,
+    /// The task using it now (queued, running, or ended with its /workspace
+    /// still being saved); null when it is free. A run_script on a busy
+    /// workspace is refused (workspace_busy).
+    pub busy_task: Option<String>,
+    /// When it was made (RFC 3339, UTC).
+    pub created_at: String,
+    /// When a task or a fork last took it, or a task's files were last saved
+    /// into it (RFC 3339, UTC).
+    pub last_used_at: String,
+    /// For a fork: the workspace and version it was forked from; else null.
+    pub forked_from: Option<ForkedFrom>,
+}
+
+impl From<WorkspaceRecord> for WorkspaceSummary {
+    fn from(w: WorkspaceRecord) -> WorkspaceSummary {
+        let forked_from = w.forked_from.as_deref().and_then(|f| {
+            let parsed = ForkedFrom::parse(f);
+            if parsed.is_none() {
+                tracing::warn!(workspace_id = %w.id, forked_from = f, "a workspace's forked_from does not read");
+            }
+            parsed
+        });
+        WorkspaceSummary {
+            workspace_id: w.id,
+            head: w.head,
+            busy_task: w.busy,
+            created_at: rfc3339_ms(w.created_at),
+            last_used_at: rfc3339_ms(w.last_used_at),
+            forked_from,
+        }
+    }
+}
+
+/// Output of `list_workspaces`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ListWorkspacesOutput {
+    /// Newest first (for the admin key: every owner's, most recently used first).
+    pub workspaces: Vec<WorkspaceSummary>,
+    /// Pass as cursor for the next page; null when there are no more.
+    pub next_cursor: Option<String>,
+}
+
+/// One kept version of a workspace.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct VersionSummary {
+    /// Its number: pass it as workspace {"id": ..., "version": N} to start a
+    /// task from it, or to fork_workspace.
+    pub version: u64,
+    /// The task whose /workspace it is; null for a fork's first version (it
+    /// is the forked version's files).
+    pub task_id: Option<String>,
+    /// Bytes of its files.
+    pub bytes: u64,
+    /// Its entries: files, directories and links.
+    pub files: u64,
+    /// When it was saved (RFC 3339, UTC).
+    pub created_at: String,
+    /// The version its task started from; null for a fork's first version.
+    pub parent: Option<u64>,
+}
+
+impl From<VersionRecord> for VersionSummary {
+    fn from(v: VersionRecord) -> VersionSummary {
+        VersionSummary {
+            version: v.version,
+            task_id: v.task_id,
+            bytes: v.bytes,
+            files: v.files,
+            created_at: rfc3339_ms(v.created_at),
+            parent: v.parent,
+        }
+    }
+}
+
+/// Output of `get_workspace`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct GetWorkspaceOutput {
+    #[serde(flatten)]
+    pub workspace: WorkspaceSummary,
+    /// The kept versions, oldest first. Version 0, the empty one, is not
+    /// listed: every workspace has it.
+    pub versions: Vec<VersionSummary>,
+}
+
+/// Output of `fork_workspace`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct ForkWorkspaceOutput {
+    /// The new workspace: pass it to run_script as workspace {"id": ...}.
+    pub workspace_id: WorkspaceId,
+    /// The workspace and version it was forked from.
+    pub forked_from: ForkedFrom,
+    /// The new workspace's head: 1, a version with the forked version's files
+    /// (0 when the empty version 0 was forked).
+    pub head: u64,
+}
+
+/// Output of `delete_workspace`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct DeleteWorkspaceOutput {
+    pub workspace_id: WorkspaceId,
+    /// True: the workspace and its versions are gone.
+    pub deleted: bool,
 }
 
 #[cfg(test)]
@@ -162,6 +305,39 @@ mod tests {
         assert_eq!(keys_in_order(&json)?, want);
         let back: TaskStatus = serde_json::from_str(&json)?;
         assert_eq!((back.task_id.as_str(), &back.view), ("t", &status.view));
+        // A workspace task's three fields come after usage.
+        let on_workspace = TaskRecord {
+            workspace_id: Some(WorkspaceId::from_bytes([5; 16])),
+            ..record
+        };
+        let status = TaskStatus {
+            task_id: "t".into(),
+            view: StatusView::new(&on_workspace, 0, 100),
+        };
+        let json = serde_json::to_string(&status)?;
+        let mut want = want.to_vec();
+        want.splice(
+            19..19,
+            ["workspace_id", "workspace_version", "workspace_note"],
+        );
+        assert_eq!(keys_in_order(&json)?, want);
+        let back: TaskStatus = serde_json::from_str(&json)?;
+        assert_eq!(back.view, status.view);
         Ok(())
+    }
+
+    #[test]
+    fn forked_from_reads_as_stored() {
+        let id = WorkspaceId::from_bytes([9; 16]);
+        assert_eq!(
+            ForkedFrom::parse(&format!("{id}@3")),
+            Some(ForkedFrom {
+                workspace_id: id,
+                version: 3
+            })
+        );
+        for bad in ["", "x@1", &format!("{id}@"), &format!("{id}")] {
+            assert_eq!(ForkedFrom::parse(bad), None, "{bad:?}");
+        }
     }
 }

@@ -116,7 +116,9 @@ impl ServerHandler for ScriptRunner {
                 "Runs shell one-liners in disposable, isolated containers. Call run_script (runtime, \
                  base64 command, optional base64 zip, stdin, env, network), then poll get_task_status until the \
                  state is final; get_task_files returns the files it collected; kill_task stops a task; \
-                 list_tasks lists recent ones. Runtimes: {}. Default timeout {} s, at most {} s.",
+                 list_tasks lists recent ones. With workspace \"new\" (then {{\"id\": ...}}), files persist \
+                 from task to task as versions (list_workspaces, get_workspace, fork_workspace, \
+                 delete_workspace). Runtimes: {}. Default timeout {} s, at most {} s.",
                 self.config.runtimes.names_list(),
                 self.config.default_timeout_seconds,
                 self.config.max_timeout_seconds

@@ -13,7 +13,8 @@
 //!
 //! MCP's status says less than our state (`completed` is three of them), so
 //! `tasks/get`'s `_meta` also carries ours and the reason kind, under
-//! `script-runner/state` and `script-runner/reason_kind`.
+//! `script-runner/state` and `script-runner/reason_kind` (and a workspace
+//! task's `script-runner/workspace_id`).
 
 use rmcp::ErrorData as McpError;
 use rmcp::model::{
@@ -35,6 +36,9 @@ use rmcp::service::RequestContext;
 /// `tasks/get`'s `_meta` keys for our state and reason kind.
 pub const STATE_META_KEY: &str = "script-runner/state";
 pub const REASON_KIND_META_KEY: &str = "script-runner/reason_kind";
+/// The `_meta` key of a workspace task's `workspace_id`, in `run_script`'s
+/// task handle and in `tasks/get` (a working task has no result to carry it).
+pub const WORKSPACE_META_KEY: &str = "script-runner/workspace_id";
 
 impl ScriptRunner {
     /// `tasks/get`: the task's current state from its record, on any replica.
@@ -58,6 +62,12 @@ impl ScriptRunner {
             REASON_KIND_META_KEY.into(),
             serde_json::json!(status.view.reason_kind),
         );
+        if let Some(ws) = &status.view.workspace {
+            meta.insert(
+                WORKSPACE_META_KEY.into(),
+                serde_json::json!(ws.workspace_id),
+            );
+        }
         let task = self
             .detailed_task(status, poll)
             .map_err(ToolError::into_protocol)?;
@@ -252,6 +262,7 @@ mod tests {
                     workspace_bytes: Some(4096),
                     estimated: false,
                 }),
+                workspace: None,
                 egress: None,
             },
         }
