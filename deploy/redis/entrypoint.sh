@@ -138,7 +138,7 @@ conn="+ping +unwatch +client|setinfo +info +wait"
 # their version is loaded (FUNCTION LIST), never load code: no EVAL, EVALSHA, SCRIPT or
 # FUNCTION LOAD/DELETE/FLUSH. The scripts read the clock (TIME). Commands inside the
 # scripts are checked too, so each user lists those of its scripts (api: submit, kill,
-# key_touch; worker: claim, started, progress, finish, requeue, forget_worker). API keys
+# key_touch, ws_fork, ws_delete; worker: claim, started, progress, finish, requeue, forget_worker). API keys
 # are managed with script-runner-ctl as `admin`, not `api`.
 # e2e/tests/redis_acl.rs holds these lists to the scripts' redis.call()s and to the
 # commands the api and worker send from Rust, and tries the refused ones against a real

@@ -273,6 +273,13 @@ const OWNER: &str = "<owner>";
 fn keys_in_code() -> Vec<(&'static str, String)> {
     let k = Keys::default();
     let minute: u64 = 29_000_000;
+    let ws = shared::workspace::WorkspaceId::from_bytes([0xab; 16]);
+    let version: u64 = 29_000_001;
+    // A workspace's keys with its id and version number as the doc writes them.
+    let placed = |key: String| {
+        key.replace(&ws.to_string(), ID)
+            .replace(&version.to_string(), "<n>")
+    };
     vec![
         ("jobs", k.jobs()),
         ("task", k.task(ID)),
@@ -294,6 +301,14 @@ fn keys_in_code() -> Vec<(&'static str, String)> {
         ("usage_owners", k.usage_owners()),
         ("usage_totals", k.usage_totals()),
         ("cache_clears", k.cache_clears()),
+        ("workspace", placed(k.workspace(&ws))),
+        ("workspace_versions", placed(k.workspace_versions(&ws))),
+        (
+            "workspace_version",
+            placed(k.workspace_version(&ws, version)),
+        ),
+        ("owner_workspaces", k.owner_workspaces(OWNER)),
+        ("workspaces", k.workspaces()),
         (
             "stats_minute",
             k.stats_minute(minute).replace(&minute.to_string(), MINUTE),

@@ -51,6 +51,7 @@ const SOURCES: &[(&str, &[&str])] = &[
         &[
             "api/src",
             "store/src/tasks.rs",
+            "store/src/workspaces.rs",
             "store/src/usage.rs",
             "store/src/jobs.rs",
             "store/src/apikeys.rs",

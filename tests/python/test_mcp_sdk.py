@@ -25,7 +25,10 @@ from mcp.types import CallToolResult, TextContent
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = {"run_script", "get_task_status", "kill_task", "list_tasks", "get_task_files"}
+TOOLS = {
+    "run_script", "get_task_status", "kill_task", "list_tasks", "get_task_files",
+    "list_workspaces", "get_workspace", "fork_workspace", "delete_workspace",
+}
 FINAL_STATES = {"succeeded", "failed", "killed", "timed-out"}
 STATUS_FIELDS = {
     "task_id", "state", "exit_code", "reason", "reason_kind", "runtime", "runtime_seconds", "seconds_since_last_output",
@@ -179,7 +182,7 @@ def containers_of(task_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_lists_exactly_the_five_tools(stack: Stack, mode: str) -> None:
+async def test_lists_exactly_the_nine_tools(stack: Stack, mode: str) -> None:
     async with connect(stack, mode=mode) as client:
         assert client.server_info is not None and client.server_info.name == "script-runner"
         listing = await client.list_tools()
@@ -202,7 +205,9 @@ async def test_lists_exactly_the_five_tools(stack: Stack, mode: str) -> None:
     assert "tail_bytes" in tools["get_task_status"].input_schema["properties"]
     assert tools["kill_task"].input_schema["required"] == ["task_id"]
 
-    assert set(tools["run_script"].output_schema["properties"]) == {"task_id", "state", "timeout_seconds"}
+    assert set(tools["run_script"].output_schema["properties"]) == {
+        "task_id", "state", "timeout_seconds", "workspace_id"
+    }
     assert STATUS_FIELDS <= set(tools["get_task_status"].output_schema["properties"])
     assert set(tools["kill_task"].output_schema["properties"]) == {"task_id", "state", "killed"}
     assert set(tools["list_tasks"].output_schema["properties"]) == {"tasks", "next_cursor"}

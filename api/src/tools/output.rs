@@ -162,8 +162,8 @@ pub struct WorkspaceSummary {
     pub busy_task: Option<String>,
     /// When it was made (RFC 3339, UTC).
     pub created_at: String,
-    /// When a task or a fork last took it, or a task's files were last saved
-    /// into it (RFC 3339, UTC).
+    /// When a task last took it, or a task's files were last saved into it
+    /// (RFC 3339, UTC).
     pub last_used_at: String,
     /// For a fork: the workspace and version it was forked from; else null.
     pub forked_from: Option<ForkedFrom>,

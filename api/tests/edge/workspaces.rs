@@ -574,3 +574,61 @@ async fn bad_workspace_arguments_get_clear_messages_and_scopes_hold() {
     }
     stack.shutdown().await;
 }
+
+/// A client of the MCP tasks extension gets a task handle, not run_script's
+/// result: a "new" caller learns its workspace from the handle's `_meta`, and
+/// tasks/get carries it too.
+#[tokio::test]
+async fn the_tasks_extension_carries_the_workspace_id_in_meta() {
+    let stack = Stack::start(Options::default()).await;
+    let http = reqwest::Client::new();
+    let post = |method: &'static str, name: String, params: Value| {
+        let body = json!({ "jsonrpc": "2.0", "id": 1, "method": method, "params": params });
+        http.post(format!("{}/mcp", stack.url))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method)
+            .header("mcp-name", name)
+            .body(body.to_string())
+            .send()
+    };
+    let meta = json!({
+        "io.modelcontextprotocol/clientCapabilities":
+            { "extensions": { "io.modelcontextprotocol/tasks": {} } },
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    });
+    let params = json!({
+        "name": "run_script",
+        "arguments": { "runtime": "python3.13", "command_base64": b64("true"), "workspace": "new" },
+        "_meta": meta,
+    });
+    let handle: Value = post("tools/call", "run_script".into(), params)
+        .await
+        .expect("tools/call")
+        .json()
+        .await
+        .expect("JSON");
+    let result = &handle["result"];
+    assert_eq!(result["resultType"], "task", "{handle}");
+    let ws = result["_meta"]["script-runner/workspace_id"]
+        .as_str()
+        .expect("the workspace in the handle's _meta")
+        .to_owned();
+    let task = result["taskId"].as_str().expect("taskId").to_owned();
+    let params = json!({ "taskId": task, "_meta": meta });
+    let got: Value = post("tasks/get", task.clone(), params)
+        .await
+        .expect("tasks/get")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        got["result"]["_meta"]["script-runner/workspace_id"], ws,
+        "{got}"
+    );
+    let client = stack.client().await;
+    assert_eq!(status(&client, &task).await["workspace_id"], ws);
+    stack.shutdown().await;
+}
