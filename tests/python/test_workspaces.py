@@ -32,7 +32,7 @@ async def settled(client: Client, task_id: str) -> dict[str, Any]:
         client,
         task_id,
         lambda s: s["state"] not in ("queued", "running")
-        and ("workspace_version" in s or "workspace_note" in s),
+        and (s.get("workspace_version") is not None or s.get("workspace_note") is not None),
     )
 
 
