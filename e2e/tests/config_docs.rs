@@ -488,8 +488,11 @@ fn env_example() -> Vec<(String, String)> {
         .filter_map(|l| {
             let l = l.trim_start_matches('#').trim();
             let (name, value) = l.split_once('=')?;
-            (!name.is_empty() && name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
-                .then(|| (name.to_owned(), value.to_owned()))
+            (!name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+            .then(|| (name.to_owned(), value.to_owned()))
         })
         .collect()
 }

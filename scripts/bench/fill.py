@@ -75,8 +75,8 @@ class Filler:
             for i in chunk:  # run_script: api/src/db/submit.rs `submit`
                 keys = {"task": k.task(i), "zip": k.task_zip(i), "stdin": k.task_stdin(i), "stats": k.stats(),
                         "jobs": k.jobs(), "index": k.task_index(), "owner_active": k.owner_active(""),
-                        "owner_cpu": k.owner_cpu(""), "owner_index": k.owner_tasks(""), "workspace": k.prefix + ":ws:none",
-                        "owner_workspaces": k.prefix + ":owner::workspaces", "workspaces": k.prefix + ":workspaces"}  # fmt: skip
+                        "owner_cpu": k.owner_cpu(""), "owner_index": k.owner_tasks(""), "workspace": k.workspace("none"),
+                        "owner_workspace_index": k.owner_workspaces(""), "every_workspace": k.workspaces()}  # fmt: skip
                 args = {"task_id": i, "zip": "", "stdin": "", "horizon_ms": horizon_ms, "max_queued": MAX_QUEUED,
                         "owner": "", "owner_max_queued": "", "owner_max_running": "", "owner_cpu_ms": "",
                         "workspace_use": "", "workspace_id": "", "workspace_version": "", "must_be_head": "",

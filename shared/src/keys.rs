@@ -165,7 +165,7 @@ impl Keys {
     /// One version (hash, `workspace::VersionField`s): `workspace_versions`
     /// with `:<n>` appended, as the scripts build it.
     pub fn workspace_version(&self, id: &WorkspaceId, version: u64) -> String {
-        format!("{}:{version}", self.workspace_versions(id))
+        format!("{}:ws:{id}:versions:{version}", self.prefix)
     }
 
     /// An owner's workspaces (sorted set: id by created_at), for

@@ -99,6 +99,21 @@ class Keys:
     def usage_totals(self) -> str:
         return f"{self.prefix}:usage:totals"
 
+    def workspace(self, id: str) -> str:
+        return f"{self.prefix}:ws:{id}"
+
+    def workspace_versions(self, id: str) -> str:
+        return f"{self.prefix}:ws:{id}:versions"
+
+    def workspace_version(self, id: str, version: int) -> str:
+        return f"{self.prefix}:ws:{id}:versions:{version}"
+
+    def owner_workspaces(self, owner: str) -> str:
+        return f"{self.prefix}:owner:{owner}:workspaces"
+
+    def workspaces(self) -> str:
+        return f"{self.prefix}:workspaces"
+
 
 class Field(StrEnum):
     """The fields of a task hash (`Field::as_str`). A member is its string, so
@@ -139,3 +154,7 @@ class Field(StrEnum):
     EGRESS_ALLOW = "egress_allow"
     EGRESS_LOG = "egress_log"
     SPEC_SIGNATURE = "spec_signature"
+    WORKSPACE_ID = "workspace_id"
+    WORKSPACE_BASE = "workspace_base"
+    WORKSPACE_VERSION = "workspace_version"
+    WORKSPACE_NOTE = "workspace_note"

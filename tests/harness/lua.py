@@ -37,7 +37,7 @@ LUA_DIR = REPO_ROOT / "shared" / "src" / "lua"
 SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "submit": (
         ("task", "zip", "stdin", "stats", "jobs", "index", "owner_active", "owner_cpu", "owner_index", "workspace",
-         "owner_workspaces", "workspaces"),
+         "owner_workspace_index", "every_workspace"),
         ("task_id", "zip", "stdin", "horizon_ms", "max_queued", "owner", "owner_max_queued", "owner_max_running",
          "owner_cpu_ms", "workspace_use", "workspace_id", "workspace_version", "must_be_head", "save_grace_ms",
          "field_pairs..."),

@@ -100,11 +100,12 @@ def test_a_call_names_every_key_and_argument() -> None:
     keys_, argv = lua.positional(
         "submit",
         {"task": "t", "zip": "z", "stdin": "i", "stats": "s", "jobs": "j", "index": "x", "owner_active": "a",
-         "owner_cpu": "c", "owner_index": "o"},
+         "owner_cpu": "c", "owner_index": "o", "workspace": "w", "owner_workspace_index": "ow", "every_workspace": "ew"},
         {"task_id": "1", "zip": "", "stdin": "", "horizon_ms": 9, "max_queued": 5, "owner": "", "owner_max_queued": "",
-         "owner_max_running": "", "owner_cpu_ms": "", "field_pairs": {"state": "queued"}},
+         "owner_max_running": "", "owner_cpu_ms": "", "workspace_use": "", "workspace_id": "", "workspace_version": "",
+         "must_be_head": "", "save_grace_ms": "", "field_pairs": {"state": "queued"}},
     )  # fmt: skip
-    assert keys_ == ["t", "z", "i", "s", "j", "x", "a", "c", "o"]
-    assert argv == ["1", "", "", 9, 5, "", "", "", "", "state", "queued"]
+    assert keys_ == ["t", "z", "i", "s", "j", "x", "a", "c", "o", "w", "ow", "ew"]
+    assert argv == ["1", "", "", 9, 5, "", "", "", "", "", "", "", "", "", "state", "queued"]
     with pytest.raises(HarnessError, match="missing"):
         lua.positional("claim", {"task": "t"}, {"worker": "w"})

@@ -311,7 +311,7 @@ const WORKSPACE_VERSIONS_KEPT: Var = Var::new("WORKSPACE_VERSIONS_KEPT", "20");
 
 /// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 29] = [
+pub const VARS: [Var; 38] = [
     WORKER_NAME,
     TASK_VERIFY_KEYS,
     MAX_TIMEOUT_SECONDS,
@@ -341,6 +341,15 @@ pub const VARS: [Var; 29] = [
     POOL_MAX_AGE_SECONDS,
     CACHE_MB_PER_OWNER,
     CACHE_TOTAL_MB,
+    WORKSPACE_STORE,
+    WORKSPACE_S3_ENDPOINT,
+    WORKSPACE_S3_REGION,
+    WORKSPACE_S3_ACCESS_KEY_ID,
+    WORKSPACE_S3_SECRET_ACCESS_KEY,
+    WORKSPACE_CACHE_MB,
+    WORKSPACE_MAX_MB,
+    WORKSPACE_MAX_FILES,
+    WORKSPACE_VERSIONS_KEPT,
 ];
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ less the NUL).

@@ -239,7 +239,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         tokio::task::spawn_blocking(move || workspaces::Workspaces::open(&cfg, cache_dir, &user))
             .await
             .map_err(std::io::Error::other)
-            .map_err(|e| workspaces::blobs::BlobError::Cache(e))??
+            .map_err(workspaces::blobs::BlobError::Cache)??
     };
     let pool = pool::Pool::new(
         sandbox.clone(),

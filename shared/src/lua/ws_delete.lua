@@ -7,7 +7,7 @@
 -- KEYS[3] its owner's workspace index   KEYS[4] every workspace
 -- ARGV[1] the caller ('' for the admin key, which may delete any)
 -- ARGV[2] workspace id
--- ARGV[3] the owner the caller read ('' for the admin's): the index in KEYS[3]
+-- ARGV[3] the owner the caller read ('' for the admin's), whose index is the owner's index above
 --
 -- Returns 1, or 0 when there is no such workspace (or it is another owner's,
 -- answered alike).

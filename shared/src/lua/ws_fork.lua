@@ -5,7 +5,7 @@
 -- KEYS[1] source workspace hash   KEYS[2] new workspace hash
 -- KEYS[3] caller's workspace index (sorted set: workspace id by created_at)
 -- KEYS[4] every workspace (sorted set: workspace id by last use)
--- ARGV[1] caller ('' for the admin key: then KEYS[3] is not touched)
+-- ARGV[1] caller ('' for the admin key: then the caller's index is not touched)
 -- ARGV[2] source version ('' for its head)
 -- ARGV[3] new workspace id
 -- ARGV[4] source workspace id
