@@ -66,7 +66,8 @@ async def call_ok(client: Client, tool: str, arguments: dict[str, Any]) -> dict[
 
 ERROR_CODES = {
     "invalid_argument", "too_large", "unknown_runtime", "unknown_task", "not_finished", "queue_full",
-    "unavailable", "internal", "missing_scope", "quota_exceeded",
+    "unavailable", "internal", "missing_scope", "quota_exceeded", "unknown_workspace", "unknown_version",
+    "workspace_busy",
 }  # fmt: skip
 
 

@@ -36,8 +36,10 @@ async def settled(client: Client, task_id: str) -> dict[str, Any]:
     )
 
 
-async def run_on(client: Client, workspace: Any, command: str, **extra: Any) -> dict[str, Any]:
-    queued = await run(client, "python3.13", command, workspace=workspace, **extra)
+async def run_on(
+    client: Client, workspace: Any, command: str, runtime: str = "python3.13", **extra: Any
+) -> dict[str, Any]:
+    queued = await run(client, runtime, command, workspace=workspace, **extra)
     return await settled(client, queued["task_id"])
 
 
@@ -79,13 +81,13 @@ def node_project() -> bytes:
 
 async def test_a_node_project_is_installed_once_and_tested_on_its_head(client: Client) -> None:
     zip_b64 = base64.b64encode(node_project()).decode()
-    first = await run_on(client, "new", "npm ci --no-audit --no-fund && npm test", zip_base64=zip_b64)
+    first = await run_on(client, "new", "npm ci --no-audit --no-fund && npm test", "node24", zip_base64=zip_b64)
     assert first["state"] == "succeeded", first
     assert "TESTS PASS!" in first["stdout_tail"], first
     assert first["workspace_version"] == 1
     ws = first["workspace_id"]
     # Nothing reinstalled: no npm ci, and the installed tree is the one npm ci made.
-    second = await run_on(client, {"id": ws}, "test -L node_modules/.bin/shout && npm test")
+    second = await run_on(client, {"id": ws}, "test -L node_modules/.bin/shout && npm test", "node24")
     assert second["state"] == "succeeded", second
     assert "TESTS PASS!" in second["stdout_tail"], second
     assert second["workspace_version"] == 2
