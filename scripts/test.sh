@@ -4,6 +4,7 @@
 # Sets up what it needs, idempotently: redis-server, redis-sentinel, debootstrap, tmux, gcc,
 # npm, caddy, curl, wrk, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
 # Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
+# Garage, an S3 server (cargo install, if missing: minutes, beside clippy and the build),
 # the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv), and the
 # runtime images the tasks run in (scripts/build-test-image.sh). Then, in stages:
 #
@@ -149,6 +150,12 @@ register_runsc
 # build on it, and an engine without a registry cannot pull it.
 spawn images sh -c './scripts/build-test-image.sh && ./scripts/build-base-image.sh'
 spawn venv make_venv
+# Garage, the S3 server the workspace tests store versions in across two worker hosts
+# (e2e/tests/workspaces.rs; testkit/src/garage.rs starts one per test). Built once from
+# crates.io, which takes minutes, beside the compiler; never linked.
+if ! command -v garage >/dev/null && [[ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/garage" ]]; then
+    spawn garage cargo install garage --locked
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
@@ -156,6 +163,7 @@ stage "2. build: the binaries (run as processes by the tests) and every test tar
 cargo build --workspace --bins --tests
 await images
 await venv
+[[ -z "${pids[garage]:-}" ]] || await garage
 
 # The images scripts/build-test-image.sh built: python3.13 and python3.8 run in the
 # first, node24 in the second.
@@ -175,7 +183,8 @@ tamper='(test(=hostile::a_flushed_firewall_or_a_removed_jump_is_reinstalled_befo
 # scripts' start no worker, so a pool cannot change them.)
 # The e2e suites are modules of one binary: a suite is its module's prefix.
 task_suites='binary_id(script-runner-e2e::e2e)
-    & (test(/^running::/) | test(/^hostile::/) | test(/^projects::/) | test(/^recovery::/))
+    & (test(/^running::/) | test(/^hostile::/) | test(/^projects::/) | test(/^recovery::/)
+       | test(/^workspaces::/))
     | test(metrics_report)'
 nextest() { cargo nextest run --workspace --test-threads "$threads" "$@"; }
 

@@ -226,7 +226,7 @@ async fn a_version_saved_on_one_host_is_restored_on_another_through_s3() {
     let client = stack.client().await;
     let (dir_a, dir_b) = (host_dir("a"), host_dir("b"));
     let host_a = stack
-        .spawn_worker_process("host-a", &[("TASKS_DIR", &dir_a), ("POOL_SIZE", "")])
+        .spawn_worker_process("host-a", &[("TASKS_DIR", &dir_a)])
         .await;
     let first = run_on(
         &client,
@@ -241,7 +241,7 @@ async fn a_version_saved_on_one_host_is_restored_on_another_through_s3() {
     assert!(host_a.exited_cleanly().await, "host a stops");
 
     stack
-        .spawn_worker_process("host-b", &[("TASKS_DIR", &dir_b), ("POOL_SIZE", "")])
+        .spawn_worker_process("host-b", &[("TASKS_DIR", &dir_b)])
         .await;
     let second = run_on(
         &client,
@@ -268,9 +268,7 @@ async fn a_worker_killed_mid_save_leaves_the_head_where_it_was() {
     })
     .await;
     let client = stack.client().await;
-    let mut worker = stack
-        .spawn_worker_process("saver", &[("POOL_SIZE", "")])
-        .await;
+    let mut worker = stack.spawn_worker_process("saver", &[]).await;
     // Enough files that the save takes a while after the script's end.
     let id = run(
         &client,
