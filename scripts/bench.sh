@@ -8,6 +8,8 @@
 #   ./scripts/bench.sh --help           # every option (sections, sizes, pool size)
 #   ./scripts/bench.sh --cache [--quick] # the dependency caches' effect instead
 #                                        # (scripts/bench/cache.py: npm ci, pip install)
+#   ./scripts/bench.sh --workspaces [--quick] # persistent workspaces instead
+#                                        # (scripts/bench/workspaces.py: restore, save, dedup, S3)
 #
 # Sets up what it needs, idempotently: wrk and redis-server (apt), the MCP Python SDK
 # and redis-py (pip, into .venv), the runtime image (scripts/build-test-image.sh). Needs a Docker
@@ -20,7 +22,11 @@ bin_dir=""
 program=scripts/bench/bench.py
 args=()
 for a in "$@"; do
-    if [[ "$a" == --cache ]]; then program=scripts/bench/cache.py; else args+=("$a"); fi
+    case "$a" in
+        --cache) program=scripts/bench/cache.py ;;
+        --workspaces) program=scripts/bench/workspaces.py ;;
+        *) args+=("$a") ;;
+    esac
 done
 for ((i = 0; i < ${#args[@]}; i++)); do
     case "${args[i]}" in

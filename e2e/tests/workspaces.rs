@@ -240,7 +240,8 @@ async fn a_version_saved_on_one_host_is_restored_on_another_through_s3() {
     host_a.terminate();
     assert!(host_a.exited_cleanly().await, "host a stops");
 
-    stack
+    // Kept: a dropped WorkerProcess is killed.
+    let _host_b = stack
         .spawn_worker_process("host-b", &[("TASKS_DIR", &dir_b)])
         .await;
     let second = run_on(

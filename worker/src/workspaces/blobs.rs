@@ -9,6 +9,7 @@
 //! S3 object appears when its upload completes), and read back it is checked
 //! against its name, so no reader ever sees half of one, or a wrong one.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -225,6 +226,23 @@ impl BlobCache {
     /// of it or nothing).
     pub async fn insert(&self, tmp: &FsPath, d: &BlobDigest) -> std::io::Result<()> {
         tokio::fs::rename(tmp, self.path(d)).await
+    }
+
+    /// The blobs of `wanted` this cache lacks; those it has are marked as just
+    /// used (blocking: call on the blocking pool).
+    pub fn missing(&self, wanted: Vec<BlobDigest>) -> Vec<BlobDigest> {
+        let now = SystemTime::now();
+        wanted
+            .into_iter()
+            .filter(|d| {
+                let found = std::fs::File::options()
+                    .write(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(self.path(d))
+                    .and_then(|f| f.set_modified(now));
+                found.is_err()
+            })
+            .collect()
     }
 
     /// Marks a blob as just used, so eviction takes it last.

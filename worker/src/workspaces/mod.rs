@@ -100,7 +100,11 @@ impl Workspaces {
     pub async fn restore(&self, manifest: &BlobDigest, dir: &Path) -> Result<(), WorkspaceError> {
         let m = self.blobs.manifest(manifest, self.config.limits).await?;
         let blobs: Vec<BlobDigest> = m.blobs().into_iter().cloned().collect();
-        futures_util::stream::iter(blobs)
+        // Which this host has, looked up (and marked as used) in one blocking
+        // step rather than one per blob: only the others are fetched.
+        let cache = self.blobs.cache().clone();
+        let missing = tokio::task::spawn_blocking(move || cache.missing(blobs)).await?;
+        futures_util::stream::iter(missing)
             .map(|d| async move { self.blobs.fetch(&d).await })
             .buffer_unordered(CONCURRENCY)
             .try_collect::<Vec<_>>()
