@@ -920,7 +920,7 @@ mod tests {
                 ":versions",
                 ":versions:",
             ])
-            .chain(["1", "0", "worker-lost"])
+            .chain(["1", "0", "worker-lost", "spec-rejected"])
             .chain(ApiKeyField::ALL.iter().map(|f| f.as_str()))
             .chain([":(%d+)$"])
             .chain([

@@ -180,7 +180,11 @@ pub fn holds_workspace(task: Option<&TaskRecord>, now_ms: i64, grace_ms: u64) ->
         return true;
     }
     let claimed = t.worker.as_deref().is_some_and(|w| !w.is_empty());
-    let lost = t.reason_kind == Some(ReasonKind::WorkerLost);
+    // Lost, or refused unsigned: no worker is saving it.
+    let lost = matches!(
+        t.reason_kind,
+        Some(ReasonKind::WorkerLost | ReasonKind::SpecRejected)
+    );
     let grace = i64::try_from(grace_ms).unwrap_or(i64::MAX);
     claimed && !lost && t.finished_at.unwrap_or(0) > now_ms.saturating_sub(grace)
 }

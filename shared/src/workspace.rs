@@ -185,6 +185,8 @@ pub enum ManifestError {
     TooManyFiles { max: u64 },
     #[error("the workspace version holds more than {max} bytes")]
     TooLarge { max: u64 },
+    #[error("{path:?} has mode {mode:o}: a workspace keeps only permission bits (0777)")]
+    BadMode { path: String, mode: u32 },
     #[error("the manifest is not valid JSON: {0}")]
     Json(String),
 }
@@ -273,6 +275,16 @@ impl Manifest {
                 return Err(ManifestError::NoParent {
                     path: e.path.clone(),
                     parent: parent.to_owned(),
+                });
+            }
+            let mode = match &e.kind {
+                EntryKind::Dir { mode } | EntryKind::File { mode, .. } => *mode,
+                EntryKind::Symlink { .. } => 0,
+            };
+            if mode & !MODE_MASK != 0 {
+                return Err(ManifestError::BadMode {
+                    path: e.path.clone(),
+                    mode,
                 });
             }
             match &e.kind {

@@ -96,6 +96,7 @@ fn spec<'a>(
         command,
         source: None,
         restore: None,
+        workspace: false,
         timeout_seconds: 30,
         env,
         network: Network::None,

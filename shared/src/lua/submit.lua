@@ -53,7 +53,7 @@
 --
 -- A workspace is busy while its 'busy' task is queued or running, or has ended
 -- less than the save grace ago on a worker that may still be saving it (one that
--- claimed it and was not lost). A new workspace is made busy with this task; an
+-- claimed it and was not lost, and did not refuse its spec: then it ran nothing). A new workspace is made busy with this task; an
 -- existing one is made busy here, in the same step as the task, so two submits on
 -- one workspace cannot both pass.
 local backlog = redis.call('XLEN', KEYS[5])
@@ -118,6 +118,7 @@ elseif ws_use == 'existing' then
     local st, fin, worker, kind = unpack(redis.call('HMGET', task_prefix .. busy,
       'state', 'finished_at', 'worker', 'reason_kind'))
     local saving = st and worker and worker ~= '' and kind ~= 'worker-lost'
+      and kind ~= 'spec-rejected'
       and tonumber(fin or '0') > now_ms - tonumber(ARGV[14])
     if st == 'queued' or st == 'running' or saving then
       return {'workspace', 'busy', busy}

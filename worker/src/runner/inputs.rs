@@ -44,6 +44,8 @@ pub(super) enum InputError {
     Collect(#[source] std::io::Error),
     #[error("could not restore the workspace: {0}")]
     Restore(#[from] WorkspaceError),
+    #[error("the workspace could not be restored within {0:?}")]
+    RestoreTimedOut(std::time::Duration),
     #[error("version {version} of workspace {id} is no longer kept")]
     VersionGone { id: WorkspaceId, version: u64 },
     #[error("could not read the workspace's version: {0}")]
@@ -171,7 +173,10 @@ async fn restore(
         }
     };
     let started = std::time::Instant::now();
-    ctx.workspaces.restore(&record.manifest, &dir).await?;
+    let deadline = std::time::Duration::from_millis(shared::workspace::SAVE_GRACE_MS / 2);
+    tokio::time::timeout(deadline, ctx.workspaces.restore(&manifest, &dir))
+        .await
+        .map_err(|_| InputError::RestoreTimedOut(deadline))??;
     tracing::info!(
         task_id,
         workspace = %id,

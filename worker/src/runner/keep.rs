@@ -17,7 +17,7 @@ use crate::workspaces::StoredVersion;
 
 /// Why a workspace task made no version, as its record says.
 pub(super) const NOT_RUN: &str = "the task did not run, so its workspace was left as it was";
-const GONE: &str = "the task's container ended by itself before its /workspace could be saved (its own init was killed, or the engine lost it): the workspace was left as it was";
+const GONE: &str = "the task's container ended before its /workspace could be saved (its own init was killed, its files could not be copied into /workspace, or the engine lost it): the workspace was left as it was";
 
 /// Saves `container`'s /workspace (paused by `supervise`). `base`: the
 /// version it started from, whose blobs the store holds.
@@ -31,10 +31,12 @@ pub(super) async fn save(
     if !sandbox.is_paused(container).await {
         return Err(GONE.to_owned());
     }
-    let stored = ctx
-        .workspaces
-        .save(sandbox, container, base)
+    // Well within the save grace, after which the workspace is another
+    // task's to take (and this commit would be refused).
+    let deadline = std::time::Duration::from_millis(shared::workspace::SAVE_GRACE_MS / 2);
+    let stored = tokio::time::timeout(deadline, ctx.workspaces.save(sandbox, container, base))
         .await
+        .map_err(|_| format!("the task's /workspace could not be saved within {deadline:?}"))?
         .map_err(|e| format!("the task's /workspace could not be saved: {e}"))?;
     // Paused all along, so the volume was mounted during the whole read: an
     // exited container's /workspace reads as empty, which must never become

@@ -223,6 +223,7 @@ async fn execute(
             command: &spec.command,
             source: inputs.source.as_deref(),
             restore: inputs.restored.as_ref().map(|(dir, _)| dir.as_path()),
+            workspace: spec.workspace.is_some(),
             timeout_seconds: spec.timeout_seconds,
             env: &env,
             network: spec.egress.network(),

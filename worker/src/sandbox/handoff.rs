@@ -169,6 +169,7 @@ impl Sandbox {
             command: spec.command,
             has_source: spec.source.is_some(),
             has_restore: spec.restore.is_some(),
+            workspace: spec.workspace,
             deadline_seconds: self_deadline_seconds(spec.timeout_seconds),
             collect: spec.collect.map_or(&[][..], |(_, patterns)| patterns),
             env: spec.env,

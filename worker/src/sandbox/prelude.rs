@@ -62,11 +62,14 @@ pub(super) fn container_command() -> Vec<String> {
         "nl='\n'\n\
          IFS= read -r h || exit 0\n\
          eval \"$h\"\n\
+         if [ \"$w\" = 1 ]; then {{ [ \"$r\" != 1 ] || cp -R {RESTORE_MOUNT}/. /workspace/; }} \
+         && {{ [ \"$z\" != 1 ] || cp -R {SOURCE_MOUNT}/. /workspace/; }} \
+         || {{ echo 'script-runner: the workspace could not be copied into /workspace' >&2; exit 125; }}; z=0; fi\n\
          printf '%sS---' \"$n\"\n\
          run() {{ cd /workspace && export PATH=\"$PATH:$HOME/.local/bin\" && \
          if command -v timeout >/dev/null 2>&1; \
          then timeout -s KILL \"$2\" sh -c \"$1\"; else sh -c \"$1\"; fi; }}\n\
-         if [ \"$r\" = 1 ] && ! cp -R {RESTORE_MOUNT}/. /workspace/;          then echo 'script-runner: the workspace could not be copied into /workspace' >&2; false;          elif [ \"$z\" = 1 ]; then cp -R {SOURCE_MOUNT}/. /workspace/ && run \"$@\"; else run \"$@\"; fi\n\
+         if [ \"$z\" = 1 ]; then cp -R {SOURCE_MOUNT}/. /workspace/ && run \"$@\"; else run \"$@\"; fi\n\
          rc=$?\n\
          if [ \"$c\" = 1 ]; then shift 2; \
          for pat in \"$@\"; do for f in $pat; do find \"$f\" -type f -print 2>/dev/null; done; done \
@@ -87,6 +90,11 @@ pub(super) struct Handoff<'a> {
     pub has_source: bool,
     /// A restored workspace version is mounted at `RESTORE_MOUNT`.
     pub has_restore: bool,
+    /// A workspace task: its files (the restored version, then the zip) are
+    /// copied in before the start marker, so a task stopped at any point
+    /// after it has its /workspace whole (one that cannot be copied ends the
+    /// prelude before the marker: nothing runs, and nothing is saved).
+    pub workspace: bool,
     pub deadline_seconds: u64,
     pub collect: &'a [String],
     pub env: &'a [(String, String)],
@@ -104,10 +112,11 @@ pub struct NulByte(&'static str);
 /// the task's.
 pub(super) fn handoff_line(h: &Handoff<'_>) -> Result<Vec<u8>, NulByte> {
     let mut line = format!(
-        "n={}; z={}; r={}; c={}; set -- {} {}",
+        "n={}; z={}; r={}; w={}; c={}; set -- {} {}",
         h.nonce,
         u8::from(h.has_source),
         u8::from(h.has_restore),
+        u8::from(h.workspace),
         u8::from(!h.collect.is_empty()),
         quote(h.command, "command")?,
         h.deadline_seconds
@@ -281,6 +290,7 @@ mod tests {
             command,
             has_source: true,
             has_restore: false,
+            workspace: false,
             deadline_seconds: 65,
             collect,
             env,
@@ -333,6 +343,7 @@ mod tests {
             command: "echo a\0b",
             has_source: false,
             has_restore: false,
+            workspace: false,
             deadline_seconds: 1,
             collect: &[],
             env: &[],

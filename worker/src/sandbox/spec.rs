@@ -48,6 +48,8 @@ pub struct ContainerSpec<'a> {
     pub source: Option<&'a Path>,
     /// The workspace version it starts from, restored on the host, if any.
     pub restore: Option<&'a Path>,
+    /// Whether it runs on a workspace (its files are copied in before it starts).
+    pub workspace: bool,
     pub timeout_seconds: u64,
     /// Extra environment variables, as the api checked them.
     pub env: &'a [(String, String)],

@@ -92,7 +92,12 @@ impl BlobStore {
                 (Arc::new(b.build()?), Path::from(prefix.as_str()))
             }
         };
-        std::fs::create_dir_all(cache_dir.join("tmp"))?;
+        // What a worker that died mid-write left is never a blob: gone.
+        let tmp = cache_dir.join("tmp");
+        if tmp.symlink_metadata().is_ok() {
+            std::fs::remove_dir_all(&tmp)?;
+        }
+        std::fs::create_dir_all(&tmp)?;
         Ok(BlobStore {
             store,
             prefix,
@@ -259,22 +264,25 @@ impl BlobCache {
 
     /// Removes the least recently used blobs until the cache is under its cap
     /// (blocking: call on the blocking pool). The store keeps every blob, so
-    /// an evicted one is only downloaded again.
+    /// an evicted one is only downloaded again. A blob used within the save
+    /// grace is never removed: a restore or a save under way may still read it.
     pub fn evict(&self) -> std::io::Result<u64> {
         let mut files = Vec::new();
         let mut total = 0u64;
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
+        let in_use = Duration::from_millis(shared::workspace::SAVE_GRACE_MS);
+        // An entry gone meanwhile (another eviction) is skipped, not an error.
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
             if meta.is_file() {
                 total += meta.len();
-                files.push((meta.modified()?, meta.len(), entry.path()));
+                let Ok(used) = meta.modified() else { continue };
+                files.push((used, meta.len(), entry.path()));
             }
         }
         files.sort();
         let mut removed = 0;
-        for (_, len, path) in files {
-            if total <= self.cap_bytes {
+        for (used, len, path) in files {
+            if total <= self.cap_bytes || used.elapsed().is_ok_and(|age| age < in_use) {
                 break;
             }
             if std::fs::remove_file(&path).is_ok() {

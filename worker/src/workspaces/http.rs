@@ -20,6 +20,13 @@ use object_store::client::{
 
 type Https = hyper_rustls::HttpsConnector<Plain>;
 
+/// How long a request may wait for its response's headers.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+#[error("no response within {RESPONSE_TIMEOUT:?}")]
+struct TimedOut;
+
 /// Makes the client `object_store` calls S3 with.
 #[derive(Debug, Default)]
 pub struct RustlsConnector;
@@ -49,14 +56,20 @@ struct Service(Client<Https, HttpRequestBody>);
 #[async_trait::async_trait]
 impl HttpService for Service {
     async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
-        let response = self.0.request(req).await.map_err(|e| {
-            let kind = if e.is_connect() {
-                HttpErrorKind::Connect
-            } else {
-                HttpErrorKind::Request
-            };
-            HttpError::new(kind, e)
-        })?;
+        // A server that accepts and then stalls must not hold a save (and its
+        // workspace) forever: the headers come within this, the body is under
+        // the save's own deadline.
+        let response = tokio::time::timeout(RESPONSE_TIMEOUT, self.0.request(req))
+            .await
+            .map_err(|_| HttpError::new(HttpErrorKind::Timeout, TimedOut))?
+            .map_err(|e| {
+                let kind = if e.is_connect() {
+                    HttpErrorKind::Connect
+                } else {
+                    HttpErrorKind::Request
+                };
+                HttpError::new(kind, e)
+            })?;
         let (parts, body) = response.into_parts();
         let body = body.map_err(|e| HttpError::new(HttpErrorKind::Interrupted, e));
         Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(body)))

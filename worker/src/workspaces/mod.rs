@@ -94,11 +94,10 @@ impl Workspaces {
         self.config.versions_kept
     }
 
-    /// Fills `dir` (empty) with the version whose manifest is `manifest`:
+    /// Fills `dir` (empty) with the version `m`:
     /// every blob fetched into this host's cache first (downloaded only if
     /// missing there), then the files copied out of it.
-    pub async fn restore(&self, manifest: &BlobDigest, dir: &Path) -> Result<(), WorkspaceError> {
-        let m = self.blobs.manifest(manifest, self.config.limits).await?;
+    pub async fn restore(&self, m: &Manifest, dir: &Path) -> Result<(), WorkspaceError> {
         let blobs: Vec<BlobDigest> = m.blobs().into_iter().cloned().collect();
         // Which this host has, looked up (and marked as used) in one blocking
         // step rather than one per blob: only the others are fetched.
@@ -110,6 +109,7 @@ impl Workspaces {
             .try_collect::<Vec<_>>()
             .await?;
         let (cache, dir, owner) = (self.blobs.cache().clone(), dir.to_path_buf(), self.owner);
+        let m = m.clone();
         tokio::task::spawn_blocking(move || restore::restore(&m, &cache, &dir, owner))
             .await?
             .map_err(WorkspaceError::Restore)?;

@@ -165,6 +165,11 @@ fn hash_into_cache(reader: &mut impl Read, cache: &BlobCache) -> io::Result<Blob
         let target = cache.path(&digest);
         if target.symlink_metadata().is_ok() {
             std::fs::remove_file(&tmp)?;
+            // Just used: the eviction keeps it while the save uploads it.
+            std::fs::File::options()
+                .write(true)
+                .open(&target)?
+                .set_modified(std::time::SystemTime::now())?;
         } else {
             std::fs::rename(&tmp, &target)?;
         }

@@ -13,11 +13,11 @@
 //! made readable by all instead.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use shared::workspace::{EntryKind, Manifest};
+use shared::workspace::{EntryKind, MODE_MASK, Manifest};
 
 use super::blobs::BlobCache;
 
@@ -40,16 +40,27 @@ pub fn restore(
                 fs::create_dir(&path)?;
                 dirs.push((path, *mode));
             }
-            EntryKind::File { mode, sha256, .. } => {
+            EntryKind::File { mode, sha256, size } => {
                 let mut from = fs::File::open(cache.path(sha256))?;
                 let mut to = fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .custom_flags(libc::O_NOFOLLOW)
                     .open(&path)?;
-                io::copy(&mut from, &mut to)?;
+                // At most the manifest's size, and exactly it: a cached blob
+                // cut short (or a manifest that lies) is refused.
+                let copied = io::copy(&mut (&mut from).take(size + 1), &mut to)?;
+                if copied != *size {
+                    return Err(io::Error::other(format!(
+                        "{}: {copied} bytes in the cache, {size} in the manifest",
+                        entry.path
+                    )));
+                }
                 let given = chown(&path);
-                let mode = if given { *mode } else { *mode | 0o444 };
+                // The owner may always read it, so the container's copy of it
+                // cannot fail (a 000 file comes back 400).
+                let mode = (*mode & MODE_MASK) | 0o400;
+                let mode = if given { mode } else { mode | 0o444 };
                 to.set_permissions(fs::Permissions::from_mode(mode))?;
             }
             EntryKind::Symlink { target } => {
@@ -62,7 +73,9 @@ pub fn restore(
     // filled first.
     for (path, mode) in dirs.into_iter().rev() {
         let given = chown(&path);
-        // Not given away: the worker's own, so it must be able to remove it.
+        // The owner may always list and enter it (as for files); not given
+        // away, it is the worker's own, which must be able to remove it.
+        let mode = (mode & MODE_MASK) | 0o500;
         let mode = if given { mode } else { mode | 0o755 };
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
     }
