@@ -122,7 +122,7 @@ echo "members: $members"
 step "docker-compose.yml passes every variable the binaries read"
 while read -r var; do
     grep -qE "^ +$var:" docker-compose.yml || fail "docker-compose.yml does not pass $var (read by the code) from .env"
-done < <(grep -ohE 'Var::new\("[A-Z_]+"' api/src/*.rs worker/src/*.rs shared/src/*.rs store/src/*.rs | sed -E 's/Var::new\("//; s/"//' | sort -u)
+done < <(grep -ohE 'Var::new\("[A-Z0-9_]+"' api/src/*.rs worker/src/*.rs shared/src/*.rs store/src/*.rs | sed -E 's/Var::new\("//; s/"//' | sort -u)
 
 step "caddy validate (Debian's caddy $(caddy version | cut -d' ' -f1))"
 DOMAIN=$DOMAIN caddy validate --adapter caddyfile --config Caddyfile >/dev/null 2>&1 \
