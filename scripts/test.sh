@@ -28,7 +28,8 @@
 #        - at the same time, the suites that run tasks again without the pool
 #          (TEST_POOL_SIZE=0), so both paths pass everything
 #   5. pytest tests/python (end to end through the official Python MCP SDK) with and
-#      without the pool side by side, then scripts/bench.sh --quick and --cache --quick
+#      without the pool side by side, then scripts/bench.sh --quick, --cache --quick and
+#      --workspaces --quick
 #      (the benchmark tools at a tiny size, so they keep working; their figures mean
 #      nothing), then
 #      tests/reliability/faults.py at a small size (40 tasks: workers, Redis and an api
@@ -217,6 +218,7 @@ await pytest-no-pool
 # (BENCHMARKS.md; tests never assert on timings).
 ./scripts/bench.sh --quick --bin-dir target/debug
 ./scripts/bench.sh --cache --quick --bin-dir target/debug
+./scripts/bench.sh --workspaces --quick --bin-dir target/debug
 # Faults under load, small: docs/evidence/faults.md has the full-size figures.
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300
 .venv/bin/python tests/reliability/faults.py --tasks "${FAULT_TASKS:-40}" --deadline 300 --pool-size 0
