@@ -129,7 +129,8 @@ def start_garage(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]] | 
             if time.monotonic() > end:
                 raise
             time.sleep(0.2)
-    # Right after start the node may not take a layout yet: asked again until it does.
+    # `node id` reads the key from disk before the server listens for RPC: the layout
+    # is asked again until the server takes it.
     while True:
         try:
             cli("layout", "assign", "-z", "dc1", "-c", "1G", node)

@@ -99,7 +99,13 @@ impl Garage {
             },
         )
         .await;
-        g.ok(&["layout", "assign", "-z", "dc1", "-c", "1G", &id]);
+        // `node id` reads the node's key from disk, before the server listens for
+        // RPC: the layout is assigned once the server takes it.
+        wait_until("garage to take its layout", Duration::from_secs(30), || {
+            let out = g.cli(&["layout", "assign", "-z", "dc1", "-c", "1G", &id]);
+            async move { out.status.success().then_some(()) }
+        })
+        .await;
         g.ok(&["layout", "apply", "--version", "1"]);
         g.ok(&["bucket", "create", "workspaces"]);
         let key = g.ok(&["key", "create", "script-runner"]);
