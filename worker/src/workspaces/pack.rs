@@ -79,13 +79,7 @@ pub fn pack(
             EntryType::Directory => EntryKind::Dir { mode },
             EntryType::Regular | EntryType::Continuous => {
                 let size = entry.header().size()?;
-                bytes = bytes.saturating_add(size);
-                if bytes > limits.max_bytes {
-                    return Err(ManifestError::TooLarge {
-                        max: limits.max_bytes,
-                    }
-                    .into());
-                }
+                count_bytes(&mut bytes, size, limits)?;
                 let digest = hash_into_cache(&mut entry, cache)?;
                 files.insert(path.clone(), (mode, size, digest.clone()));
                 EntryKind::File {
@@ -111,13 +105,7 @@ pub fn pack(
                 let target = target.strip_prefix("workspace/").unwrap_or(&target);
                 match files.get(target).cloned() {
                     Some((mode, size, digest)) => {
-                        bytes = bytes.saturating_add(size);
-                        if bytes > limits.max_bytes {
-                            return Err(ManifestError::TooLarge {
-                                max: limits.max_bytes,
-                            }
-                            .into());
-                        }
+                        count_bytes(&mut bytes, size, limits)?;
                         files.insert(path.clone(), (mode, size, digest.clone()));
                         EntryKind::File {
                             mode,
@@ -142,6 +130,18 @@ pub fn pack(
         manifest: Manifest::new(entries, limits)?,
         skipped,
     })
+}
+
+/// Adds a file's `size` to the version's `bytes`, refusing past the cap.
+fn count_bytes(bytes: &mut u64, size: u64, limits: VersionLimits) -> Result<(), PackError> {
+    *bytes = bytes.saturating_add(size);
+    if *bytes > limits.max_bytes {
+        return Err(ManifestError::TooLarge {
+            max: limits.max_bytes,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Streams one file's bytes into a fresh cache file while hashing them, then
