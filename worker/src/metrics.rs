@@ -45,7 +45,8 @@ pub enum Op {
     /// Handing a container its task: the handoff written and taken by its
     /// prelude.
     Handoff,
-    /// Reading a container's usage at the end of its task (`Sandbox::probe`).
+    /// The exec that reads a container's /workspace size at the end of its
+    /// task, where the host cannot (`Sandbox::workspace_bytes`).
     Probe,
 }
 

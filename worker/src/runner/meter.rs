@@ -10,9 +10,12 @@
 //! reads the cgroup on every tick while the task runs (a few small files, no
 //! Docker call), and when the end cannot be read it charges the last reading
 //! plus the container's CPU limit for all the time since: more than the task
-//! can have used, never less, and marked as estimated on the task. A host
-//! whose cgroups the worker cannot read at all gets the same bound from the
-//! handoff on: the CPU limit for the task's whole run.
+//! can have used, never less, and marked as estimated on the task. "Since"
+//! ends at the first read that found the cgroup gone, once one had found it:
+//! the kernel removes a cgroup only when no process is left in it, so nothing
+//! of the task ran after that, however long Docker then takes to say so. A
+//! host whose cgroups the worker cannot read at all gets the same bound from
+//! the handoff on: the CPU limit for the task's whole run.
 
 use std::time::{Duration, Instant};
 
@@ -32,9 +35,14 @@ pub(super) struct Meter {
     cpus: f64,
     /// CPU time in the last reading (0 before any), in ns.
     cpu_ns: u64,
-    /// When that reading was taken (the handoff before any: nothing of the
-    /// task ran before it).
+    /// When that reading was asked for (the handoff before any: nothing of
+    /// the task ran before it). The figure is of a moment after this one, so
+    /// the bound counts from here.
     read_at: Instant,
+    /// Whether any read has found the container's cgroup.
+    seen: bool,
+    /// When a read first found it gone after that (answered by then).
+    gone_at: Option<Instant>,
     /// The highest peak memory any reading saw.
     peak_memory_bytes: Option<u64>,
     /// The reading at the end, and when it was taken, once it was attempted.
@@ -49,6 +57,8 @@ impl Meter {
             cpus,
             cpu_ns: 0,
             read_at: handed_at,
+            seen: false,
+            gone_at: None,
             peak_memory_bytes: None,
             end: None,
         }
@@ -56,20 +66,48 @@ impl Meter {
 
     /// Reads the container's cgroup while the task runs.
     pub(super) async fn sample(&mut self, sandbox: &Sandbox, container: &str) {
-        let reading = sandbox.cgroup(container).await;
-        self.record(&reading, Instant::now());
+        let asked = Instant::now();
+        let cgroup = sandbox.cgroup(container).await;
+        self.observe(cgroup.as_ref(), asked, Instant::now());
     }
 
     /// Reads what the container used at its end (its cgroup and /workspace),
     /// before anything stops it; also what the OOM verdict is read from.
     pub(super) async fn read_end(&mut self, sandbox: &Sandbox, container: &str) -> Option<Reading> {
-        let reading = sandbox.probe(container).await;
+        let asked = Instant::now();
+        // The cgroup's answer is timed on its own: the /workspace figure may
+        // wait on Docker, and a gone cgroup was gone by its own answer.
+        let cgroup = async { (sandbox.cgroup(container).await, Instant::now()) };
+        let ((cgroup, answered), workspace_bytes) =
+            tokio::join!(cgroup, sandbox.workspace_bytes(container));
+        self.observe(cgroup.as_ref(), asked, answered);
+        let reading = Reading {
+            workspace_bytes,
+            ..cgroup.unwrap_or_default()
+        };
+        let reading = (reading != Reading::default()).then_some(reading);
         self.end = Some((reading, Instant::now()));
         reading
     }
 
-    /// Keeps a reading taken at `at`. The counter only grows: a reading lower
-    /// than the last (none in practice) is not one of this container's.
+    /// Keeps what a read of the cgroup asked at `asked` and answered at
+    /// `answered` found.
+    fn observe(&mut self, cgroup: Option<&Reading>, asked: Instant, answered: Instant) {
+        match cgroup {
+            Some(r) => {
+                self.seen = true;
+                self.record(r, asked);
+            }
+            None if self.seen => {
+                self.gone_at.get_or_insert(answered);
+            }
+            // Never found (yet, or on this host at all): nothing is known.
+            None => {}
+        }
+    }
+
+    /// Keeps a reading asked for at `at`. The counter only grows: a reading
+    /// lower than the last (none in practice) is not one of this container's.
     fn record(&mut self, r: &Reading, at: Instant) {
         if let Some(cpu) = r.cpu_ns
             && cpu >= self.cpu_ns
@@ -97,8 +135,9 @@ impl Meter {
             return usage_of(r);
         }
         // Nothing of the task can have run after `at`: its container was gone
-        // (or stopped) by then.
-        let unread = at.saturating_duration_since(self.read_at) + 2 * CFS_PERIOD;
+        // (or stopped) by then; nor after its cgroup was found gone.
+        let until = self.gone_at.map_or(at, |gone| gone.min(at));
+        let unread = until.saturating_duration_since(self.read_at) + 2 * CFS_PERIOD;
         let bound_ns = self.cpu_ns + (unread.as_nanos() as f64 * self.cpus).ceil() as u64;
         Usage {
             cpu_ms: Some(bound_ns.div_ceil(1_000_000)),
@@ -159,7 +198,8 @@ mod tests {
         let t0 = Instant::now();
         let mut m = Meter::new(0.5, t0);
         m.record(&reading(7_800, 40 << 20), t0 + Duration::from_millis(8_000));
-        // A later tick found the container gone: nothing read, nothing lost.
+        // A later tick read nothing (the cgroup there, its files not): nothing
+        // read, nothing lost.
         m.record(&Reading::default(), t0 + Duration::from_millis(8_250));
         let u = m.charge(None, t0 + Duration::from_millis(8_300));
         // 7.8 s + 0.5 CPUs × (0.3 s + two 100 ms periods).
@@ -178,6 +218,27 @@ mod tests {
             (u.cpu_ms, u.workspace_bytes, u.estimated),
             (Some(8_050), Some(1), true)
         );
+    }
+
+    #[test]
+    fn the_bound_ends_when_a_read_first_finds_the_cgroup_gone() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut m = Meter::new(1.0, t0);
+        // Never found: nothing is known, so nothing ends the bound early.
+        m.observe(None, ms(10), ms(20));
+        m.observe(Some(&reading(2_000, 1 << 20)), ms(2_100), ms(2_150));
+        // Found gone at 2.4 s and again later; Docker's word came at 9 s.
+        m.observe(None, ms(2_350), ms(2_400));
+        m.observe(None, ms(5_000), ms(5_100));
+        let u = m.charge(None, ms(9_000));
+        // 2 s + 1 CPU × (from the read's ask, 2.1 s, to 2.4 s, plus 0.2 s).
+        assert_eq!(u.cpu_ms, Some(2_000 + 300 + 200));
+        assert!(u.estimated);
+        // Before it was ever found, a read that finds nothing ends nothing.
+        let mut m = Meter::new(1.0, t0);
+        m.observe(None, ms(10), ms(20));
+        assert_eq!(m.charge(None, ms(3_000)).cpu_ms, Some(3_200));
     }
 
     #[test]

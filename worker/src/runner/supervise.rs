@@ -307,7 +307,9 @@ impl Run<'_> {
                         // The prelude is gone without a word: OOM-killed itself,
                         // killed by the task (`kill -9 -1`), or its container
                         // stopped under it. The engine's answer is all there is
-                        // (and the meter's bound: the cgroup is gone with it).
+                        // (and the meter's bound, which ends when a read finds the
+                        // cgroup gone: read now, not after Docker has answered).
+                        self.meter.sample(sandbox, container).await;
                         let waited = tokio::time::timeout(ENGINE_EXIT_WAIT, sandbox.wait(container)).await;
                         return match waited {
                             Ok(Ok(code)) => self.exited(code).await,

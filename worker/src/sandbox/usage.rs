@@ -45,7 +45,7 @@ const PROBE_MAX_OUTPUT: usize = 1024;
 /// The /workspace exec: blocks in all, blocks free, block size.
 const WORKSPACE_PROBE: &str = "stat -f -c '%b %f %S' /workspace";
 
-/// What the kernel says a container used, as far as the probe could read it.
+/// What the kernel says a container used, as far as it could be read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reading {
     /// How many processes the OOM killer killed in the container.
@@ -73,7 +73,11 @@ impl Reading {
 /// v1: `memory.oom_control` `oom_kill` (kernel 4.13+), `memory.max_usage_in_bytes`,
 /// `cpuacct.usage` (ns). v2: `memory.events` `oom_kill`, `memory.peak` (kernel
 /// 5.19+), `cpu.stat` `usage_usec`.
-pub fn read_cgroup(root: &Path, id: &str) -> Reading {
+///
+/// `None` when the container has no CPU cgroup directory here: not made yet,
+/// not where the worker looks, or removed, which the kernel allows only once
+/// the cgroup holds no process.
+pub fn read_cgroup(root: &Path, id: &str) -> Option<Reading> {
     let dirs = |under: &Path| -> Option<PathBuf> {
         [
             under.join("docker").join(id),
@@ -86,21 +90,19 @@ pub fn read_cgroup(root: &Path, id: &str) -> Reading {
     };
     let mut r = Reading::default();
     if root.join("cgroup.controllers").exists() {
-        if let Some(d) = dirs(root) {
-            r.oom_kills = keyed(&d.join("memory.events"), "oom_kill");
-            r.peak_memory_bytes = number(&d.join("memory.peak"));
-            r.cpu_ns = keyed(&d.join("cpu.stat"), "usage_usec").and_then(|us| us.checked_mul(1000));
-        }
+        let d = dirs(root)?;
+        r.oom_kills = keyed(&d.join("memory.events"), "oom_kill");
+        r.peak_memory_bytes = number(&d.join("memory.peak"));
+        r.cpu_ns = keyed(&d.join("cpu.stat"), "usage_usec").and_then(|us| us.checked_mul(1000));
     } else {
+        let cpu = dirs(&root.join("cpuacct"))?;
+        r.cpu_ns = number(&cpu.join("cpuacct.usage"));
         if let Some(d) = dirs(&root.join("memory")) {
             r.oom_kills = keyed(&d.join("memory.oom_control"), "oom_kill");
             r.peak_memory_bytes = number(&d.join("memory.max_usage_in_bytes"));
         }
-        if let Some(d) = dirs(&root.join("cpuacct")) {
-            r.cpu_ns = number(&d.join("cpuacct.usage"));
-        }
     }
-    r
+    Some(r)
 }
 
 /// A file holding one number.
@@ -135,22 +137,11 @@ fn parse_statfs(out: &str) -> Option<u64> {
 }
 
 impl Sandbox {
-    /// Reads what container `id` used so far (see the module): its cgroup
-    /// (`None` if this host's cgroup files are not where the worker looks), and
-    /// its /workspace.
-    pub async fn probe(&self, id: &str) -> Option<Reading> {
-        let (cgroup, workspace) = tokio::join!(self.cgroup(id), self.workspace_bytes(id));
-        let reading = Reading {
-            workspace_bytes: workspace,
-            ..cgroup
-        };
-        (reading != Reading::default()).then_some(reading)
-    }
-
     /// Container `id`'s cgroup figures only (a few small files; no Docker
     /// call, no process in the container): what the runner samples while a
-    /// task runs. Nothing is known (`Reading::default()`) once it is gone.
-    pub async fn cgroup(&self, id: &str) -> Reading {
+    /// task runs, and at its end. `None` once it is gone (see `read_cgroup`);
+    /// a read that failed here is a cgroup with nothing known.
+    pub async fn cgroup(&self, id: &str) -> Option<Reading> {
         let read = {
             let id = id.to_owned();
             tokio::task::spawn_blocking(move || read_cgroup(Path::new(CGROUP_ROOT), &id))
@@ -159,14 +150,14 @@ impl Sandbox {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(container = id, error = %e, "could not read the container's cgroup");
-                Reading::default()
+                Some(Reading::default())
             }
         }
     }
 
     /// Bytes in /workspace: through the container's first process if this
     /// worker can reach it, else from a short exec in the container.
-    async fn workspace_bytes(&self, id: &str) -> Option<u64> {
+    pub async fn workspace_bytes(&self, id: &str) -> Option<u64> {
         if let Some(bytes) = self.workspace_bytes_on_host(id).await {
             return Some(bytes);
         }
@@ -294,7 +285,7 @@ mod tests {
         .expect("write");
         std::fs::write(mem.join("memory.max_usage_in_bytes"), "201326592\n").expect("write");
         std::fs::write(cpu.join("cpuacct.usage"), "2000000000\n").expect("write");
-        let r = read_cgroup(root.path(), "abc");
+        let r = read_cgroup(root.path(), "abc").expect("present");
         assert_eq!(
             r,
             Reading {
@@ -305,7 +296,10 @@ mod tests {
             }
         );
         assert!(r.oom_killed());
-        assert_eq!(read_cgroup(root.path(), "other"), Reading::default());
+        assert_eq!(read_cgroup(root.path(), "other"), None);
+        // Memory's cgroup alone is no CPU figure: the CPU's is what is gone.
+        std::fs::remove_dir_all(&cpu).expect("rmdir");
+        assert_eq!(read_cgroup(root.path(), "abc"), None);
     }
 
     #[test]
@@ -320,7 +314,7 @@ mod tests {
         )
         .expect("write");
         std::fs::write(d.join("cpu.stat"), "usage_usec 1500\n").expect("write");
-        let r = read_cgroup(root.path(), "abc");
+        let r = read_cgroup(root.path(), "abc").expect("present");
         assert_eq!(
             r,
             Reading {
