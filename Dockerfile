@@ -25,6 +25,7 @@ COPY api api
 COPY worker worker
 COPY shared shared
 COPY store store
+COPY blobs blobs
 COPY ctl ctl
 # Test-only members: cargo loads the whole workspace, so they must be present.
 COPY testkit testkit

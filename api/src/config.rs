@@ -152,6 +152,10 @@ pub struct Config {
     /// `EGRESS_ALLOW_HOSTS`: the most any task's allow-list may name (every
     /// entry one of these hosts or under one of these domains); `None`: any.
     pub egress_ceiling: Option<AllowList>,
+    /// `WORKSPACE_STORE` and `WORKSPACE_S3_*`: the workers' blob store, which
+    /// `read_files` reads (empty: `./tasks-data/workspace-store`, the worker's
+    /// default beside it).
+    pub workspace_store: blobs::StoreConfig,
 }
 
 /// What the HTTP layer enforces in front of the MCP service: for all clients
@@ -239,6 +243,10 @@ const EGRESS_ALLOW_HOSTS: Var = Var::new("EGRESS_ALLOW_HOSTS", "");
 
 /// The api's own variables with their defaults (besides `shared`'s common ones);
 /// docs/configuration.md and `.env.example` are checked against them.
+/// Where the store is when `WORKSPACE_STORE` is empty: the worker's default
+/// (`<TASKS_DIR>/workspace-store`, `TASKS_DIR` being `./tasks-data`).
+const DEFAULT_WORKSPACE_STORE: &str = "./tasks-data/workspace-store";
+
 pub const VARS: [Var; 36] = [
     SCRIPT_RUNNER_TOKEN,
     EGRESS_ALLOW_HOSTS,
@@ -314,6 +322,8 @@ impl Config {
         let needed = needed_request_bytes(max_zip_bytes, max_stdin_bytes, max_command_bytes);
         let http = http_limits(&var, needed)?;
         let egress_ceiling = egress_ceiling(&var)?;
+        let workspace_store =
+            blobs::StoreConfig::from_lookup(&var, std::path::Path::new(DEFAULT_WORKSPACE_STORE))?;
         let egress_default = egress_default(&var, egress_ceiling.as_ref())?;
         Ok(Config {
             token,
@@ -338,6 +348,7 @@ impl Config {
             redis_setup_check: store::redis_setup::Mode::from_lookup(&var)?,
             oauth: OAuthSettings::from_lookup(&var)?,
             egress_ceiling,
+            workspace_store,
             egress_default,
         })
     }

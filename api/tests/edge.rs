@@ -44,6 +44,7 @@ async fn tools_are_listed_with_input_and_output_schemas() {
             "kill_task",
             "list_tasks",
             "list_workspaces",
+            "read_files",
             "run_script"
         ]
     );

@@ -93,6 +93,12 @@ impl Stack {
             [
                 ("WORKER_CONCURRENCY", opts.concurrency.to_string()),
                 ("TASKS_DIR", tasks_dir.display().to_string()),
+                // Named for the api too (its default is the worker's default
+                // TASKS_DIR's), and shared by every worker of the stack.
+                (
+                    "WORKSPACE_STORE",
+                    tasks_dir.join("workspace-store").display().to_string(),
+                ),
                 ("SHUTDOWN_GRACE_SECONDS", "0".to_owned()),
             ]
             .map(|(k, v)| (k.to_owned(), v)),
@@ -314,6 +320,26 @@ impl Stack {
 
     pub async fn client(&self) -> Client {
         mcp_client(&self.url, TOKEN)
+            .await
+            .expect("MCP client connects")
+    }
+
+    /// An MCP client with a new API key named `owner` (every scope, no
+    /// limits): another owner than `client`'s admin token.
+    pub async fn client_of(&self, owner: &str) -> Client {
+        let mut conn = self.redis_conn().await;
+        let record = shared::apikey::ApiKeyRecord {
+            name: owner.into(),
+            scopes: shared::apikey::Scopes::ALL,
+            limits: shared::apikey::Limits::default(),
+            allow_hosts: None,
+            created_at: None,
+            last_used_at: None,
+        };
+        let key = store::apikeys::create(&mut conn, &self.keys(), &record)
+            .await
+            .expect("create key");
+        mcp_client(&self.url, key.expose())
             .await
             .expect("MCP client connects")
     }

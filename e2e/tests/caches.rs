@@ -56,25 +56,6 @@ async fn stack(pool: bool, extra: &[(&'static str, &str)]) -> Stack {
     .await
 }
 
-/// An MCP client with a new API key named `owner`.
-async fn client_of(stack: &Stack, owner: &str) -> Client {
-    let mut conn = stack.redis_conn().await;
-    let record = shared::apikey::ApiKeyRecord {
-        name: owner.into(),
-        scopes: shared::apikey::Scopes::ALL,
-        limits: shared::apikey::Limits::default(),
-        allow_hosts: None,
-        created_at: None,
-        last_used_at: None,
-    };
-    let key = store::apikeys::create(&mut conn, &stack.keys(), &record)
-        .await
-        .expect("create key");
-    mcp_client(&stack.url, key.expose())
-        .await
-        .expect("MCP client connects")
-}
-
 /// Where the worker keeps `owner`'s cache while no task holds it.
 fn owner_dir(stack: &Stack, owner: Option<&str>) -> PathBuf {
     stack
@@ -158,10 +139,7 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
 
 async fn the_owners_next_task_uses_its_cache_and_no_one_elses(pool: bool) {
     let stack = stack(pool, &[]).await;
-    let (alice, bob) = (
-        client_of(&stack, "alice").await,
-        client_of(&stack, "bob").await,
-    );
+    let (alice, bob) = (stack.client_of("alice").await, stack.client_of("bob").await);
     let zip = json!({ "zip_base64": b64(project_zip()) });
 
     let first = run_python(&stack, &alice, PIP_INSTALL, zip.clone()).await;
@@ -232,7 +210,7 @@ async fn the_owners_next_task_uses_its_cache_and_no_one_elses_pool_on() {
 /// same, for the owner's next task.
 async fn a_cache_comes_back_after_a_kill_and_a_timeout(pool: bool) {
     let stack = stack(pool, &[]).await;
-    let alice = client_of(&stack, "alice").await;
+    let alice = stack.client_of("alice").await;
     let warm = || async {
         if pool {
             wait_for_idle_container(&stack).await;
@@ -327,10 +305,7 @@ async fn the_caps_evict_the_oldest_files_then_the_least_recently_used_owners() {
         &[("CACHE_MB_PER_OWNER", "3"), ("CACHE_TOTAL_MB", "4")],
     )
     .await;
-    let (alice, bob) = (
-        client_of(&stack, "alice").await,
-        client_of(&stack, "bob").await,
-    );
+    let (alice, bob) = (stack.client_of("alice").await, stack.client_of("bob").await);
     // 3 MiB of files in one task, the oldest dated a day back: with their
     // directories (which count too), over alice's 3 MiB.
     let s = run_python(
@@ -378,10 +353,7 @@ async fn the_caps_evict_the_oldest_files_then_the_least_recently_used_owners() {
 #[tokio::test]
 async fn the_ctl_clears_an_owners_cache_before_its_next_task() {
     let stack = stack(false, &[]).await;
-    let (alice, bob) = (
-        client_of(&stack, "alice").await,
-        client_of(&stack, "bob").await,
-    );
+    let (alice, bob) = (stack.client_of("alice").await, stack.client_of("bob").await);
     let zip = json!({ "zip_base64": b64(project_zip()) });
     run_python(&stack, &alice, PIP_INSTALL, zip.clone()).await;
     run_python(&stack, &bob, PIP_INSTALL, zip.clone()).await;
@@ -439,7 +411,7 @@ impl Drop for Outside {
 #[tokio::test]
 async fn links_in_a_cache_never_lead_the_worker_outside_it() {
     let stack = stack(false, &[("CACHE_MB_PER_OWNER", "2")]).await;
-    let alice = client_of(&stack, "alice").await;
+    let alice = stack.client_of("alice").await;
     let outside =
         Outside(std::env::temp_dir().join(format!("sr-outside-{}", uuid::Uuid::new_v4())));
     std::fs::create_dir_all(outside.0.join("dir")).expect("outside dir");
@@ -503,7 +475,7 @@ async fn links_in_a_cache_never_lead_the_worker_outside_it() {
 #[tokio::test]
 async fn a_second_task_of_the_owner_running_meanwhile_gets_no_cache() {
     let stack = stack(false, &[]).await;
-    let alice = client_of(&stack, "alice").await;
+    let alice = stack.client_of("alice").await;
     let first = start_until_output(
         &alice,
         "echo \"cache=$PIP_CACHE_DIR\"; sleep 60",
@@ -531,7 +503,7 @@ async fn a_lost_workers_caches_are_removed_by_the_worker_that_reaps_it() {
         ..Options::default()
     })
     .await;
-    let alice = client_of(&stack, "alice").await;
+    let alice = stack.client_of("alice").await;
     let fast_heartbeat = [("WORKER_HEARTBEAT_SECONDS", "1")];
     let mut doomed = stack.spawn_worker_process("doomed", &fast_heartbeat).await;
     let done = run_python(

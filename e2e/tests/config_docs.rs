@@ -502,6 +502,7 @@ fn declared() -> Vec<Var> {
         .into_iter()
         .chain(script_runner_api::config::VARS)
         .chain(script_runner_worker::config::VARS)
+        .chain(blobs::config::VARS)
         .collect()
 }
 

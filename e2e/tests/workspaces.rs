@@ -74,6 +74,130 @@ async fn files_links_and_modes_carry_over_from_one_task_to_the_next() {
     stack.shutdown().await;
 }
 
+/// `read_files`' answer (its structured content), failing the test on an error.
+async fn read_files(client: &Client, args: Value) -> Value {
+    let r = call(client, "read_files", args).await;
+    assert_ne!(r["isError"], json!(true), "read_files failed: {r}");
+    r["structuredContent"].clone()
+}
+
+/// The entry of `path` in a `read_files` answer.
+fn entry<'a>(answer: &'a Value, path: &str) -> &'a Value {
+    answer["files"]
+        .as_array()
+        .and_then(|f| f.iter().find(|e| e["path"] == path))
+        .unwrap_or_else(|| panic!("no {path} in {answer}"))
+}
+
+#[tokio::test]
+async fn read_files_shows_a_versions_files_by_path_and_pattern_to_their_owner_only() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let first = run_on(
+        &client,
+        json!("new"),
+        "mkdir -p src/pkg && echo 'print(1)' > src/a.py && echo 'x = 2' > src/pkg/b.py \
+         && printf 'caf\\303\\251\\n' > notes.txt && printf '\\000\\377\\001' > data.bin \
+         && printf '#!/bin/sh\\n' > run.sh && chmod 755 run.sh && ln -s src/a.py main.py \
+         && head -c 5000 /dev/zero | tr '\\0' 'y' > big.txt",
+    )
+    .await;
+    assert_eq!(first["workspace_version"], 1, "{first}");
+    let ws = ws_id(&first);
+    let second = run_on(&client, json!({ "id": ws }), "echo 'print(3)' > src/a.py").await;
+    assert_eq!(second["workspace_version"], 2, "{second}");
+
+    // The head, by pattern: `*` stays in its segment, `**` crosses them.
+    let head = read_files(
+        &client,
+        json!({ "workspace_id": ws, "paths": ["src/**/*.py", "*.txt", "data.bin", "run.sh",
+            "main.py", "nothing/*"] }),
+    )
+    .await;
+    assert_eq!(head["version"], 2, "{head}");
+    assert_eq!(entry(&head, "src/a.py")["content"], "print(3)\n");
+    assert_eq!(entry(&head, "src/pkg/b.py")["content"], "x = 2\n");
+    assert_eq!(entry(&head, "notes.txt")["content"], "café\n");
+    assert_eq!(entry(&head, "data.bin")["content_base64"], "AP8B");
+    assert_eq!(entry(&head, "run.sh")["mode"], "0755");
+    let link = entry(&head, "main.py");
+    assert_eq!(
+        (&link["kind"], &link["target"]),
+        (&json!("symlink"), &json!("src/a.py"))
+    );
+    assert_eq!(entry(&head, "big.txt")["size"], 5000);
+    assert_eq!(head["unmatched"], json!(["nothing/*"]), "{head}");
+    let paths: Vec<&str> = head["files"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|e| e["path"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        paths,
+        [
+            "big.txt",
+            "data.bin",
+            "main.py",
+            "notes.txt",
+            "run.sh",
+            "src/a.py",
+            "src/pkg/b.py"
+        ]
+    );
+
+    // An older version, and a budget: the first file is cut, the rest empty.
+    let old = read_files(
+        &client,
+        json!({ "workspace_id": ws, "version": 1, "paths": ["/workspace/src/a.py"] }),
+    )
+    .await;
+    assert_eq!(entry(&old, "src/a.py")["content"], "print(1)\n", "{old}");
+    let cut = read_files(
+        &client,
+        json!({ "workspace_id": ws, "paths": ["big.txt", "notes.txt"], "max_bytes": 100 }),
+    )
+    .await;
+    let big = entry(&cut, "big.txt");
+    assert_eq!(
+        (&big["truncated"], big["content"].as_str().map(str::len)),
+        (&json!(true), Some(100))
+    );
+    assert_eq!(entry(&cut, "notes.txt")["truncated"], true, "{cut}");
+
+    // Bad input is refused naming it; another owner sees no such workspace.
+    let bad = call(
+        &client,
+        "read_files",
+        json!({ "workspace_id": ws, "paths": ["../etc/passwd"] }),
+    )
+    .await;
+    assert_eq!(
+        bad["structuredContent"]["code"], "invalid_argument",
+        "{bad}"
+    );
+    let gone = call(
+        &client,
+        "read_files",
+        json!({ "workspace_id": ws, "version": 9, "paths": ["*"] }),
+    )
+    .await;
+    assert_eq!(
+        gone["structuredContent"]["code"], "unknown_version",
+        "{gone}"
+    );
+    let mallory = stack.client_of("mallory").await;
+    let theirs = call(
+        &mallory,
+        "read_files",
+        json!({ "workspace_id": ws, "paths": ["*"] }),
+    )
+    .await;
+    assert_eq!(
+        theirs["structuredContent"]["code"], "unknown_workspace",
+        "{theirs}"
+    );
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn failed_timed_out_and_killed_tasks_each_make_a_version() {
     let stack = Stack::start(Options::default()).await;
@@ -253,6 +377,16 @@ async fn a_version_saved_on_one_host_is_restored_on_another_through_s3() {
     assert_eq!(second["state"], "succeeded", "{second}");
     assert_eq!(second["stdout_tail"], "blob: OK\n42\n", "{second}");
     assert_eq!(second["workspace_version"], 2, "{second}");
+    // The api reads the same store.
+    let sums = read_files(
+        &client,
+        json!({ "workspace_id": ws, "paths": ["blob.sum"] }),
+    )
+    .await;
+    let sum = entry(&sums, "blob.sum")["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(sum.ends_with("  blob\n") && sum.len() == 64 + 7, "{sums}");
     // Neither host kept a store of its own: the versions are in S3.
     for dir in [&dir_a, &dir_b] {
         let local = std::path::Path::new(dir).join("workspace-store");

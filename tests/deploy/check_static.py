@@ -293,6 +293,16 @@ def check_compose() -> None:
                     problem(f"{where}: {name} gets TASK_SIGNING_KEY, which only the api may hold")
                 if name == "worker" and not env.get("TASK_VERIFY_KEYS"):
                     problem(f"{where}: the worker gets no TASK_VERIFY_KEYS")
+        # read_files: the api reads the worker's default workspace store, read-only.
+        single = stacks["docker-compose.yml"]["services"]
+        worker_tasks = ((single.get("worker") or {}).get("environment") or {}).get("TASKS_DIR") or ""
+        api = single.get("api") or {}
+        store = (api.get("environment") or {}).get("WORKSPACE_STORE") or ""
+        if store != f"{worker_tasks}/workspace-store":
+            problem(f"the api's WORKSPACE_STORE {store!r} is not the worker's default store under {worker_tasks!r}")
+        mounts = [m for m in api.get("volumes") or [] if m.get("target") == store]
+        if not mounts or not all(m.get("read_only") for m in mounts):
+            problem(f"the api does not mount the workspace store {store!r} read-only: {api.get('volumes')}")
         ca_key = (tls / "ca.key").resolve()
         for name in ("redis",):
             for mount in (full.get(name) or {}).get("volumes") or []:

@@ -87,6 +87,29 @@ async def run_task(
         await asyncio.sleep(0.5)
 
 
+async def check_workspace(client: Client) -> None:
+    """A workspace task: the worker saves its /workspace into the store, and the api
+    reads it back from there (through its read-only mount of the worker's store)."""
+    args = {
+        "runtime": os.environ.get("MCP_CHECK_RUNTIME", "python3.13"),
+        "command_base64": base64.b64encode(b"echo kept > notes.txt").decode(),
+        "workspace": "new",
+    }
+    made = await call(client, "run_script", args)
+    end = time.monotonic() + DEADLINE
+    while not isinstance(made.get("workspace_version"), int) and not made.get("workspace_note"):
+        if time.monotonic() > end:
+            raise SystemExit(f"workspace task {made['task_id']} made no version: {made}")
+        await asyncio.sleep(0.5)
+        made = await call(client, "get_task_status", {"task_id": made["task_id"]})
+    assert made["workspace_version"] == 1, made
+    read = await call(
+        client, "read_files", {"workspace_id": made["workspace_id"], "paths": ["notes.txt"]}
+    )
+    assert [(f["path"], f.get("content")) for f in read["files"]] == [("notes.txt", "kept\n")], read
+    print(f"mcp_check: workspace {made['workspace_id']} saved version 1, read_files read it back")
+
+
 async def main(argv: list[str]) -> None:
     mode, url = argv[0], argv[1]
     pin_resolution(url)
@@ -123,6 +146,8 @@ async def main(argv: list[str]) -> None:
                     assert (usage["peak_memory_bytes"] or 0) > 0, usage
                     assert (usage["workspace_bytes"] or 0) > 0, usage
                     print(f"mcp_check: usage {usage}")
+                if os.environ.get("MCP_CHECK_WORKSPACE"):
+                    await check_workspace(client)
                 # The other tools' Redis paths (the kill script, the task index).
                 killed = await call(client, "kill_task", {"task_id": status["task_id"]})
                 assert killed["killed"] is False and killed["state"] == "succeeded", killed

@@ -345,7 +345,7 @@ if [[ "$(tail -n1 <<<"$reply")" != 403 ]] || ! grep -qF '"message":"Forbidden: t
 fi
 admin ACL LOG RESET >/dev/null
 mcp unauthorized "$MCP_URL" "$CA"
-MCP_CHECK_TASK_ID_FILE="$WORK/task1" mcp run "$MCP_URL" "$TOKEN" "$CA"
+MCP_CHECK_WORKSPACE=1 MCP_CHECK_TASK_ID_FILE="$WORK/task1" mcp run "$MCP_URL" "$TOKEN" "$CA"
 
 step "an API key's task to the end: its usage, /metrics' per-owner series, no ACL denial"
 # The key is made with the host's ctl as Redis's admin user; with quotas, so SUBMIT

@@ -408,6 +408,8 @@ class Stack:
             "TASK_VERIFY_KEYS": VERIFY_KEY,
             "TASKS_DIR": str(tasks_dir),
             "RUNTIME_IMAGES": self.runtime_images,
+            # One store for every worker of the run, as a fleet shares one.
+            "WORKSPACE_STORE": str(self.tmp_dir / "tasks" / "workspace-store"),
         }
         metrics_url = None
         if metrics:
@@ -451,6 +453,8 @@ class Stack:
             "REDIS_KEY_PREFIX": prefix,
             "LISTEN_ADDR": f"127.0.0.1:{port}",
             "RUNTIME_IMAGES": self.runtime_images,
+            # The workers' store (their default under the shared tasks/), for read_files.
+            "WORKSPACE_STORE": str(self.tmp_dir / "tasks" / "workspace-store"),
         }
         proc_env = self.env(settings | self.common_env | (env or {}))
         api = Api(short, prefix, port, Proc(short, [self.binary(API_BIN)], proc_env, self.tmp_dir / f"{short}.log"))

@@ -108,6 +108,15 @@ async def test_a_venv_made_in_one_task_is_imported_in_the_next(client: Client) -
     )
     assert second["state"] == "succeeded", second
     assert second["stdout_tail"] == "42 /workspace/.venv\n", second
+    # The same files, read without a task: the module as text, the link as a link.
+    read = await call_ok(
+        client,
+        "read_files",
+        {"workspace_id": first["workspace_id"], "paths": [".venv/lib/*/site-packages/answer.py", ".venv/bin/python"]},
+    )
+    files = {f["path"]: f for f in read["files"]}
+    assert files[".venv/lib/python3.13/site-packages/answer.py"]["content"] == "ANSWER = 42\n", read
+    assert files[".venv/bin/python"]["kind"] == "symlink" and "content" not in files[".venv/bin/python"], read
 
 
 async def test_forks_diverge_and_version_one_can_be_started_from(client: Client) -> None:

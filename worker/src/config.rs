@@ -2,8 +2,7 @@
 //! every variable with its default; docs/configuration.md explains each.
 
 use crate::workspaces::WorkspaceConfig;
-use crate::workspaces::blobs::S3Settings;
-use shared::workspace::{StoreLocation, VersionLimits};
+use shared::workspace::VersionLimits;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -298,12 +297,8 @@ const TASK_VERIFY_KEYS: Var = Var::new("TASK_VERIFY_KEYS", "");
 /// The api's variable of the same name and default: its cap on what a client
 /// may ask, here the worker's cap on what a record may say.
 const MAX_TIMEOUT_SECONDS: Var = Var::new("MAX_TIMEOUT_SECONDS", "3600");
-// Persistent workspaces (docs/workspaces.md). Empty store: `<TASKS_DIR>/workspace-store`.
-const WORKSPACE_STORE: Var = Var::new("WORKSPACE_STORE", "");
-const WORKSPACE_S3_ENDPOINT: Var = Var::new("WORKSPACE_S3_ENDPOINT", "");
-const WORKSPACE_S3_REGION: Var = Var::new("WORKSPACE_S3_REGION", "us-east-1");
-const WORKSPACE_S3_ACCESS_KEY_ID: Var = Var::new("WORKSPACE_S3_ACCESS_KEY_ID", "");
-const WORKSPACE_S3_SECRET_ACCESS_KEY: Var = Var::new("WORKSPACE_S3_SECRET_ACCESS_KEY", "");
+// Persistent workspaces (docs/workspaces.md); the store's own variables are the
+// `blobs` crate's (empty store here: `<TASKS_DIR>/workspace-store`).
 const WORKSPACE_CACHE_MB: Var = Var::new("WORKSPACE_CACHE_MB", "2048");
 const WORKSPACE_MAX_MB: Var = Var::new("WORKSPACE_MAX_MB", "1024");
 const WORKSPACE_MAX_FILES: Var = Var::new("WORKSPACE_MAX_FILES", "100000");
@@ -311,7 +306,7 @@ const WORKSPACE_VERSIONS_KEPT: Var = Var::new("WORKSPACE_VERSIONS_KEPT", "20");
 
 /// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 38] = [
+pub const VARS: [Var; 33] = [
     WORKER_NAME,
     TASK_VERIFY_KEYS,
     MAX_TIMEOUT_SECONDS,
@@ -341,11 +336,6 @@ pub const VARS: [Var; 38] = [
     POOL_MAX_AGE_SECONDS,
     CACHE_MB_PER_OWNER,
     CACHE_TOTAL_MB,
-    WORKSPACE_STORE,
-    WORKSPACE_S3_ENDPOINT,
-    WORKSPACE_S3_REGION,
-    WORKSPACE_S3_ACCESS_KEY_ID,
-    WORKSPACE_S3_SECRET_ACCESS_KEY,
     WORKSPACE_CACHE_MB,
     WORKSPACE_MAX_MB,
     WORKSPACE_MAX_FILES,
@@ -442,34 +432,9 @@ fn workspace_config(
     var: &impl Fn(&str) -> Option<String>,
     tasks_dir: &std::path::Path,
 ) -> Result<WorkspaceConfig, ConfigError> {
-    let store = match WORKSPACE_STORE.get(var) {
-        s if s.trim().is_empty() => {
-            let dir = std::path::absolute(tasks_dir.join("workspace-store"))
-                .unwrap_or_else(|_| tasks_dir.join("workspace-store"));
-            StoreLocation::Local(dir)
-        }
-        s => StoreLocation::parse(s.trim())
-            .map_err(|e| VarError::new(WORKSPACE_STORE.name, &s, e))?,
-    };
-    let s3 = S3Settings {
-        endpoint: Some(WORKSPACE_S3_ENDPOINT.get(var)).filter(|e| !e.trim().is_empty()),
-        region: WORKSPACE_S3_REGION.get(var),
-        access_key_id: WORKSPACE_S3_ACCESS_KEY_ID.get(var),
-        secret_access_key: WORKSPACE_S3_SECRET_ACCESS_KEY.get(var),
-    };
-    if matches!(store, StoreLocation::S3 { .. })
-        && (s3.access_key_id.is_empty() || s3.secret_access_key.is_empty())
-    {
-        let e = VarError::new(
-            WORKSPACE_S3_ACCESS_KEY_ID.name,
-            "",
-            "an access key id, with WORKSPACE_S3_SECRET_ACCESS_KEY, for an s3:// WORKSPACE_STORE",
-        );
-        return Err(e.into());
-    }
+    let store = blobs::StoreConfig::from_lookup(var, &tasks_dir.join("workspace-store"))?;
     Ok(WorkspaceConfig {
         store,
-        s3,
         cache_bytes: WORKSPACE_CACHE_MB.range(var, 0, 1 << 30)? << 20,
         limits: VersionLimits {
             max_bytes: WORKSPACE_MAX_MB.range(var, 1, 1 << 20)? << 20,

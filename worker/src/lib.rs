@@ -65,7 +65,7 @@ pub enum WorkerError {
     #[error("restart recovery: {0}")]
     Recovery(#[from] recovery::RecoveryError),
     #[error("the workspace store: {0}")]
-    Workspaces(#[from] workspaces::blobs::BlobError),
+    Workspaces(#[from] blobs::BlobError),
 }
 
 /// Runs until `shutdown` resolves. Then it takes no new job, gives running tasks
@@ -239,7 +239,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         tokio::task::spawn_blocking(move || workspaces::Workspaces::open(&cfg, cache_dir, &user))
             .await
             .map_err(std::io::Error::other)
-            .map_err(workspaces::blobs::BlobError::Cache)??
+            .map_err(blobs::BlobError::Cache)??
     };
     let pool = pool::Pool::new(
         sandbox.clone(),

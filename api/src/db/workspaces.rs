@@ -37,6 +37,27 @@ impl Store {
         Ok(self.workspaces.get_for(&mut conn, id, who).await?)
     }
 
+    /// Workspace `id`, if `who` may see it, and its version `version` (the
+    /// head when `None`): `None` for the version when it is not kept, and for
+    /// version 0, the empty one, which has no record.
+    pub async fn workspace_version(
+        &self,
+        id: &WorkspaceId,
+        who: &Owner,
+        version: Option<u64>,
+    ) -> Result<Option<(WorkspaceRecord, u64, Option<VersionRecord>)>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let Some(ws) = self.workspaces.get_for(&mut conn, id, who).await? else {
+            return Ok(None);
+        };
+        let n = version.unwrap_or(ws.head);
+        let record = match n {
+            0 => None,
+            n => self.workspaces.version(&mut conn, id, n).await?,
+        };
+        Ok(Some((ws, n, record)))
+    }
+
     /// Workspace `id` and its kept versions (oldest first), if `who` may see
     /// it, with `busy` only while its task still holds it.
     pub async fn workspace_with_versions(

@@ -447,9 +447,18 @@ pub struct ForkWorkspaceInput {
     pub version: Option<i64>,
 }
 
-fn version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+pub(super) fn version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     whole_number("version", d)
 }
+
+/// `read_files`: the most content bytes one call returns (all files
+/// together), and the default.
+pub const MAX_READ_BYTES: u64 = 1 << 20;
+pub const DEFAULT_READ_BYTES: u64 = 64 << 10;
+/// `read_files`: the most paths or patterns one call may give.
+pub const MAX_PATTERNS: usize = 64;
+/// `read_files`: the most entries one answer lists (content or not).
+pub const MAX_LISTED: usize = 1000;
 
 /// A version argument: 0 or more.
 pub(super) fn parse_version(given: Option<i64>) -> Result<Option<u64>, ToolError> {

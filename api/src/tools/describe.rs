@@ -13,7 +13,10 @@ use shared::ReasonKind;
 use shared::options::{MAX_COLLECT_BYTES, MAX_COLLECT_FILES, MAX_ENV_BYTES, MAX_ENV_VARS};
 use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 
-use super::args::{DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+use super::args::{
+    DEFAULT_LIST_LIMIT, DEFAULT_READ_BYTES, MAX_LIST_LIMIT, MAX_LISTED, MAX_PATTERNS,
+    MAX_READ_BYTES,
+};
 use super::output::LIST_COMMAND_CHARS;
 use crate::config::Config;
 
@@ -70,6 +73,10 @@ fn placeholders(config: &Config) -> Vec<(&'static str, String)> {
         ("{max_list_limit}", MAX_LIST_LIMIT.to_string()),
         ("{list_command_chars}", LIST_COMMAND_CHARS.to_string()),
         ("{reason_kinds}", reason_kinds()),
+        ("{max_read_bytes}", size(MAX_READ_BYTES)),
+        ("{default_read_bytes}", size(DEFAULT_READ_BYTES)),
+        ("{max_patterns}", MAX_PATTERNS.to_string()),
+        ("{max_listed}", MAX_LISTED.to_string()),
     ]
 }
 
@@ -160,8 +167,8 @@ mod tests {
             ("MAX_TIMEOUT_SECONDS", "999"),
             ("MAX_STDIN_BYTES", "2097152"),
         ]);
-        let tools = with_limits(ScriptRunner::tool_router(), &config).list_all();
-        assert_eq!(tools.len(), 9);
+        let tools = with_limits(ScriptRunner::routes(), &config).list_all();
+        assert_eq!(tools.len(), 10);
         // schemars keeps the doc comments' line breaks.
         let text = serde_json::to_string(&tools)
             .unwrap_or_default()
@@ -191,7 +198,7 @@ mod tests {
 
     #[test]
     fn get_task_status_lists_every_reason_kind() {
-        let tools = with_limits(ScriptRunner::tool_router(), &config(&[])).list_all();
+        let tools = with_limits(ScriptRunner::routes(), &config(&[])).list_all();
         let description = tools
             .iter()
             .find(|t| t.name == "get_task_status")

@@ -194,6 +194,22 @@ pub enum ToolError {
     WorkspaceMoving(WorkspaceId),
     #[error("version must be a version number, 0 or more (got {0}); omit it for the head")]
     BadVersion(i64),
+    #[error("paths must hold 1 to {max} paths or patterns (got {got})")]
+    BadPatternCount { got: usize, max: usize },
+    #[error(
+        "path pattern {pattern:?} is not valid: {why}; give paths relative to /workspace, with `*` and `?` within a segment, `**` across segments, `{{a,b}}` and `[abc]`"
+    )]
+    BadPattern { pattern: String, why: String },
+    #[error("max_bytes must be between 1 and {max} (got {got})")]
+    BadReadBytes { got: i64, max: u64 },
+    /// The blob store failed or is not reachable from this api replica.
+    #[error(
+        "the workspace's files could not be read from the workspace store ({0}); try again shortly"
+    )]
+    WorkspaceStore(String),
+    /// The store holds something other than what the version names.
+    #[error("the workspace's files in the store do not read ({0}); this is a server fault")]
+    WorkspaceData(String),
     #[error(
         "cursor {0:?} is not one list_workspaces returned; pass next_cursor exactly as given, or omit it for the newest workspaces"
     )]
@@ -267,6 +283,19 @@ impl From<BadWorkspaceId> for ToolError {
 }
 
 impl ToolError {
+    /// A blob store error as the caller reads it: the store failing is worth
+    /// another try, what it holds not reading is not.
+    pub fn from_blob(e: blobs::BlobError) -> ToolError {
+        match e {
+            blobs::BlobError::Store(_) | blobs::BlobError::Cache(_) => {
+                ToolError::WorkspaceStore(e.to_string())
+            }
+            blobs::BlobError::Corrupt(_) | blobs::BlobError::Manifest(_) => {
+                ToolError::WorkspaceData(e.to_string())
+            }
+        }
+    }
+
     /// The stable code beside the message.
     pub fn code(&self) -> ErrorCode {
         use ErrorCode as C;
@@ -284,7 +313,12 @@ impl ToolError {
             | ToolError::BadLimit { .. }
             | ToolError::MalformedWorkspaceId(_)
             | ToolError::BadVersion(_)
+            | ToolError::BadPatternCount { .. }
+            | ToolError::BadPattern { .. }
+            | ToolError::BadReadBytes { .. }
             | ToolError::BadWorkspaceCursor(_) => C::InvalidArgument,
+            ToolError::WorkspaceStore(_) => C::Unavailable,
+            ToolError::WorkspaceData(_) => C::Internal,
             ToolError::UnknownWorkspace(_) => C::UnknownWorkspace,
             ToolError::UnknownVersion { .. } => C::UnknownVersion,
             ToolError::WorkspaceBusy { .. } | ToolError::WorkspaceMoving(_) => C::WorkspaceBusy,

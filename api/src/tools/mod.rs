@@ -12,6 +12,8 @@
 //! - `status`: a task record as `get_task_status` shows it;
 //! - `tasks`: `tasks/get` and `tasks/cancel` (the MCP tasks extension);
 //! - `calls`: the nine tools (five for tasks, four for workspaces);
+//! - `files`: `read_files`, with its own arguments and answer (a router of its
+//!   own, which `runner` adds to `calls`'s);
 //! - `fallback`: the answer to a request rmcp could not parse;
 //! - `server_info`: who we are, stamped in every result's `_meta`;
 //! - `server`: rmcp's `ServerHandler`, dispatching to the above.
@@ -21,6 +23,7 @@ mod calls;
 mod describe;
 mod error;
 mod fallback;
+mod files;
 mod output;
 mod runner;
 mod server;
@@ -29,6 +32,7 @@ mod status;
 mod tasks;
 
 pub use error::{ErrorCode, ToolError};
+pub use files::{FileContent, FileKind, ReadFilesOutput};
 pub use output::{
     DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
     ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFilesOutput, TaskStatus,

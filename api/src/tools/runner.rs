@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use blobs::BlobStore;
+
 use rmcp::RoleServer;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::service::RequestContext;
@@ -25,17 +27,37 @@ pub struct ScriptRunner {
     pub(super) tools: Arc<ToolRouter<ScriptRunner>>,
     /// Cancelled when the replica shuts down: waiting calls answer at once.
     pub(super) shutdown: CancellationToken,
+    /// The workers' blob store, for `read_files`; why not, if it did not open
+    /// at start (the other tools work without it).
+    pub(super) blobs: Result<BlobStore, Arc<str>>,
 }
 
 impl ScriptRunner {
     pub fn new(store: Store, config: Arc<Config>, shutdown: CancellationToken) -> ScriptRunner {
-        let tools = Arc::new(describe::with_limits(ScriptRunner::tool_router(), &config));
+        let tools = Arc::new(describe::with_limits(ScriptRunner::routes(), &config));
+        let blobs = BlobStore::open(&config.workspace_store).map_err(|e| {
+            tracing::warn!(error = %e, "the workspace store did not open: read_files will answer that");
+            Arc::from(e.to_string())
+        });
         ScriptRunner {
             store,
             config,
             tools,
             shutdown,
+            blobs,
         }
+    }
+
+    /// Every tool: `calls`'s and `files`'s.
+    pub(super) fn routes() -> ToolRouter<ScriptRunner> {
+        ScriptRunner::tool_router() + ScriptRunner::files_router()
+    }
+
+    /// The blob store, or the tool error that says why there is none.
+    pub(super) fn blobs(&self) -> Result<&BlobStore, ToolError> {
+        self.blobs
+            .as_ref()
+            .map_err(|e| ToolError::WorkspaceStore(e.to_string()))
     }
 }
 

@@ -515,6 +515,21 @@ async fn bad_workspace_arguments_get_clear_messages_and_scopes_hold() {
             "workspace_id",
         ),
         (
+            "read_files",
+            json!({ "workspace_id": id, "paths": [] }),
+            "paths must hold 1 to 64 paths or patterns (got 0)",
+        ),
+        (
+            "read_files",
+            json!({ "workspace_id": id, "paths": ["a"], "max_bytes": 0 }),
+            "max_bytes must be between 1 and 1048576 (got 0)",
+        ),
+        (
+            "read_files",
+            json!({ "workspace_id": id, "paths": ["/etc/passwd"] }),
+            "path pattern \"/etc/passwd\" is not valid: an absolute path outside /workspace",
+        ),
+        (
             "fork_workspace",
             json!({ "workspace_id": id, "version": -3 }),
             "version must be a version number, 0 or more (got -3)",

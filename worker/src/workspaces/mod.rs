@@ -2,7 +2,8 @@
 //! directory before the task's container starts (`restore`), and the task's
 //! /workspace, read from its container once the task has ended (whatever the
 //! end), stored as the next version (`pack`, then the blobs and the manifest
-//! uploaded) over the blob store (`blobs`, `http`).
+//! uploaded) over the blob store (the `blobs` crate) and this host's cache of
+//! it (`cached`).
 //!
 //! The worker only moves bytes: which version a task starts from and whether
 //! its version becomes the head are Redis's (SUBMIT made the workspace busy
@@ -10,8 +11,7 @@
 //! is stored, moves the head). A save that fails, or a worker that dies
 //! mid-save, leaves the head where it was: nothing names the blobs it stored.
 
-pub mod blobs;
-pub mod http;
+pub mod cached;
 mod pack;
 mod restore;
 
@@ -20,18 +20,18 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
-use shared::workspace::{BlobDigest, Manifest, StoreLocation, VersionLimits};
+use shared::workspace::{BlobDigest, Manifest, VersionLimits};
 
 use crate::sandbox::Sandbox;
-use blobs::{BlobError, BlobStore, S3Settings};
+use blobs::{BlobError, StoreConfig};
+use cached::CachedStore;
 use pack::PackError;
 
 /// The worker's workspace settings (`WORKSPACE_*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkspaceConfig {
-    /// `WORKSPACE_STORE`: where blobs are kept.
-    pub store: StoreLocation,
-    pub s3: S3Settings,
+    /// `WORKSPACE_STORE` and `WORKSPACE_S3_*`: where blobs are kept.
+    pub store: StoreConfig,
     /// `WORKSPACE_CACHE_MB`: this host's blob cache, in bytes.
     pub cache_bytes: u64,
     /// `WORKSPACE_MAX_MB` and `WORKSPACE_MAX_FILES`: the caps on one version.
@@ -68,7 +68,7 @@ pub struct StoredVersion {
 /// This worker's workspaces: the blob store, its cache and the caps.
 #[derive(Debug, Clone)]
 pub struct Workspaces {
-    blobs: BlobStore,
+    blobs: CachedStore,
     config: WorkspaceConfig,
     /// The task user, who owns restored files (`TASK_USER`).
     owner: Option<(u32, u32)>,
@@ -84,7 +84,7 @@ impl Workspaces {
         task_user: &str,
     ) -> Result<Workspaces, BlobError> {
         Ok(Workspaces {
-            blobs: BlobStore::open(&config.store, &config.s3, cache_dir, config.cache_bytes)?,
+            blobs: CachedStore::open(&config.store, cache_dir, config.cache_bytes)?,
             config: config.clone(),
             owner: crate::source::parse_owner(task_user),
         })

@@ -16,7 +16,7 @@ use shared::workspace::{
 };
 use tar::EntryType;
 
-use super::blobs::BlobCache;
+use super::cached::BlobCache;
 
 /// What `pack` made.
 #[derive(Debug)]

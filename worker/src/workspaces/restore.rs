@@ -19,7 +19,7 @@ use std::path::Path;
 
 use shared::workspace::{EntryKind, MODE_MASK, Manifest};
 
-use super::blobs::BlobCache;
+use super::cached::BlobCache;
 
 /// Fills `dir` (an empty directory) with `manifest`'s entries.
 pub fn restore(
