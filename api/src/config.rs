@@ -156,6 +156,8 @@ pub struct Config {
     /// `read_files` reads (empty: `./tasks-data/workspace-store`, the worker's
     /// default beside it).
     pub workspace_store: blobs::StoreConfig,
+    /// `WORKSPACE_OWNER_MAX_MB`, in bytes: the cap a fork is held to (0: none).
+    pub workspace_owner_max_bytes: u64,
 }
 
 /// What the HTTP layer enforces in front of the MCP service: for all clients
@@ -349,6 +351,7 @@ impl Config {
             oauth: OAuthSettings::from_lookup(&var)?,
             egress_ceiling,
             workspace_store,
+            workspace_owner_max_bytes: blobs::config::owner_max_bytes(&var)?,
             egress_default,
         })
     }

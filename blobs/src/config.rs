@@ -12,16 +12,25 @@ const WORKSPACE_S3_ENDPOINT: Var = Var::new("WORKSPACE_S3_ENDPOINT", "");
 const WORKSPACE_S3_REGION: Var = Var::new("WORKSPACE_S3_REGION", "us-east-1");
 const WORKSPACE_S3_ACCESS_KEY_ID: Var = Var::new("WORKSPACE_S3_ACCESS_KEY_ID", "");
 const WORKSPACE_S3_SECRET_ACCESS_KEY: Var = Var::new("WORKSPACE_S3_SECRET_ACCESS_KEY", "");
+const WORKSPACE_OWNER_MAX_MB: Var = Var::new("WORKSPACE_OWNER_MAX_MB", "10240");
 
-/// The store's variables with their defaults; docs/configuration.md and
-/// `.env.example` are checked against them.
-pub const VARS: [Var; 5] = [
+/// The store's variables, and the owner's cap, with their defaults (both
+/// binaries read them); docs/configuration.md and `.env.example` are checked
+/// against them.
+pub const VARS: [Var; 6] = [
     WORKSPACE_STORE,
     WORKSPACE_S3_ENDPOINT,
     WORKSPACE_S3_REGION,
     WORKSPACE_S3_ACCESS_KEY_ID,
     WORKSPACE_S3_SECRET_ACCESS_KEY,
+    WORKSPACE_OWNER_MAX_MB,
 ];
+
+/// `WORKSPACE_OWNER_MAX_MB`, in bytes: the most one owner's workspaces may hold
+/// together (0: no cap). The worker holds a new version to it, the api a fork.
+pub fn owner_max_bytes(var: &impl Fn(&str) -> Option<String>) -> Result<u64, VarError> {
+    Ok(WORKSPACE_OWNER_MAX_MB.range(var, 0, 1 << 30)? << 20)
+}
 
 /// What the S3 store needs besides its bucket (`WORKSPACE_S3_*`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -10,7 +10,10 @@
 //!   --kill-tasks` also kills the key's active tasks.
 //! - `tasks kill --owner NAME|--admin`: kills every active task of one owner
 //!   (`tasks`: the KILL script, `FCALL`, so as `admin` like `keys`).
-//! - `usage`: what each owner's tasks used in all, the heaviest first.
+//! - `usage`: what each owner's tasks used in all, the heaviest first, and
+//!   what its workspaces hold.
+//! - `workspaces list|show|delete`: persistent workspaces, every owner's
+//!   (`workspaces`; `delete` runs WS_DELETE, `FCALL`, so as `admin`).
 //! - `cache clear`: asks the workers to empty dependency caches (`cache`:
 //!   writes one counter, `HINCRBY`, so as `admin` like `keys`).
 //! - `redis load-functions|functions|prune-functions`: the Lua functions
@@ -33,6 +36,7 @@ pub mod signing;
 pub mod tasks;
 pub mod top;
 pub mod usage;
+pub mod workspaces;
 
 use shared::Keys;
 use shared::envvar::{Common, VarError, non_blank};
@@ -123,6 +127,15 @@ pub enum CtlError {
     Functions(#[from] store::scripts::FunctionsError),
     #[error(transparent)]
     Key(#[from] shared::apikey::KeyError),
+    #[error("no workspace {0} (never made under this REDIS_KEY_PREFIX, or deleted)")]
+    NoSuchWorkspace(shared::workspace::WorkspaceId),
+    #[error("workspace {id}: {what}")]
+    Workspace {
+        id: shared::workspace::WorkspaceId,
+        what: String,
+    },
+    #[error("{0}")]
+    BadWorkspaceId(#[from] shared::workspace::BadWorkspaceId),
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
     #[error("JSON: {0}")]

@@ -8,7 +8,8 @@ use script_runner_ctl::functions::FunctionsAdmin;
 use script_runner_ctl::keys::{IssuedKey, KeyAdmin, render_list};
 use script_runner_ctl::read::{Reader, TaskView};
 use script_runner_ctl::tasks::{Killed, MAX_TASKS, TaskAdmin};
-use script_runner_ctl::{Config, cache, render, signing, top, usage};
+use script_runner_ctl::workspaces::WorkspaceAdmin;
+use script_runner_ctl::{Config, cache, render, signing, top, usage, workspaces};
 use shared::Owner;
 use shared::apikey::{Limits, Scopes};
 use shared::options::Networks;
@@ -72,6 +73,9 @@ enum Command {
     /// The workers' dependency caches (pip, npm) kept per owner.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Persistent workspaces, every owner's: list, show, delete.
+    #[command(subcommand)]
+    Workspaces(WorkspacesCommand),
     /// The key pair task specs are signed with (api) and verified by (workers).
     /// Needs no Redis.
     #[command(subcommand)]
@@ -84,6 +88,24 @@ enum SigningKeyCommand {
     Generate,
     /// The public key (TASK_VERIFY_KEYS) of the TASK_SIGNING_KEY read from stdin.
     Public,
+}
+
+#[derive(Subcommand)]
+enum WorkspacesCommand {
+    /// The most recently used workspaces: id, owner, head, bytes, last use, busy task.
+    List {
+        /// Only this owner's: an API key's name or oauth:<subject>.
+        #[arg(long)]
+        owner: Option<String>,
+        /// How many to list (at most 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// One workspace and its kept versions (each with the task that made it).
+    Show { id: String },
+    /// Delete a workspace and its versions, whoever owns it (as Redis's admin
+    /// user). A task running on it keeps running; its files are not saved.
+    Delete { id: String },
 }
 
 #[derive(Subcommand)]
@@ -259,6 +281,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Command::Redis(cmd) = cli.command {
         return redis_functions(&config, cmd, cli.json).await;
     }
+    if let Command::Workspaces(cmd) = cli.command {
+        return workspaces_cmd(&config, cmd, cli.json).await;
+    }
     if let Command::Tasks(TasksCommand::Kill { owner, admin }) = cli.command {
         let owner = match (owner, admin) {
             (Some(name), _) => Owner::parse(&name)?,
@@ -329,6 +354,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(_)
         | Command::Redis(_)
         | Command::Cache(_)
+        | Command::Workspaces(_)
         | Command::SigningKey(_)
         | Command::Tasks(_) => {}
         Command::Status => {
@@ -371,6 +397,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 print!("{}", usage::render(&r));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn workspaces_cmd(config: &Config, cmd: WorkspacesCommand, json: bool) -> anyhow::Result<()> {
+    let admin = WorkspaceAdmin::new(config).await?;
+    let parse = |id: &str| shared::workspace::WorkspaceId::parse(id.trim());
+    match cmd {
+        WorkspacesCommand::List { owner, limit } => {
+            let owner = owner.as_deref().map(Owner::parse).transpose()?;
+            let rows = admin.list(owner.as_ref(), limit).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print!("{}", workspaces::render_list(&rows));
+            }
+        }
+        WorkspacesCommand::Show { id } => {
+            let detail = admin.show(&parse(&id)?).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&detail)?);
+            } else {
+                print!("{}", workspaces::render_detail(&detail));
+            }
+        }
+        WorkspacesCommand::Delete { id } => {
+            let id = parse(&id)?;
+            let owner = admin.delete(&id).await?;
+            if json {
+                let out = serde_json::json!({"workspace_id": id, "owner": owner.to_string(), "deleted": true});
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                eprintln!("deleted workspace {id} of {owner} and its versions");
             }
         }
     }

@@ -1,6 +1,7 @@
 //! `usage`: what each owner's tasks used in all (the totals FINISH keeps per
-//! API key or OAuth subject), the heaviest by CPU first. Reads `ZREVRANGE`,
-//! `ZCARD` and one `HGETALL` per owner shown (at most `MAX_OWNERS`).
+//! API key or OAuth subject), the heaviest by CPU first, and what each one's
+//! workspaces hold now. Reads `ZREVRANGE`, `ZCARD`, one `HGETALL` per owner
+//! shown (at most `MAX_OWNERS`) and one `HMGET` of the workspace bytes.
 
 use std::fmt::Write as _;
 
@@ -26,6 +27,9 @@ pub struct OwnerUsage {
     pub peak_memory_bytes: u64,
     /// Bytes in /workspace at the end, summed over its tasks.
     pub workspace_bytes: u64,
+    /// What its workspaces' kept versions hold now, each counted whole (what
+    /// `WORKSPACE_OWNER_MAX_MB` caps); null for the rows of several owners.
+    pub workspace_kept_bytes: Option<u64>,
 }
 
 impl OwnerUsage {
@@ -36,6 +40,7 @@ impl OwnerUsage {
             cpu_seconds: t.cpu_ms as f64 / 1000.0,
             peak_memory_bytes: t.peak_memory_bytes,
             workspace_bytes: t.workspace_bytes,
+            workspace_kept_bytes: None,
         }
     }
 }
@@ -73,7 +78,19 @@ impl Reader {
     pub async fn usage(&self, limit: usize) -> Result<UsageReport, CtlError> {
         let mut conn = self.pool.get().await?;
         let totals = store::usage::top_owners(&mut conn, &self.keys, limit.min(MAX_OWNERS)).await?;
-        Ok(UsageReport::new(&totals))
+        let mut report = UsageReport::new(&totals);
+        if !report.owners.is_empty() {
+            let owners: Vec<&str> = report.owners.iter().map(|u| u.owner.as_str()).collect();
+            let kept: Vec<Option<u64>> = redis::cmd("HMGET")
+                .arg(self.keys.workspace_bytes())
+                .arg(&owners)
+                .query_async(&mut conn)
+                .await?;
+            for (u, k) in report.owners.iter_mut().zip(kept) {
+                u.workspace_kept_bytes = Some(k.unwrap_or(0));
+            }
+        }
+        Ok(report)
     }
 }
 
@@ -82,20 +99,21 @@ pub fn render(r: &UsageReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<32} {:>8} {:>12} {:>12} {:>14}",
-        "OWNER", "TASKS", "CPU_SECONDS", "PEAK_MIB", "WORKSPACE_MIB"
+        "{:<32} {:>8} {:>12} {:>12} {:>14} {:>10}",
+        "OWNER", "TASKS", "CPU_SECONDS", "PEAK_MIB", "WORKSPACE_MIB", "KEPT_MIB"
     );
     let mib = |b: u64| format!("{:.1}", b as f64 / 1_048_576.0);
     let others = r.others.iter();
     for u in r.owners.iter().chain(others).chain([&r.all]) {
         let _ = writeln!(
             out,
-            "{:<32} {:>8} {:>12.1} {:>12} {:>14}",
+            "{:<32} {:>8} {:>12.1} {:>12} {:>14} {:>10}",
             u.owner,
             u.tasks,
             u.cpu_seconds,
             mib(u.peak_memory_bytes),
-            mib(u.workspace_bytes)
+            mib(u.workspace_bytes),
+            u.workspace_kept_bytes.map_or_else(|| "-".to_owned(), mib)
         );
     }
     if r.owner_count == 0 {

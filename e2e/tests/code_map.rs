@@ -26,7 +26,8 @@ const SECTION: &str = "Code map";
 
 /// Where the sources whose words count live, and what they end in.
 const SOURCE_DIRS: &[&str] = &[
-    "api", "worker", "shared", "store", "ctl", "testkit", "e2e", "scripts", "deploy", "tests",
+    "api", "worker", "shared", "store", "blobs", "ctl", "testkit", "e2e", "scripts", "deploy",
+    "tests",
 ];
 const SOURCE_EXTENSIONS: &[&str] = &["rs", "lua", "sh", "py", "toml", "yml"];
 

@@ -73,11 +73,11 @@ async fn ctl_as(stack: &Stack, redis_url: String, args: &[&str]) -> Output {
         .expect("script-runner-ctl runs")
 }
 
-async fn ctl_json(stack: &Stack, args: &[&str]) -> Value {
+pub(crate) async fn ctl_json(stack: &Stack, args: &[&str]) -> Value {
     json_of(args, ctl(stack, args).await)
 }
 
-async fn ctl_admin_json(stack: &Stack, args: &[&str]) -> Value {
+pub(crate) async fn ctl_admin_json(stack: &Stack, args: &[&str]) -> Value {
     json_of(args, ctl_admin(stack, args).await)
 }
 

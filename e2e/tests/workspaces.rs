@@ -199,6 +199,87 @@ async fn read_files_shows_a_versions_files_by_path_and_pattern_to_their_owner_on
 }
 
 #[tokio::test]
+async fn the_ctl_lists_shows_counts_and_deletes_every_owners_workspaces() {
+    let stack = Stack::start(Options::default()).await;
+    let alice = stack.client_of("alice").await;
+    let made = run_on(&alice, json!("new"), "head -c 200000 /dev/urandom > data").await;
+    assert_eq!(made["workspace_version"], 1, "{made}");
+    let ws = ws_id(&made);
+
+    let listed = crate::ops::ctl_json(
+        &stack,
+        &["--json", "workspaces", "list", "--owner", "alice"],
+    )
+    .await;
+    let row = &listed[0];
+    assert_eq!(
+        (&row["workspace_id"], &row["owner"], &row["head"]),
+        (&json!(ws), &json!("alice"), &json!(1)),
+        "{listed}"
+    );
+    let bytes = row["bytes"].as_u64().unwrap_or_default();
+    assert!(bytes >= 200_000, "{listed}");
+    let shown = crate::ops::ctl_json(&stack, &["--json", "workspaces", "show", &ws]).await;
+    assert_eq!(shown["versions"][0]["task_id"], made["task_id"], "{shown}");
+    let usage = crate::ops::ctl_json(&stack, &["--json", "usage"]).await;
+    let mine = usage["owners"]
+        .as_array()
+        .and_then(|o| o.iter().find(|u| u["owner"] == "alice"))
+        .unwrap_or_else(|| panic!("no alice in {usage}"));
+    assert_eq!(mine["workspace_kept_bytes"], bytes, "{usage}");
+
+    let deleted =
+        crate::ops::ctl_admin_json(&stack, &["--json", "workspaces", "delete", &ws]).await;
+    assert_eq!(
+        (&deleted["deleted"], &deleted["owner"]),
+        (&json!(true), &json!("alice")),
+        "{deleted}"
+    );
+    let gone = call(&alice, "get_workspace", json!({ "workspace_id": ws })).await;
+    assert_eq!(
+        gone["structuredContent"]["code"], "unknown_workspace",
+        "{gone}"
+    );
+    let usage = crate::ops::ctl_json(&stack, &["--json", "usage"]).await;
+    assert_eq!(usage["owners"][0]["workspace_kept_bytes"], 0, "{usage}");
+    stack.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_version_past_its_owners_byte_cap_is_not_made_and_the_task_says_why() {
+    let stack = Stack::start(Options {
+        extra_env: vec![("WORKSPACE_OWNER_MAX_MB", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let alice = stack.client_of("alice").await;
+    let small = run_on(&alice, json!("new"), "echo small > a").await;
+    assert_eq!(small["workspace_version"], 1, "{small}");
+    let ws = ws_id(&small);
+    let big = run_on(
+        &alice,
+        json!({ "id": ws }),
+        "head -c 2000000 /dev/urandom > big",
+    )
+    .await;
+    assert_eq!(big["state"], "succeeded", "{big}");
+    assert_eq!(big["workspace_version"], Value::Null, "{big}");
+    let note = big["workspace_note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("over the cap of 1048576") && note.contains("WORKSPACE_OWNER_MAX_MB"),
+        "{big}"
+    );
+    // The head stayed, with its files, and the workspace is free again.
+    let next = run_on(&alice, json!({ "id": ws }), "cat a && ls").await;
+    assert_eq!(
+        (&next["stdout_tail"], &next["workspace_version"]),
+        (&json!("small\na\n"), &json!(2)),
+        "{next}"
+    );
+    stack.shutdown().await;
+}
+
+#[tokio::test]
 async fn failed_timed_out_and_killed_tasks_each_make_a_version() {
     let stack = Stack::start(Options::default()).await;
     let client = stack.client().await;

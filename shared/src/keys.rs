@@ -174,6 +174,13 @@ impl Keys {
         format!("{}:owner:{owner}:workspaces", self.prefix)
     }
 
+    /// What each owner's workspaces hold (hash: `Owner::as_stored()` to the
+    /// sum of its workspaces' `bytes`), kept by WS_COMMIT, WS_FORK and
+    /// WS_DELETE, which check it against the owner's cap.
+    pub fn workspace_bytes(&self) -> String {
+        format!("{}:ws:owner-bytes", self.prefix)
+    }
+
     /// Every workspace (sorted set: id by last use), for the reaper's idle
     /// expiry and its walk over what the blob store must keep.
     pub fn workspaces(&self) -> String {

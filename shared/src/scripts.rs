@@ -28,7 +28,7 @@ use crate::record::TaskRecord;
 use crate::spec::{self, SpecSigner};
 use crate::task::{Outcome, ReasonKind, TaskState};
 use crate::usage::{CPU_LEDGER_WINDOW_MS, Usage};
-use crate::workspace::{BlobDigest, WorkspaceId};
+use crate::workspace::{BlobDigest, WorkspaceCaps, WorkspaceId};
 
 /// Every Lua script, each named as its file `lua/<name>.lua`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
@@ -290,6 +290,9 @@ pub enum WsRefusal {
     /// The workspace is no longer busy with the task (deleted, or taken after
     /// the save grace).
     NotBusy,
+    /// It would take its owner past the byte cap (detail: the bytes its
+    /// owner's versions would hold).
+    OverCap,
 }
 
 stored_names!(WsRefusal, parse "workspace refusal");
@@ -325,6 +328,15 @@ pub const WS_DELETE: &str = include_str!("lua/ws_delete.lua");
 pub const WORKSPACE_TAKEN: &str =
     "the workspace was deleted, or taken by another task, before this task's files were saved";
 
+/// What a task whose version its owner's byte cap stopped is told; `%d` is
+/// where WS_COMMIT puts the bytes the owner's versions would have held.
+fn over_cap_note(cap: u64) -> String {
+    format!(
+        "not saved: this owner's workspaces would hold %d bytes, over the cap of {cap} \
+         (WORKSPACE_OWNER_MAX_MB); delete_workspace ones no longer needed, and run again"
+    )
+}
+
 /// What a worker saved of a task's /workspace.
 #[derive(Debug, Clone, Copy)]
 pub enum Saved<'a> {
@@ -347,7 +359,7 @@ impl ScriptCall<WsReply> {
         workspace: &WorkspaceId,
         base: u64,
         saved: Saved<'_>,
-        versions_kept: u64,
+        caps: WorkspaceCaps,
     ) -> Self {
         let (manifest, bytes, files, note) = match saved {
             Saved::Version {
@@ -362,13 +374,16 @@ impl ScriptCall<WsReply> {
             ),
             Saved::Nothing(why) => ("", String::new(), String::new(), why),
         };
-        let (base, kept) = (base.to_string(), versions_kept.max(1).to_string());
+        let (base, kept) = (base.to_string(), caps.versions_kept.max(1).to_string());
+        let cap = caps.owner_max_bytes.to_string();
+        let over = over_cap_note(caps.owner_max_bytes);
         ScriptCall::new(
             Script::WsCommit,
             [
                 keys.task(task_id),
                 keys.workspace(workspace),
                 keys.workspace_versions(workspace),
+                keys.workspace_bytes(),
             ],
             [
                 worker.as_bytes(),
@@ -379,6 +394,8 @@ impl ScriptCall<WsReply> {
                 base.as_bytes(),
                 kept.as_bytes(),
                 note.as_bytes(),
+                cap.as_bytes(),
+                over.as_bytes(),
             ],
         )
     }
@@ -390,10 +407,12 @@ impl ScriptCall<WsReply> {
         source: &WorkspaceId,
         version: Option<u64>,
         new: &WorkspaceId,
+        owner_max_bytes: u64,
     ) -> Self {
         let owner = caller.as_stored();
         let version = version.map(|v| v.to_string()).unwrap_or_default();
         let (new_id, source_id) = (new.to_string(), source.to_string());
+        let cap = owner_max_bytes.to_string();
         ScriptCall::new(
             Script::WsFork,
             [
@@ -401,12 +420,14 @@ impl ScriptCall<WsReply> {
                 keys.workspace(new),
                 keys.owner_workspaces(&owner),
                 keys.workspaces(),
+                keys.workspace_bytes(),
             ],
             [
                 owner.as_bytes(),
                 version.as_bytes(),
                 new_id.as_bytes(),
                 source_id.as_bytes(),
+                cap.as_bytes(),
             ],
         )
     }
@@ -424,6 +445,7 @@ impl ScriptCall<bool> {
                 keys.workspace_versions(id),
                 keys.owner_workspaces(&owner),
                 keys.workspaces(),
+                keys.workspace_bytes(),
             ],
             [caller.as_bytes(), ws.as_bytes(), owner.as_bytes()],
         )
@@ -1061,14 +1083,18 @@ mod tests {
                     bytes: 3,
                     files: 1,
                 };
-                ScriptCall::ws_commit(keys, "t", "w", &ws, 0, saved, 20).untyped()
+                let caps = WorkspaceCaps {
+                    versions_kept: 20,
+                    owner_max_bytes: 1 << 30,
+                };
+                ScriptCall::ws_commit(keys, "t", "w", &ws, 0, saved, caps).untyped()
             }
             Script::WsFork => {
                 let (a, b) = (
                     WorkspaceId::from_bytes([1; 16]),
                     WorkspaceId::from_bytes([2; 16]),
                 );
-                ScriptCall::ws_fork(keys, &Owner::Admin, &a, Some(1), &b).untyped()
+                ScriptCall::ws_fork(keys, &Owner::Admin, &a, Some(1), &b, 0).untyped()
             }
             Script::WsDelete => {
                 let (ws, alice) = (WorkspaceId::from_bytes([1; 16]), Owner::Key("alice".into()));

@@ -368,6 +368,9 @@ pub enum WorkspaceField {
     Busy,
     /// `<workspace id>@<version>` it was forked from.
     ForkedFrom,
+    /// What its kept versions hold, summed (each version counted whole):
+    /// what it counts against its owner's cap (`WORKSPACE_OWNER_MAX_MB`).
+    Bytes,
 }
 
 stored_names!(WorkspaceField, parse "workspace field");
@@ -411,6 +414,8 @@ pub struct WorkspaceRecord {
     pub head: u64,
     pub busy: Option<String>,
     pub forked_from: Option<String>,
+    /// Its kept versions' bytes, summed (0 when none was counted yet).
+    pub bytes: u64,
 }
 
 /// A version, as its hash holds it.
@@ -423,6 +428,17 @@ pub struct VersionRecord {
     pub bytes: u64,
     pub files: u64,
     pub created_at: i64,
+}
+
+/// The caps WS_COMMIT holds a new version to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceCaps {
+    /// `WORKSPACE_VERSIONS_KEPT`: the newest versions a workspace keeps.
+    pub versions_kept: u64,
+    /// `WORKSPACE_OWNER_MAX_MB`, in bytes: the most an owner's workspaces may
+    /// hold together (their kept versions' bytes, each counted whole); 0: no
+    /// cap. The admin key's are not capped.
+    pub owner_max_bytes: u64,
 }
 
 /// A stored workspace or version hash that does not read.
@@ -474,6 +490,9 @@ impl WorkspaceRecord {
                 .filter(|b| !b.is_empty())
                 .map(str::to_owned),
             forked_from: get(pairs, WorkspaceField::ForkedFrom.as_str()).map(str::to_owned),
+            bytes: get(pairs, WorkspaceField::Bytes.as_str())
+                .and_then(|b| b.parse().ok())
+                .unwrap_or(0),
         }))
     }
 }

@@ -77,12 +77,14 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "requeue": (("jobs",), ("group", "entry", "task_id")),
     "forget_worker": (("jobs", "heartbeat", "workers"), ("group", "worker")),
     "ws_commit": (
-        ("task", "workspace", "versions"),
-        ("worker", "task_id", "manifest", "bytes", "entries", "version", "versions_kept", "why"),
+        ("task", "workspace", "versions", "bytes_owner"),
+        ("worker", "task_id", "manifest", "bytes", "entries", "version", "versions_kept", "why", "most_bytes",
+         "told_cap"),
     ),
-    "ws_fork": (("source", "new", "index", "every_workspace"), ("caller", "source_version", "new_workspace_id",
-                                                              "source_workspace_id")),
-    "ws_delete": (("workspace", "versions", "owner_index", "every_workspace"), ("caller", "workspace_id", "owner")),
+    "ws_fork": (("source", "new", "index", "every_workspace", "bytes_owner"),
+                ("caller", "source_version", "new_workspace_id", "source_workspace_id", "most_bytes")),
+    "ws_delete": (("workspace", "versions", "owner_index", "every_workspace", "bytes_owner"),
+                  ("caller", "workspace_id", "owner")),
 }
 
 VARIADIC = "..."

@@ -441,6 +441,7 @@ fn workspace_config(
             max_files: WORKSPACE_MAX_FILES.range(var, 1, 10_000_000)?,
         },
         versions_kept: WORKSPACE_VERSIONS_KEPT.range(var, 1, 10_000)?,
+        owner_max_bytes: blobs::config::owner_max_bytes(var)?,
     })
 }
 

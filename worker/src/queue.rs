@@ -20,7 +20,7 @@ use shared::scripts::{Ended, Saved, ScriptCall, WsReply};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::spec::{SpecRejection, SpecVerifier};
 use shared::task::{Outcome, RecordedEnd};
-use shared::workspace::{VersionRecord, WorkspaceId};
+use shared::workspace::{VersionRecord, WorkspaceCaps, WorkspaceId};
 use shared::{Field, Keys, Owner, RecordError, RuntimeName};
 use store::scripts;
 use store::tasks::{SpecRead, TaskReadError, Tasks};
@@ -512,17 +512,9 @@ impl Queue {
         task_id: &str,
         (id, base): (WorkspaceId, u64),
         saved: Saved<'_>,
-        versions_kept: u64,
+        caps: WorkspaceCaps,
     ) -> Result<WsReply, QueueError> {
-        let call = ScriptCall::ws_commit(
-            &self.keys,
-            task_id,
-            &self.worker,
-            &id,
-            base,
-            saved,
-            versions_kept,
-        );
+        let call = ScriptCall::ws_commit(&self.keys, task_id, &self.worker, &id, base, saved, caps);
         let mut conn = self.pool.get().await?;
         Ok(scripts::invoke(&mut conn, &call).await?)
     }

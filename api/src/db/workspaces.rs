@@ -151,9 +151,10 @@ impl Store {
         source: &WorkspaceId,
         version: Option<u64>,
         new: &WorkspaceId,
+        owner_max_bytes: u64,
     ) -> Result<WsReply, StoreError> {
         let mut conn = self.pool.get().await?;
-        let call = ScriptCall::ws_fork(&self.keys, who, source, version, new);
+        let call = ScriptCall::ws_fork(&self.keys, who, source, version, new, owner_max_bytes);
         let reply = scripts::invoke(&mut conn, &call).await?;
         // A fork acknowledged and then lost in a failover would hand out an
         // id that does not exist.

@@ -592,7 +592,13 @@ and the original stays as it was. Use it to run on a workspace that is busy, or 
         let new = WorkspaceId::from_bytes(*uuid::Uuid::new_v4().as_bytes());
         let reply = self
             .store
-            .fork_workspace(who.owner(), &source, version, &new)
+            .fork_workspace(
+                who.owner(),
+                &source,
+                version,
+                &new,
+                self.config.workspace_owner_max_bytes,
+            )
             .await?;
         match reply {
             WsReply::Done(forked) => {
@@ -665,6 +671,9 @@ fn workspace_refusal(
             version: detail.parse().ok().or(asked).unwrap_or_default(),
         },
         WsRefusal::Moved => ToolError::WorkspaceMoving(workspace),
+        WsRefusal::OverCap => ToolError::WorkspaceQuota {
+            would_hold: detail.parse().unwrap_or_default(),
+        },
         WsRefusal::NotYours | WsRefusal::NotBusy => unexpected(why, detail),
     }
 }

@@ -192,6 +192,10 @@ pub enum ToolError {
         "workspace {0} is busy: its head moved on each of {MOVED_ATTEMPTS} tries, as tasks on it ended and were saved; try again, or fork_workspace to run from one version at once"
     )]
     WorkspaceMoving(WorkspaceId),
+    #[error(
+        "quota workspace bytes reached: your workspaces would hold {would_hold} bytes, over this server's cap (WORKSPACE_OWNER_MAX_MB) on what one owner's kept versions hold together; delete_workspace ones no longer needed, then try again"
+    )]
+    WorkspaceQuota { would_hold: u64 },
     #[error("version must be a version number, 0 or more (got {0}); omit it for the head")]
     BadVersion(i64),
     #[error("paths must hold 1 to {max} paths or patterns (got {got})")]
@@ -318,6 +322,7 @@ impl ToolError {
             | ToolError::BadReadBytes { .. }
             | ToolError::BadWorkspaceCursor(_) => C::InvalidArgument,
             ToolError::WorkspaceStore(_) => C::Unavailable,
+            ToolError::WorkspaceQuota { .. } => C::QuotaExceeded,
             ToolError::WorkspaceData(_) => C::Internal,
             ToolError::UnknownWorkspace(_) => C::UnknownWorkspace,
             ToolError::UnknownVersion { .. } => C::UnknownVersion,

@@ -167,6 +167,9 @@ pub struct WorkspaceSummary {
     pub last_used_at: String,
     /// For a fork: the workspace and version it was forked from; else null.
     pub forked_from: Option<ForkedFrom>,
+    /// What its kept versions hold, each counted whole: what it counts
+    /// against your cap on all your workspaces together.
+    pub bytes: u64,
 }
 
 impl From<WorkspaceRecord> for WorkspaceSummary {
@@ -185,6 +188,7 @@ impl From<WorkspaceRecord> for WorkspaceSummary {
             created_at: rfc3339_ms(w.created_at),
             last_used_at: rfc3339_ms(w.last_used_at),
             forked_from,
+            bytes: w.bytes,
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::*;
 use shared::scripts::{Saved, ScriptCall, WsReply};
-use shared::workspace::{BlobDigest, WorkspaceId};
+use shared::workspace::{BlobDigest, WorkspaceCaps, WorkspaceId};
 
 /// A fresh API key named `name` with `scopes`; its token.
 async fn api_key(stack: &Stack, name: &str, scopes: shared::apikey::Scopes) -> String {
@@ -72,6 +72,22 @@ async fn task_records(stack: &Stack) -> usize {
 /// What a worker does when a task on workspace `ws` ends: claims it, then
 /// commits its /workspace as the next version (through the real scripts).
 async fn commit_version(stack: &Stack, task: &str, ws: &str, base: u64, bytes: u64) -> u64 {
+    let caps = WorkspaceCaps {
+        versions_kept: 10,
+        owner_max_bytes: 0,
+    };
+    commit_capped(stack, task, ws, base, bytes, caps).await
+}
+
+/// `commit_version` under `caps` (0: the cap stopped it, or no version).
+async fn commit_capped(
+    stack: &Stack,
+    task: &str,
+    ws: &str,
+    base: u64,
+    bytes: u64,
+    caps: WorkspaceCaps,
+) -> u64 {
     let mut conn = stack.redis_conn().await;
     let keys = stack.keys();
     let claimed = store::scripts::invoke(&mut conn, &ScriptCall::claim(&keys, task, "w1", "0-1"))
@@ -88,7 +104,7 @@ async fn commit_version(stack: &Stack, task: &str, ws: &str, base: u64, bytes: u
         bytes,
         files: 3,
     };
-    let call = ScriptCall::ws_commit(&keys, task, "w1", &id, base, saved, 10);
+    let call = ScriptCall::ws_commit(&keys, task, "w1", &id, base, saved, caps);
     match store::scripts::invoke(&mut conn, &call)
         .await
         .expect("commit")
@@ -417,6 +433,98 @@ async fn versions_forks_and_delete() {
 
 /// Pages come newest first, each workspace once, and a cursor whose
 /// workspace was deleted meanwhile still places the next page.
+/// The bytes `owner`'s workspaces hold, as the scripts counted them.
+async fn owner_bytes(stack: &Stack, owner: &str) -> u64 {
+    let mut r = stack.redis_conn().await;
+    let held: Option<u64> = r
+        .hget(stack.keys().workspace_bytes(), owner)
+        .await
+        .expect("HGET");
+    held.unwrap_or(0)
+}
+
+#[tokio::test]
+async fn an_owners_workspaces_are_held_to_its_byte_cap_as_versions_come_and_go() {
+    // 1 MiB per owner: the api holds forks to it, and the commits below the
+    // same cap, as a worker with WORKSPACE_OWNER_MAX_MB=1 would.
+    let stack = Stack::start(Options {
+        extra_env: vec![("WORKSPACE_OWNER_MAX_MB", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let alice = client_as(
+        &stack,
+        &api_key(&stack, "alice", shared::apikey::Scopes::ALL).await,
+    )
+    .await;
+    let caps = |kept| WorkspaceCaps {
+        versions_kept: kept,
+        owner_max_bytes: 1 << 20,
+    };
+    let (ws, first) = new_workspace(&alice).await;
+    assert_eq!(
+        commit_capped(&stack, &first, &ws, 0, 600_000, caps(10)).await,
+        1
+    );
+    assert_eq!(owner_bytes(&stack, "alice").await, 600_000);
+    let listed = call_ok(&alice, "list_workspaces", json!({})).await;
+    assert_eq!(listed["workspaces"][0]["bytes"], 600_000, "{listed}");
+
+    // A fork would double it: refused, naming the cap, and nothing is made.
+    let (code, message) = refusal(&alice, "fork_workspace", json!({ "workspace_id": ws })).await;
+    assert_eq!(code, "quota_exceeded", "{message}");
+    assert!(
+        message.contains("would hold 1200000 bytes") && message.contains("WORKSPACE_OWNER_MAX_MB"),
+        "{message}"
+    );
+    let listed = call_ok(&alice, "list_workspaces", json!({})).await;
+    assert_eq!(
+        listed["workspaces"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+
+    // A second version of 500 kB: with ten kept, 1.1 MB, over the cap, so the
+    // task says why and the head stays; with one kept, version 1's bytes go
+    // and it fits.
+    let second = run_on(&alice, json!({ "id": ws })).await;
+    let second = second["structuredContent"]["task_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        commit_capped(&stack, &second, &ws, 1, 500_000, caps(10)).await,
+        0
+    );
+    let s = status(&alice, &second).await;
+    let note = s["workspace_note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("1100000 bytes, over the cap of 1048576"),
+        "{s}"
+    );
+    let got = call_ok(&alice, "get_workspace", json!({ "workspace_id": ws })).await;
+    assert_eq!(
+        (&got["head"], &got["busy_task"]),
+        (&json!(1), &Value::Null),
+        "{got}"
+    );
+    let third = run_on(&alice, json!({ "id": ws })).await;
+    let third = third["structuredContent"]["task_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        commit_capped(&stack, &third, &ws, 1, 500_000, caps(1)).await,
+        2
+    );
+    assert_eq!(owner_bytes(&stack, "alice").await, 500_000);
+
+    // Deleting gives its bytes back.
+    call_ok(&alice, "delete_workspace", json!({ "workspace_id": ws })).await;
+    assert_eq!(owner_bytes(&stack, "alice").await, 0);
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn list_workspaces_pages_newest_first_past_a_deleted_cursor() {
     let stack = Stack::start(Options::default()).await;

@@ -9,6 +9,8 @@
 -- KEYS[1] task hash   KEYS[2] workspace hash
 -- KEYS[3] workspace versions (sorted set: version by created_at; a version's hash
 --         is this key with ':<n>' appended)
+-- KEYS[4] bytes each owner's workspaces hold (hash: owner to the sum of its kept
+--         versions' bytes; the admin's under '')
 -- ARGV[1] worker name
 -- ARGV[2] task id
 -- ARGV[3] manifest digest ('' when the task made no version)
@@ -20,10 +22,17 @@
 -- ARGV[8] why no version was made, recorded on the task when none is: the
 --         reason the worker saved nothing (ARGV[3] ''), or what to say when this
 --         script refuses
+-- ARGV[9] the most bytes an owner's kept versions may hold together (0: no cap;
+--         the admin's are not capped)
+-- ARGV[10] what the task is told when the cap stops its version, with '%d' for
+--         the bytes its owner's versions would hold
 --
 -- Refuses, writing nothing, when the task is not this worker's, or the workspace
 -- is gone (deleted) or busy with another task (this one ended longer than the
 -- save grace ago, and the next took the workspace).
+--
+-- A version that would take its owner past the cap is not made: the workspace is
+-- freed, the head stays, and the task says why (ARGV[10]).
 --
 -- Returns the new version's number, 0 when none was made, or {'refused', why}:
 -- 'not_yours' or 'not_busy'.
@@ -41,6 +50,26 @@ if ARGV[3] == '' then
   redis.call('HSET', KEYS[1], 'workspace_note', ARGV[8])
   return 0
 end
+-- What the versions dropped below free, before the cap is checked.
+local keep = tonumber(ARGV[7])
+local extra = redis.call('ZCARD', KEYS[3]) + 1 - keep
+local dropped, freed = {}, 0
+if extra > 0 then
+  dropped = redis.call('ZRANGE', KEYS[3], 0, extra - 1)
+  for _, old in ipairs(dropped) do
+    freed = freed + (tonumber(redis.call('HGET', KEYS[3] .. ':' .. old, 'bytes')) or 0)
+  end
+end
+local owner = redis.call('HGET', KEYS[2], 'owner') or ''
+local held = tonumber(redis.call('HGET', KEYS[4], owner)) or 0
+local after = held - freed + tonumber(ARGV[4])
+local cap = tonumber(ARGV[9])
+if owner ~= '' and cap > 0 and after > cap then
+  redis.call('HDEL', KEYS[2], 'busy')
+  redis.call('HSET', KEYS[2], 'last_used_at', now)
+  redis.call('HSET', KEYS[1], 'workspace_note', string.format(ARGV[10], after))
+  return 0
+end
 local n = redis.call('HINCRBY', KEYS[2], 'next_version', 1) - 1
 local version = KEYS[3] .. ':' .. n
 redis.call('HSET', version, 'manifest', ARGV[3], 'task_id', ARGV[2], 'parent', ARGV[6],
@@ -49,12 +78,11 @@ redis.call('ZADD', KEYS[3], now, n)
 redis.call('HSET', KEYS[2], 'head', n, 'last_used_at', now)
 redis.call('HDEL', KEYS[2], 'busy')
 redis.call('HSET', KEYS[1], 'workspace_version', n)
-local keep = tonumber(ARGV[7])
-local extra = redis.call('ZCARD', KEYS[3]) - keep
-if extra > 0 then
-  for _, old in ipairs(redis.call('ZRANGE', KEYS[3], 0, extra - 1)) do
-    redis.call('DEL', KEYS[3] .. ':' .. old)
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, extra - 1)
+-- The oldest, as read above: the new version, the newest, ranks last.
+for _, old in ipairs(dropped) do
+  redis.call('DEL', KEYS[3] .. ':' .. old)
 end
+if extra > 0 then redis.call('ZREMRANGEBYRANK', KEYS[3], 0, extra - 1) end
+redis.call('HINCRBY', KEYS[2], 'bytes', tonumber(ARGV[4]) - freed)
+redis.call('HINCRBY', KEYS[4], owner, tonumber(ARGV[4]) - freed)
 return n

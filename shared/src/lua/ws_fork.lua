@@ -5,17 +5,22 @@
 -- KEYS[1] source workspace hash   KEYS[2] new workspace hash
 -- KEYS[3] caller's workspace index (sorted set: workspace id by created_at)
 -- KEYS[4] every workspace (sorted set: workspace id by last use)
+-- KEYS[5] bytes each owner's workspaces hold (hash: owner to the sum of its kept
+--         versions' bytes; the admin's under '')
 -- ARGV[1] caller ('' for the admin key: then the caller's index is not touched)
 -- ARGV[2] source version ('' for its head)
 -- ARGV[3] new workspace id
 -- ARGV[4] source workspace id
+-- ARGV[5] the most bytes an owner's kept versions may hold together (0: no cap;
+--         the admin's are not capped)
 --
 -- A version's hash is the workspace hash with ':versions:<n>' appended, its
 -- sorted set of versions with ':versions'.
 --
 -- Returns the version forked (0: the empty one), or {'refused', why, detail}:
--- 'missing' (no such workspace, or another owner's: answered alike) or
--- 'no_version' (detail: the version asked for).
+-- 'missing' (no such workspace, or another owner's: answered alike),
+-- 'no_version' (detail: the version asked for) or 'over_cap' (detail: the
+-- bytes the caller's versions would hold).
 local src_owner, head = unpack(redis.call('HMGET', KEYS[1], 'owner', 'head'))
 if not src_owner or (ARGV[1] ~= '' and src_owner ~= ARGV[1]) then
   return {'refused', 'missing', ARGV[4]}
@@ -28,6 +33,17 @@ local new_head = '0'
 if v ~= '0' then
   local fields = redis.call('HGETALL', KEYS[1] .. ':versions:' .. v)
   if #fields == 0 then return {'refused', 'no_version', v} end
+  local bytes = 0
+  for i = 1, #fields, 2 do
+    if fields[i] == 'bytes' then bytes = tonumber(fields[i + 1]) or 0 end
+  end
+  local after = (tonumber(redis.call('HGET', KEYS[5], ARGV[1])) or 0) + bytes
+  local cap = tonumber(ARGV[5])
+  if ARGV[1] ~= '' and cap > 0 and after > cap then
+    return {'refused', 'over_cap', string.format('%d', after)}
+  end
+  redis.call('HINCRBY', KEYS[5], ARGV[1], bytes)
+  redis.call('HSET', KEYS[2], 'bytes', bytes)
   local first = KEYS[2] .. ':versions:' .. 1
   redis.call('HSET', first, unpack(fields))
   redis.call('HSET', first, 'created_at', now)

@@ -72,16 +72,21 @@ pub(super) async fn commit(
         },
         Err(why) => Saved::Nothing(why),
     };
-    let kept = ctx.workspaces.versions_kept();
+    let caps = ctx.workspaces.caps();
     let reply = retry::redis("commit the workspace version", &ctx.abort, || {
-        ctx.queue.ws_commit(task_id, workspace, what, kept)
+        ctx.queue.ws_commit(task_id, workspace, what, caps)
     })
     .await;
     let (id, base) = workspace;
     match reply {
         Ok(WsReply::Done(0)) => {
-            if let Err(why) = saved {
-                tracing::info!(task_id, workspace = %id, base, "no workspace version: {why}");
+            match saved {
+                Err(why) => {
+                    tracing::info!(task_id, workspace = %id, base, "no workspace version: {why}")
+                }
+                Ok(_) => {
+                    tracing::info!(task_id, workspace = %id, base, "no workspace version: its owner's workspaces are at their byte cap")
+                }
             }
             None
         }

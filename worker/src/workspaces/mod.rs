@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::{StreamExt, TryStreamExt};
-use shared::workspace::{BlobDigest, Manifest, VersionLimits};
+use shared::workspace::{BlobDigest, Manifest, VersionLimits, WorkspaceCaps};
 
 use crate::sandbox::Sandbox;
 use blobs::{BlobError, StoreConfig};
@@ -38,6 +38,8 @@ pub struct WorkspaceConfig {
     pub limits: VersionLimits,
     /// `WORKSPACE_VERSIONS_KEPT`: the newest versions a workspace keeps.
     pub versions_kept: u64,
+    /// `WORKSPACE_OWNER_MAX_MB`, in bytes (0: no cap).
+    pub owner_max_bytes: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -90,8 +92,12 @@ impl Workspaces {
         })
     }
 
-    pub fn versions_kept(&self) -> u64 {
-        self.config.versions_kept
+    /// What WS_COMMIT holds a new version to.
+    pub fn caps(&self) -> WorkspaceCaps {
+        WorkspaceCaps {
+            versions_kept: self.config.versions_kept,
+            owner_max_bytes: self.config.owner_max_bytes,
+        }
     }
 
     /// Fills `dir` (empty) with the version `m`:
