@@ -158,6 +158,9 @@ pub struct Config {
     pub workspace_store: blobs::StoreConfig,
     /// `WORKSPACE_OWNER_MAX_MB`, in bytes: the cap a fork is held to (0: none).
     pub workspace_owner_max_bytes: u64,
+    /// `WORKSPACE_IDLE_SECONDS`: a workspace no task used for this long is
+    /// deleted (`crate::janitor`); `None`: never.
+    pub workspace_idle: Option<Duration>,
 }
 
 /// What the HTTP layer enforces in front of the MCP service: for all clients
@@ -243,13 +246,16 @@ const EGRESS_DEFAULT: Var = Var::new("EGRESS_DEFAULT", "internet");
 /// Empty: no ceiling on allow-lists.
 const EGRESS_ALLOW_HOSTS: Var = Var::new("EGRESS_ALLOW_HOSTS", "");
 
-/// The api's own variables with their defaults (besides `shared`'s common ones);
-/// docs/configuration.md and `.env.example` are checked against them.
+/// 30 days; 0: never.
+const WORKSPACE_IDLE_SECONDS: Var = Var::new("WORKSPACE_IDLE_SECONDS", "2592000");
+
 /// Where the store is when `WORKSPACE_STORE` is empty: the worker's default
 /// (`<TASKS_DIR>/workspace-store`, `TASKS_DIR` being `./tasks-data`).
 const DEFAULT_WORKSPACE_STORE: &str = "./tasks-data/workspace-store";
 
-pub const VARS: [Var; 36] = [
+/// The api's own variables with their defaults (besides `shared`'s common ones);
+/// docs/configuration.md and `.env.example` are checked against them.
+pub const VARS: [Var; 37] = [
     SCRIPT_RUNNER_TOKEN,
     EGRESS_ALLOW_HOSTS,
     TASK_SIGNING_KEY,
@@ -286,6 +292,7 @@ pub const VARS: [Var; 36] = [
     oauth::OAUTH_NETWORKS,
     oauth::OAUTH_JWKS_REFRESH_SECONDS,
     oauth::OAUTH_ALGORITHMS,
+    WORKSPACE_IDLE_SECONDS,
 ];
 
 impl Config {
@@ -352,6 +359,10 @@ impl Config {
             egress_ceiling,
             workspace_store,
             workspace_owner_max_bytes: blobs::config::owner_max_bytes(&var)?,
+            workspace_idle: match WORKSPACE_IDLE_SECONDS.range(&var, 0, 100 * 365 * 86_400)? {
+                0 => None,
+                s => Some(Duration::from_secs(s)),
+            },
             egress_default,
         })
     }

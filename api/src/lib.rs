@@ -12,6 +12,7 @@ pub mod clients;
 pub mod config;
 pub mod db;
 pub mod http;
+mod janitor;
 mod metrics;
 pub mod oauth;
 pub mod origin;
@@ -116,6 +117,10 @@ pub async fn run(
             rmcp_cancel.cancel();
         }
     });
+    if let Some(idle) = config.workspace_idle {
+        let store = Store::new(&redis, config.keys.clone(), config.redis.replica_ack)?;
+        tokio::spawn(janitor::run(store, idle, cancel.clone()));
+    }
     let spec_key = config.signer.key_id();
     let app = router(config, &redis, cancel.clone(), rmcp_cancel)?;
     tracing::info!(addr = %listener.local_addr()?, %spec_key, "api listening");

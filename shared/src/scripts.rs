@@ -437,7 +437,33 @@ impl ScriptCall<bool> {
     /// Replies 1 (true) if deleted, 0 if there was no such workspace of the
     /// caller's. `owner` is the workspace's owner as the caller read it.
     pub fn ws_delete(keys: &Keys, caller: &Owner, id: &WorkspaceId, owner: &Owner) -> Self {
+        ScriptCall::ws_delete_if(keys, caller, id, owner, None)
+    }
+
+    /// The idle expiry's delete: workspace `id`, as the admin, only if it was
+    /// last used before `idle_before` (Unix ms) and is still as the caller
+    /// read it: owned by `owner`, busy with `busy` (a task no longer queued or
+    /// running) or with none. Replies 1 (true) if it went.
+    pub fn ws_expire(
+        keys: &Keys,
+        id: &WorkspaceId,
+        owner: &Owner,
+        busy: Option<&str>,
+        idle_before: i64,
+    ) -> Self {
+        ScriptCall::ws_delete_if(keys, &Owner::Admin, id, owner, Some((busy, idle_before)))
+    }
+
+    fn ws_delete_if(
+        keys: &Keys,
+        caller: &Owner,
+        id: &WorkspaceId,
+        owner: &Owner,
+        idle: Option<(Option<&str>, i64)>,
+    ) -> Self {
         let (caller, owner, ws) = (caller.as_stored(), owner.as_stored(), id.to_string());
+        let busy = idle.and_then(|(b, _)| b).unwrap_or_default();
+        let horizon = idle.map(|(_, h)| h.to_string()).unwrap_or_default();
         ScriptCall::new(
             Script::WsDelete,
             [
@@ -446,8 +472,16 @@ impl ScriptCall<bool> {
                 keys.owner_workspaces(&owner),
                 keys.workspaces(),
                 keys.workspace_bytes(),
+                // Named for the header's count when there is no busy task.
+                keys.task(if busy.is_empty() { "-" } else { busy }),
             ],
-            [caller.as_bytes(), ws.as_bytes(), owner.as_bytes()],
+            [
+                caller.as_bytes(),
+                ws.as_bytes(),
+                owner.as_bytes(),
+                horizon.as_bytes(),
+                busy.as_bytes(),
+            ],
         )
     }
 }

@@ -164,6 +164,47 @@ impl Store {
         Ok(reply)
     }
 
+    /// The idle expiry: deletes up to `batch` workspaces that no task used
+    /// for `idle` (every owner's: the index of all, by last use, oldest first),
+    /// each by WS_DELETE as the admin, which checks again that it is idle and
+    /// that no queued or running task holds it. Returns how many went.
+    pub async fn expire_idle_workspaces(
+        &self,
+        idle: std::time::Duration,
+        batch: usize,
+    ) -> Result<usize, StoreError> {
+        let mut conn = self.pool.get().await?;
+        let time: (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let horizon = shared::time::redis_time_ms(time) - idle.as_millis() as i64;
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.keys.workspaces())
+            .arg("-inf")
+            .arg(format!("({horizon}"))
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(batch)
+            .query_async(&mut conn)
+            .await?;
+        let mut expired = 0;
+        for raw in ids {
+            let Ok(id) = WorkspaceId::parse(&raw) else {
+                tracing::warn!(member = raw, "the workspace index holds no workspace id");
+                continue;
+            };
+            let Some(ws) = self.workspaces.get(&mut conn, &id).await? else {
+                continue;
+            };
+            let call =
+                ScriptCall::ws_expire(&self.keys, &id, &ws.owner, ws.busy.as_deref(), horizon);
+            if scripts::invoke(&mut conn, &call).await? {
+                tracing::info!(workspace_id = %id, owner = %ws.owner, last_used_ms = ws.last_used_at, "idle workspace deleted");
+                expired += 1;
+            }
+        }
+        Ok(expired)
+    }
+
     /// delete_workspace: workspace `id` (read first for its owner, which the
     /// script checks again) and its versions' records. False if `who` has no
     /// such workspace.

@@ -525,6 +525,44 @@ async fn an_owners_workspaces_are_held_to_its_byte_cap_as_versions_come_and_go()
     stack.shutdown().await;
 }
 
+/// Whether workspace `ws` is still there (its hash in Redis).
+async fn exists(stack: &Stack, ws: &str) -> bool {
+    let id = WorkspaceId::parse(ws).expect("a workspace id");
+    let mut r = stack.redis_conn().await;
+    r.exists(stack.keys().workspace(&id)).await.expect("EXISTS")
+}
+
+#[tokio::test]
+async fn idle_workspaces_are_deleted_and_one_a_queued_task_holds_is_kept() {
+    let stack = Stack::start(Options {
+        extra_env: vec![("WORKSPACE_IDLE_SECONDS", "1".into())],
+        ..Options::default()
+    })
+    .await;
+    let client = stack.client().await;
+    // Both made now, each by a task (queued: no worker here); one task is
+    // killed at once, so nothing holds its workspace.
+    let (held, _holder) = new_workspace(&client).await;
+    let (idle, task) = new_workspace(&client).await;
+    call_ok(&client, "kill_task", json!({ "task_id": task })).await;
+    wait_until(
+        "the idle workspace to be deleted",
+        std::time::Duration::from_secs(30),
+        || async { (!exists(&stack, &idle).await).then_some(()) },
+    )
+    .await;
+    let (code, _) = refusal(&client, "get_workspace", json!({ "workspace_id": idle })).await;
+    assert_eq!(code, "unknown_workspace");
+    // As old, but its task is still queued: kept.
+    assert!(
+        exists(&stack, &held).await,
+        "a workspace a queued task holds was deleted"
+    );
+    let got = call_ok(&client, "get_workspace", json!({ "workspace_id": held })).await;
+    assert_ne!(got["busy_task"], Value::Null, "{got}");
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn list_workspaces_pages_newest_first_past_a_deleted_cursor() {
     let stack = Stack::start(Options::default()).await;
