@@ -33,6 +33,13 @@ fault lands mid-run at any size):
      in one run: that one restarts the one Redis in place, this one fails over;
   5. api replica api1 is SIGKILLed and left dead: clients go on through the proxy.
 
+Beside them, --workspaces chains (default 2) each run tasks one after the other on
+one persistent workspace for the whole run, each adding 1 to a counter file there:
+version v of a chain's workspace must hold v. At the end every version a task was
+told it made must still be listed (none lost), and every listed version must read
+back whole through read_files, its counter equal to its number (none half-written).
+A task whose worker was killed makes none (reported, not a failure).
+
 Then every task is waited for, and checked (exit status 1 if any check fails):
 every task_id handed out ends terminal; none is unknown afterwards (lost) or goes
 back to an earlier state; no task's container started twice (`docker events`);
@@ -137,6 +144,8 @@ class Errors:
 def classify_tool_error(text: str) -> str:
     if "at capacity" in text:
         return "at-capacity"
+    if text.startswith("workspace ") and " is busy: " in text:
+        return "workspace-busy"
     if text.startswith("the task store (Redis)") and text.rstrip().endswith("try again shortly"):
         return "store-unavailable"
     if text.startswith("no task with id"):
@@ -179,6 +188,10 @@ class FaultRun:
         # The same for a submit sent once the primary was SIGKILLed.
         self.first_ok_in_failover: float | None = None
         self.t_primary_kill: float | None = None
+        # The workspace chains: their tasks (kept out of the main checks that go
+        # by submission index), and per chain its workspace and each task's end.
+        self.chain_ids: set[str] = set()
+        self.chains: list[dict[str, Any]] = [{"workspace": None, "ends": []} for _ in range(args.workspaces)]
 
     # ------------------------------------------------------------------ set-up
 
@@ -192,6 +205,8 @@ class FaultRun:
             "WORKER_CONCURRENCY": str(a.concurrency),
             "WORKER_HEARTBEAT_SECONDS": str(a.heartbeat),
             "SHUTDOWN_GRACE_SECONDS": str(a.grace),
+            # Every version a chain makes stays listed, so "lost" means lost.
+            "WORKSPACE_VERSIONS_KEPT": "10000",
         } | ({"POOL_SIZE": a.pool_size} if a.pool_size is not None else {})
         for i in range(1, a.workers + 1):
             st.add_worker(f"w{i}", worker_env)
@@ -261,6 +276,99 @@ class FaultRun:
             self.done_indices.add(index)
             if len(self.done_indices) == self.n:
                 self.submissions_done.set()
+
+    async def workspace_chain(self, c: int) -> None:
+        """Tasks one after the other on one workspace until the submissions are
+        done: each adds 1 to `count` there."""
+        assert self.mcp is not None
+        chain = self.chains[c]
+        command = "n=$(cat count 2>/dev/null || echo 0); n=$((n + 1)); echo $n > count; sleep 0.5; echo $n"
+        while not self.submissions_done.is_set():
+            ws = chain["workspace"]
+            args = {"runtime": "python3.13", "command_base64": b64(command), "timeout_seconds": 60,
+                    "workspace": {"id": ws} if ws else "new"}  # fmt: skip
+            phase = self.phase
+            try:
+                res = await self.mcp.call("run_script", args)
+            except (Unreachable, ProtocolError) as e:
+                self.errors.add(phase, "workspace-submit", "unreachable", str(e))
+                await asyncio.sleep(0.2)
+                continue
+            if res.is_error:
+                kind = classify_tool_error(res.text)
+                self.errors.add(phase, "workspace-submit", kind, res.text)
+                if kind in ("at-capacity", "store-unavailable", "workspace-busy"):
+                    await asyncio.sleep(0.25)
+                    continue
+                self.failures.append(f"workspace chain {c}: run_script refused: {res.text}")
+                return
+            assert res.structured is not None
+            task_id = res.structured["task_id"]
+            chain["workspace"] = chain["workspace"] or res.structured.get("workspace_id")
+            self.chain_ids.add(task_id)
+            chain["ends"].append((task_id, await self.workspace_end(task_id)))
+
+    async def workspace_end(self, task_id: str) -> dict[str, Any] | None:
+        """A chain task's status once it has ended and its workspace outcome is
+        recorded (a version, or a note), or None if that never comes."""
+        assert self.mcp is not None
+        end = time.monotonic() + 180
+        while time.monotonic() < end:
+            try:
+                res = await self.mcp.call("get_task_status", {"task_id": task_id})
+            except (Unreachable, ProtocolError):
+                await asyncio.sleep(0.3)
+                continue
+            s = res.structured
+            if not res.is_error and s and s["state"] in FINAL_STATES and (
+                isinstance(s.get("workspace_version"), int) or s.get("workspace_note")
+            ):
+                return s
+            await asyncio.sleep(0.3)
+        return None
+
+    async def workspace_checks(self) -> None:
+        """Every version a chain task was told it made is still listed, and every
+        listed one reads back whole with its counter equal to its number."""
+        assert self.mcp is not None
+        made = lost = half = none = 0
+        notes: Counter[str] = Counter()
+        for c, chain in enumerate(self.chains):
+            ws = chain["workspace"]
+            if not ws:
+                self.failures.append(f"workspace chain {c} made no workspace")
+                continue
+            told = set()
+            for task_id, s in chain["ends"]:
+                if s is None:
+                    self.failures.append(f"workspace task {task_id} never recorded a version or a note")
+                elif isinstance(s.get("workspace_version"), int):
+                    told.add(s["workspace_version"])
+                else:
+                    none += 1
+                    notes[f"{s.get('reason_kind')}: {s.get('workspace_note')}"] += 1
+            got = await self.mcp.call("get_workspace", {"workspace_id": ws})
+            if got.is_error or not got.structured:
+                self.failures.append(f"workspace chain {c}: get_workspace failed: {got.text}")
+                continue
+            listed = [v["version"] for v in got.structured["versions"]]
+            made += len(listed)
+            gone = told - set(listed)
+            lost += len(gone)
+            if gone:
+                self.failures.append(f"workspace chain {c}: version(s) {sorted(gone)} told to their tasks are not listed")
+            for v in listed:
+                read = await self.mcp.call("read_files", {"workspace_id": ws, "version": v, "paths": ["count"]})
+                files = (read.structured or {}).get("files") or []
+                content = files[0].get("content") if files else None
+                if read.is_error or content != f"{v}\n":
+                    half += 1
+                    self.failures.append(f"workspace chain {c}: version {v} reads {content!r}{' ' + read.text if read.is_error else ''}, not {v}")
+            if listed and got.structured["head"] != max(listed):
+                self.failures.append(f"workspace chain {c}: head {got.structured['head']} is not the newest version {max(listed)}")
+        self.figures["workspaces"] = {"chains": len(self.chains), "tasks": len(self.chain_ids), "versions_made": made,
+                                      "versions_lost": lost, "versions_half_written": half, "tasks_without_version": none,
+                                      "why_none": dict(notes)}  # fmt: skip
 
     def observe(self, task: Task, status: dict[str, Any]) -> None:
         state = status["state"]
@@ -733,7 +841,7 @@ class FaultRun:
         records = {}
         for tid in all_ids:
             records[tid] = await st.aredis.hgetall(st.keys.task(tid))
-        orphans = [tid for tid in all_ids if tid not in self.tasks]
+        orphans = [tid for tid in all_ids if tid not in self.tasks and tid not in self.chain_ids]
         # Container starts, from docker events: wait until every task that says it
         # started has been seen (the event stream lags a little).
         def runs(tid: str) -> list[str]:
@@ -785,6 +893,8 @@ class FaultRun:
         # Two records for one submission index: a retried submit made a second task.
         idx_of = {}
         for tid, r in records.items():
+            if tid in self.chain_ids:
+                continue
             cmd = r.get("command", "")
             idx_of[tid] = int(cmd.split()[2].rstrip(";")) if cmd.startswith("echo start ") else -1
         per_index = Counter(idx_of.values())
@@ -1017,6 +1127,11 @@ class FaultRun:
             rows.append(("  other transitions lost", effects))
         if "api_kill" in f:
             rows.append(("api1 SIGKILL: client errors, retried", f["api_kill"]["client_errors_after_kill"]))
+        if "workspaces" in f:
+            w = f["workspaces"]
+            rows.append((f"workspaces ({w['chains']} chains, {w['tasks']} tasks): versions made / lost / half-written",
+                         f"{w['versions_made']} / {w['versions_lost']} / {w['versions_half_written']}"))
+            rows.append(("  tasks that made no version", f"{w['tasks_without_version']} {w['why_none'] or ''}"))
         rows.append(("client errors by phase/call/kind", ", ".join(f"{k} {v}" for k, v in f["client_errors"].items()) or "none"))
         rows.append(("total time", f"{f['total_s']} s"))
         print_table(rows)
@@ -1034,10 +1149,13 @@ class FaultRun:
             await self.start()
             self.t0 = time.monotonic()
             clients = [asyncio.create_task(self.submitter()) for _ in range(self.args.clients)]
+            clients += [asyncio.create_task(self.workspace_chain(c)) for c in range(self.args.workspaces)]
             pollers = [asyncio.create_task(self.poller(k, self.args.pollers)) for k in range(self.args.pollers)]
             controller = asyncio.create_task(self.controller())
             await asyncio.wait_for(asyncio.gather(controller, *clients, *pollers), self.args.deadline)
             await self.final_checks()
+            if self.chains:
+                await self.workspace_checks()
         except (TimeoutError, asyncio.TimeoutError) as e:
             self.failures.append(f"run did not finish: {e or 'deadline'} (--deadline {self.args.deadline} s)")
             self.dump_state()
@@ -1089,6 +1207,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "next look at the sentinels)")
     p.add_argument("--min-replicas-ack", type=int, default=None,
                    help="REDIS_MIN_REPLICAS_ACK of api and workers (default 1 with --sentinel, else unset); 0 with primary-kill measures the loss window")
+    p.add_argument("--workspaces", type=int, default=2, help="workspace chains run beside the tasks (default 2; 0: none)")
     p.add_argument("--deadline", type=float, default=900, help="abort (and fail) after this many seconds (default 900)")
     p.add_argument("--json", help="write the figures to this file")
     a = p.parse_args(argv)
