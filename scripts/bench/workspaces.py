@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -156,13 +157,28 @@ def fill(mb: int) -> str:
     return f"for i in $(seq 1 100); do head -c {per} /dev/urandom > f$i; done"
 
 
+POOL_IDLE = re.compile(r'^script_runner_worker_pool_idle\{runtime="python3\.13"\} (\d+)', re.M)
+
+
 def wait_pool(stack: Stack, deadline: float = 60) -> None:
-    """Until the worker has its idle warm container (python3.13, the only pool) again."""
+    """Until the worker has its warm container (python3.13, the only pool) ready to
+    take a task again: by its own gauge, not the container's name, which shows
+    while the container is still being created and started (a task then would go
+    cold, and its time would be a cold start's)."""
+    url = stack.workers["w"].metrics_url
+    assert url is not None
     end = time.monotonic() + deadline
-    while not stack.idle_pool_names():
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                m = POOL_IDLE.search(r.read().decode())
+            if m and int(m.group(1)) > 0:
+                return
+        except OSError:
+            pass
         if time.monotonic() > end:
             raise HarnessError("the warm pool did not refill")
-        time.sleep(0.05)
+        time.sleep(0.02)
 
 
 def du(path: Path) -> int:
@@ -204,7 +220,8 @@ def main() -> int:
             stack.start_redis()
             disk = max(sizes) * 2 + 64
             stack.add_worker("w", {"POOL_SIZE": "python3.13=1", "WORKER_CONCURRENCY": "1",
-                                   "TASK_DISK_MB": str(disk), "TASK_MEMORY_MB": str(disk + 512), **env})  # fmt: skip
+                                   "TASK_DISK_MB": str(disk), "TASK_MEMORY_MB": str(disk + 512), **env},
+                             metrics=True)  # fmt: skip
             stack.start_worker("w")
             api = Api(stack, _api(stack))
             log = stack.tmp_dir / "worker-w.log"
@@ -277,7 +294,7 @@ def main() -> int:
             if status:
                 print(f"bench workspaces: logs kept in {stack.tmp_dir}", file=sys.stderr)
             else:
-                stack.cleanup(keep=False)
+                stack.cleanup(keep=bool(os.environ.get("BENCH_KEEP")))
         shutil.rmtree(tmp, ignore_errors=True)
     return status
 
