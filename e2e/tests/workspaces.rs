@@ -530,6 +530,12 @@ async fn a_worker_killed_mid_save_leaves_the_head_where_it_was() {
     )
     .await;
     assert!(lost["workspace_version"].is_null(), "{lost}");
+    // And says why, as every workspace task that makes no version does.
+    let note = lost["workspace_note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("no version was made") && note.contains("worker lost"),
+        "{lost}"
+    );
     let info = call_ok(&client, "get_workspace", json!({ "workspace_id": ws })).await;
     assert_eq!(info["head"], 0, "{info}");
     assert_eq!(info["versions"], json!([]), "{info}");

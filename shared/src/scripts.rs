@@ -663,6 +663,7 @@ impl ScriptCall<TaskStateReply> {
         );
         let owner = ended.owner.as_stored();
         let window = CPU_LEDGER_WINDOW_MS.to_string();
+        let note = no_version_note(&outcome.reason);
         ScriptCall::new(
             Script::Finish,
             [
@@ -693,9 +694,18 @@ impl ScriptCall<TaskStateReply> {
                 ws.as_bytes(),
                 window.as_bytes(),
                 if u.estimated { b"1" } else { b"" },
+                note.as_bytes(),
             ],
         )
     }
+}
+
+/// What a workspace task that ended without its /workspace being saved (its
+/// worker lost, or it never ran) is told, when nothing said why already.
+fn no_version_note(reason: &str) -> String {
+    format!(
+        "no version was made: the task ended before its /workspace was saved ({reason}); the head stays where it was"
+    )
 }
 
 /// What FINISH records besides the outcome. `Default`: nothing (a reaper

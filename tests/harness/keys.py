@@ -114,6 +114,9 @@ class Keys:
     def workspaces(self) -> str:
         return f"{self.prefix}:workspaces"
 
+    def workspace_bytes(self) -> str:
+        return f"{self.prefix}:ws:owner-bytes"
+
 
 class Field(StrEnum):
     """The fields of a task hash (`Field::as_str`). A member is its string, so

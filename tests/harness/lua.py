@@ -67,6 +67,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "workspace_bytes",
             "ledger_ms",
             "estimated",
+            "workspace_note",
         ),
     ),
     "kill": (("task", "zip", "stats", "stdin", "events"), ("reason", "reason_kind", "retention_seconds", "owner")),

@@ -23,6 +23,9 @@
 -- ARGV[14] how long the CPU ledger keeps an entry, ms
 -- ARGV[15] '1' if the usage is estimated by the worker (the container was gone
 --          before its end could be read), '' or absent if it is the kernel's
+-- ARGV[16] for a task run on a workspace that has neither a version nor a note
+--          (no WS_COMMIT ran: its worker was lost, or it never ran), the note
+--          saying why it made none ('' or absent: none)
 --
 -- Usage (ARGV[11..13]) is written whenever this worker held the task, even if
 -- a kill was recorded first (the container ran), and counted once: a retried
@@ -88,6 +91,10 @@ if known and not recorded then
     end
     redis.call('ZINCRBY', KEYS[8], cpu, owner)
   end
+end
+if ARGV[16] and ARGV[16] ~= '' then
+  local ws, v, note = unpack(redis.call('HMGET', KEYS[1], 'workspace_id', 'workspace_version', 'workspace_note'))
+  if ws and not v and not note then redis.call('HSET', KEYS[1], 'workspace_note', ARGV[16]) end
 end
 redis.call('HDEL', KEYS[1], 'container')
 redis.call('DEL', KEYS[2], KEYS[4])
