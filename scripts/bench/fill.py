@@ -110,7 +110,7 @@ class Filler:
                 finish = {"worker": self.worker, "state": "succeeded", "reason_kind": "exited", "reason": "exited with code 0",
                           "exit_code": 0, "retention_seconds": RETENTION_SECONDS, "files_zip": "", "listing": "",
                           "task_id": i, "owner": "", "cpu_ms": USAGE_CPU_MS, "peak_memory_bytes": USAGE_PEAK_BYTES,
-                          "workspace_bytes": 0, "ledger_ms": 86_400_000, "estimated": ""}  # fmt: skip
+                          "workspace_bytes": 0, "ledger_ms": 86_400_000, "estimated": "", "workspace_note": ""}  # fmt: skip
                 call("finish", ended, finish, client=pipe)
                 pipe.xack(k.jobs(), WORKER_GROUP, entry)
                 pipe.xdel(k.jobs(), entry)
