@@ -53,8 +53,15 @@ ID="srdt$$"
 # prefix, for two checkouts running this test at once).
 IMAGES="${DEPLOY_TEST_IMAGES:-sr-deploytest}"
 
-step() { printf '\n== deploy test: %s\n' "$*"; }
-fail() { printf 'deploy test FAILED: %s\n' "$*" >&2; exit 1; }
+# The step and what failed in it, said again after the services' logs when the test fails:
+# those logs are long, and a CI excerpt keeps only the end.
+STEP="start"; FAILURE=""
+step() { STEP="$*"; printf '\n== deploy test: %s\n' "$*"; }
+fail() { FAILURE="$*"; printf 'deploy test FAILED: %s\n' "$*" >&2; exit 1; }
+# A command that fails outside fail() (set -e) names itself and its line.
+set -o errtrace
+# shellcheck disable=SC2154 # rc_ is set by the trap itself
+trap 'rc_=$?; [[ -n "$FAILURE" ]] || FAILURE="line $LINENO: $BASH_COMMAND (exit $rc_)"' ERR
 expect_output() { # expect_output PATTERN CMD...: CMD (whatever its exit code) prints PATTERN
     local pattern="$1" out; shift
     out="$("$@" 2>&1 || true)"
@@ -173,6 +180,11 @@ cleanup() {
         echo "--- compose ps and logs (test failed)"
         C ps -a
         C logs --no-color --tail 60
+        if [[ -f "$WORKER_DIR/deploy/worker-host.env" ]]; then
+            echo "--- the added worker host's logs"
+            (cd "$WORKER_DIR" && docker compose -f deploy/worker-host.yml --env-file deploy/worker-host.env logs --no-color --tail 40)
+        fi
+        echo "deploy test FAILED in step '$STEP': ${FAILURE:-exit $rc}" >&2
     fi
     if [[ -f "$WORKER_DIR/deploy/worker-host.env" ]]; then
         (cd "$WORKER_DIR" && docker compose -f deploy/worker-host.yml --env-file deploy/worker-host.env down -t 5 --remove-orphans) >/dev/null 2>&1
