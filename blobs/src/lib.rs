@@ -45,6 +45,24 @@ pub struct BlobStore {
     prefix: Path,
 }
 
+/// The two kinds of object the store holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// A file's bytes, `blobs/<2 hex>/<sha256>`.
+    Blob,
+    /// A version's manifest, `manifests/<sha256>`.
+    Manifest,
+}
+
+/// An object in the store, as a listing found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub kind: Kind,
+    pub digest: BlobDigest,
+    /// When it was last written (a save that finds a blob stale writes it again).
+    pub written: SystemTime,
+}
+
 /// A blob written within this long is not uploaded again by a save that needs
 /// it: a blob older than this is written again (refreshing its age), so a sweep
 /// that deletes only unreferenced blobs older than the save grace never deletes
@@ -88,6 +106,62 @@ impl BlobStore {
 
     fn manifest_path(&self, d: &BlobDigest) -> Path {
         self.prefix.clone().join("manifests").join(d.as_str())
+    }
+
+    fn path(&self, kind: Kind, d: &BlobDigest) -> Path {
+        match kind {
+            Kind::Blob => self.blob_path(d),
+            Kind::Manifest => self.manifest_path(d),
+        }
+    }
+
+    /// Every object of `kind` the store holds, in no order. A name that is no
+    /// digest (not written by this service) is left out, so nothing here ever
+    /// deletes it.
+    pub fn list(&self, kind: Kind) -> BoxStream<'static, Result<Listed, BlobError>> {
+        let dir = match kind {
+            Kind::Blob => "blobs",
+            Kind::Manifest => "manifests",
+        };
+        let under = self.prefix.clone().join(dir);
+        self.store
+            .list(Some(&under))
+            .filter_map(move |item| {
+                let listed = match item {
+                    Ok(meta) => meta
+                        .location
+                        .filename()
+                        .and_then(|name| BlobDigest::try_from(name.to_owned()).ok())
+                        .map(|digest| {
+                            Ok(Listed {
+                                kind,
+                                digest,
+                                written: meta.last_modified.into(),
+                            })
+                        }),
+                    Err(e) => Some(Err(BlobError::from(e))),
+                };
+                std::future::ready(listed)
+            })
+            .boxed()
+    }
+
+    /// Deletes these objects (S3 in batches); the count deleted. One already
+    /// gone counts as deleted.
+    pub async fn delete(&self, objects: Vec<(Kind, BlobDigest)>) -> Result<u64, BlobError> {
+        let paths: Vec<object_store::Result<Path>> =
+            objects.iter().map(|(k, d)| Ok(self.path(*k, d))).collect();
+        let mut done = self
+            .store
+            .delete_stream(futures_util::stream::iter(paths).boxed());
+        let mut count = 0;
+        while let Some(result) = done.next().await {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => count += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(count)
     }
 
     /// Stores a manifest under its digest, which it returns.

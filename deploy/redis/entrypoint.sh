@@ -144,14 +144,16 @@ conn="+ping +unwatch +client|setinfo +info +wait"
 # commands the api and worker send from Rust, and tries the refused ones against a real
 # redis-server; the deploy test checks ACL LOG stays empty.
 lua="+time +fcall +function|list"
-api_cmds="$conn $lua +multi +exec +xadd +xread +xrevrange +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +pexpire +exists +zadd +zrem +zrange +zrevrange +zcard +zremrangebyscore +zrevrangebyscore +hdel +zrevrank"
-worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hexists +hincrby +get +set +setex +exists +del +expire +sadd +srem +smembers +zadd +zincrby +zremrangebyscore +zcard +zrange +zremrangebyrank"
+api_cmds="$conn $lua +multi +exec +xadd +xread +xrevrange +xlen +xpending +hset +hget +hmget +hgetall +hincrby +set +get +mget +smembers +del +expire +pexpire +exists +zadd +zrem +zrange +zrevrange +zcard +zremrangebyscore +zrevrangebyscore +hdel +zrevrank +zscan"
+worker_cmds="$conn $lua +multi +exec +discard +xgroup|create +xgroup|delconsumer +xreadgroup +xack +xdel +xadd +xpending +xclaim +hset +hget +hmget +hgetall +hdel +hexists +hincrby +get +set +setex +exists +del +expire +sadd +srem +smembers +zadd +zincrby +zremrangebyscore +zcard +zrange +zremrangebyrank +zscan +zrevrange +zrevrangebyscore +zrevrank"
 
 # The keys a worker reads and writes (docs/redis-keys.md), and nothing else under the
 # prefix: not the API keys (sr:apikey:*, sr:apikeys*), so a worker host's password cannot
 # mint or read one, nor the api's indexes (sr:tasks, an owner's tasks and active set).
+# It reads the index of every workspace (sr:workspaces), which the blob sweep walks, and
+# may not write it.
 # Commands inside the functions are checked against these too.
-worker_keys="~${prefix}:jobs ~${prefix}:task:* ~${prefix}:stats ~${prefix}:stats:* ~${prefix}:worker:* ~${prefix}:workers ~${prefix}:owner:*:cpu ~${prefix}:owner:*:usage ~${prefix}:usage:* ~${prefix}:ws:* %R~${prefix}:cache:clears"
+worker_keys="~${prefix}:jobs ~${prefix}:task:* ~${prefix}:stats ~${prefix}:stats:* ~${prefix}:worker:* ~${prefix}:workers ~${prefix}:owner:*:cpu ~${prefix}:owner:*:usage ~${prefix}:usage:* ~${prefix}:ws:* %R~${prefix}:workspaces %R~${prefix}:cache:clears"
 # A worker's rules, after `user NAME on #SHA256`: the one definition the local worker and
 # every worker host's user share (in the ACL file and in ACL SETUSER alike).
 worker_rules() { echo "resetkeys $worker_keys resetchannels -@all $worker_cmds"; }

@@ -310,6 +310,7 @@ fn keys_in_code() -> Vec<(&'static str, String)> {
         ("owner_workspaces", k.owner_workspaces(OWNER)),
         ("workspaces", k.workspaces()),
         ("workspace_bytes", k.workspace_bytes()),
+        ("workspace_sweep", k.workspace_sweep()),
         (
             "stats_minute",
             k.stats_minute(minute).replace(&minute.to_string(), MINUTE),

@@ -67,6 +67,9 @@ const SOURCES: &[(&str, &[&str])] = &[
             // `state` only (HMGET, as in worker/src), never the api's waits'
             // XREVRANGE, which its user may not send.
             "store/src/jobs.rs",
+            // The workspace reads: a version a task starts from, and the
+            // sweep's walk over every kept version.
+            "store/src/workspaces.rs",
             "store/src/scripts.rs",
             "store/src/redis_pool.rs",
         ],
@@ -577,6 +580,12 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                     "0".into(),
                     "-1".into(),
                 ],
+                vec![
+                    "ZADD".to_owned(),
+                    keys.workspaces(),
+                    "1".into(),
+                    "planted".into(),
+                ],
             ] {
                 let r: redis::RedisResult<redis::Value> = redis::cmd(&args[0])
                     .arg(&args[1..])
@@ -585,6 +594,14 @@ async fn the_api_and_worker_users_may_not_load_code_nor_reach_past_their_prefix(
                 let e = r.expect_err(&format!("worker may send {args:?}"));
                 assert_eq!(e.code(), Some("NOPERM"), "worker {args:?}: {e}");
             }
+            // It reads the index of every workspace, which the blob sweep walks.
+            let (cursor, _): (u64, Vec<String>) = redis::cmd("ZSCAN")
+                .arg(keys.workspaces())
+                .arg(0)
+                .query_async(&mut c)
+                .await
+                .expect("the worker reads the workspace index");
+            assert_eq!(cursor, 0);
             let record = shared::apikey::ApiKeyRecord {
                 name: "mine".into(),
                 scopes: Default::default(),

@@ -181,6 +181,13 @@ impl Keys {
         format!("{}:ws:owner-bytes", self.prefix)
     }
 
+    /// The blob store's sweep (hash, `WS_SWEEP`'s fields): which worker sweeps
+    /// and until when, its phase, the `epoch` a save must still see when it
+    /// commits (counted up as each delete phase starts), and the `forks` made.
+    pub fn workspace_sweep(&self) -> String {
+        format!("{}:ws:sweep", self.prefix)
+    }
+
     /// Every workspace (sorted set: id by last use), for the reaper's idle
     /// expiry and its walk over what the blob store must keep.
     pub fn workspaces(&self) -> String {

@@ -49,6 +49,7 @@ pub enum Script {
     WsCommit,
     WsFork,
     WsDelete,
+    WsSweep,
 }
 
 // `Script::ALL` is the one list of scripts (for the functions library, and for the tests).
@@ -77,6 +78,7 @@ impl Script {
             Script::WsCommit => WS_COMMIT,
             Script::WsFork => WS_FORK,
             Script::WsDelete => WS_DELETE,
+            Script::WsSweep => WS_SWEEP,
         }
     }
 }
@@ -293,6 +295,16 @@ pub enum WsRefusal {
     /// It would take its owner past the byte cap (detail: the bytes its
     /// owner's versions would hold).
     OverCap,
+    /// A sweep's delete phase ran since the save began (detail: the epoch now).
+    SweepMoved,
+    /// A sweep's delete phase runs (detail: its ms left).
+    Sweeping,
+    /// Another worker sweeps (detail: its name).
+    SweepHeld,
+    /// A sweep ended within the interval (detail: how many ms ago).
+    Swept,
+    /// The sweep's lease ran out, or another worker took it.
+    SweepLost,
 }
 
 stored_names!(WsRefusal, parse "workspace refusal");
@@ -323,6 +335,24 @@ pub const WS_COMMIT: &str = include_str!("lua/ws_commit.lua");
 pub const WS_FORK: &str = include_str!("lua/ws_fork.lua");
 /// delete_workspace.
 pub const WS_DELETE: &str = include_str!("lua/ws_delete.lua");
+/// The blob store's sweep, and the epoch a save begins in.
+pub const WS_SWEEP: &str = include_str!("lua/ws_sweep.lua");
+
+/// What WS_SWEEP is asked to do (its ARGV[1]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum SweepOp {
+    /// A save begins: the epoch, unless a delete phase runs.
+    Look,
+    /// A sweep starts listing.
+    Begin,
+    /// Its delete phase starts: the epoch counted up.
+    Delete,
+    /// Its lease extended.
+    Renew,
+    /// It is over.
+    End,
+}
 
 /// What a task whose version WS_COMMIT refused is told.
 pub const WORKSPACE_TAKEN: &str =
@@ -340,11 +370,13 @@ fn over_cap_note(cap: u64) -> String {
 /// What a worker saved of a task's /workspace.
 #[derive(Debug, Clone, Copy)]
 pub enum Saved<'a> {
-    /// Stored whole: its manifest's digest, bytes and entries.
+    /// Stored whole: its manifest's digest, bytes and entries, and the sweep
+    /// epoch its save began in (WS_SWEEP `Look`).
     Version {
         manifest: &'a BlobDigest,
         bytes: u64,
         files: u64,
+        epoch: u64,
     },
     /// Nothing, for this reason (shown to the client).
     Nothing(&'a str),
@@ -361,18 +393,20 @@ impl ScriptCall<WsReply> {
         saved: Saved<'_>,
         caps: WorkspaceCaps,
     ) -> Self {
-        let (manifest, bytes, files, note) = match saved {
+        let (manifest, bytes, files, note, epoch) = match saved {
             Saved::Version {
                 manifest,
                 bytes,
                 files,
+                epoch,
             } => (
                 manifest.as_str(),
                 bytes.to_string(),
                 files.to_string(),
                 WORKSPACE_TAKEN,
+                epoch.to_string(),
             ),
-            Saved::Nothing(why) => ("", String::new(), String::new(), why),
+            Saved::Nothing(why) => ("", String::new(), String::new(), why, String::new()),
         };
         let (base, kept) = (base.to_string(), caps.versions_kept.max(1).to_string());
         let cap = caps.owner_max_bytes.to_string();
@@ -384,6 +418,7 @@ impl ScriptCall<WsReply> {
                 keys.workspace(workspace),
                 keys.workspace_versions(workspace),
                 keys.workspace_bytes(),
+                keys.workspace_sweep(),
             ],
             [
                 worker.as_bytes(),
@@ -396,6 +431,7 @@ impl ScriptCall<WsReply> {
                 note.as_bytes(),
                 cap.as_bytes(),
                 over.as_bytes(),
+                epoch.as_bytes(),
             ],
         )
     }
@@ -421,6 +457,7 @@ impl ScriptCall<WsReply> {
                 keys.owner_workspaces(&owner),
                 keys.workspaces(),
                 keys.workspace_bytes(),
+                keys.workspace_sweep(),
             ],
             [
                 owner.as_bytes(),
@@ -428,6 +465,23 @@ impl ScriptCall<WsReply> {
                 new_id.as_bytes(),
                 source_id.as_bytes(),
                 cap.as_bytes(),
+            ],
+        )
+    }
+
+    /// WS_SWEEP's `op`, as worker `worker` with a lease of `lease_ms` (both
+    /// ignored by `Look`); `every_ms`, for `Begin`, is how often the store is
+    /// swept. Replies as its header says.
+    pub fn ws_sweep(keys: &Keys, op: SweepOp, worker: &str, lease_ms: u64, every_ms: u64) -> Self {
+        let (op, lease, every) = (<&str>::from(op), lease_ms.to_string(), every_ms.to_string());
+        ScriptCall::new(
+            Script::WsSweep,
+            [keys.workspace_sweep()],
+            [
+                op.as_bytes(),
+                worker.as_bytes(),
+                lease.as_bytes(),
+                every.as_bytes(),
             ],
         )
     }
@@ -977,6 +1031,13 @@ mod tests {
                     .iter()
                     .map(|f| f.as_str()),
             )
+            .chain(crate::workspace::SweepField::ALL.iter().map(|f| f.as_str()))
+            .chain(crate::workspace::SWEEP_PHASES)
+            .chain(
+                <SweepOp as strum::VariantArray>::VARIANTS
+                    .iter()
+                    .map(|&op| <&str>::from(op)),
+            )
             .chain([
                 "workspace",
                 "refused",
@@ -1126,6 +1187,7 @@ mod tests {
                     manifest: &BlobDigest::of(b"m"),
                     bytes: 3,
                     files: 1,
+                    epoch: 0,
                 };
                 let caps = WorkspaceCaps {
                     versions_kept: 20,
@@ -1143,6 +1205,9 @@ mod tests {
             Script::WsDelete => {
                 let (ws, alice) = (WorkspaceId::from_bytes([1; 16]), Owner::Key("alice".into()));
                 ScriptCall::ws_delete(keys, &alice, &ws, &alice).untyped()
+            }
+            Script::WsSweep => {
+                ScriptCall::ws_sweep(keys, SweepOp::Begin, "w", 60_000, 3_600_000).untyped()
             }
         }
     }

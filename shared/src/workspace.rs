@@ -375,6 +375,44 @@ pub enum WorkspaceField {
 
 stored_names!(WorkspaceField, parse "workspace field");
 
+/// The fields of the blob store's sweep (`Keys::workspace_sweep`, kept by
+/// WS_SWEEP; WS_COMMIT reads `Epoch`, WS_FORK counts `Forks` up).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::EnumString,
+    strum::IntoStaticStr,
+    strum::VariantArray,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case", const_into_str)]
+#[strum(parse_err_ty = UnknownName, parse_err_fn = SweepField::unknown)]
+pub enum SweepField {
+    /// Counted up as each delete phase starts: a save commits only in the
+    /// epoch it began in.
+    Epoch,
+    /// Counted up by each fork of a version.
+    Forks,
+    /// The worker sweeping, while one is.
+    Holder,
+    /// `listing` (reading what is stored and named) or `deleting`.
+    Phase,
+    /// When the holder's lease ends (ms, Redis's clock).
+    Until,
+    /// When the last sweep ended (ms, Redis's clock): every worker tries to
+    /// sweep, and the first to find none within the interval does.
+    Ended,
+}
+
+stored_names!(SweepField, parse "sweep field");
+
+/// The sweep's phases (`SweepField::Phase`), as WS_SWEEP writes them.
+pub const SWEEP_PHASES: [&str; 2] = ["listing", "deleting"];
+
 /// The fields of a version's hash (`Keys::workspace_version`).
 #[derive(
     Debug,

@@ -148,6 +148,49 @@ impl Workspaces {
         Ok(out)
     }
 
+    /// Every kept version of every workspace, as the blob sweep reads them: the
+    /// index of all workspaces (ZSCAN, so one there for the whole scan is
+    /// seen), then each one's versions. Not one snapshot: the sweep reads it
+    /// again once saves are fenced (WS_SWEEP). A record that does not read is
+    /// an error, never skipped, since what is left out here is deleted; an
+    /// index entry that is no workspace id names no record and is passed over.
+    pub async fn kept_versions(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> Result<Vec<(WorkspaceId, VersionRecord)>, WorkspaceReadError> {
+        let mut ids = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("ZSCAN")
+                .arg(self.keys.workspaces())
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(conn)
+                .await?;
+            // ZSCAN replies member, score, member, score, ...
+            ids.extend(
+                batch
+                    .iter()
+                    .step_by(2)
+                    .filter_map(|m| WorkspaceId::parse(m).ok()),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out = Vec::new();
+        for id in ids {
+            for v in self.versions(conn, &id).await? {
+                out.push((id, v));
+            }
+        }
+        Ok(out)
+    }
+
     /// A page of `who`'s workspaces (every one for the admin), newest first:
     /// at most `limit`, starting after the id `after` names.
     pub async fn list(

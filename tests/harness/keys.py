@@ -117,6 +117,9 @@ class Keys:
     def workspace_bytes(self) -> str:
         return f"{self.prefix}:ws:owner-bytes"
 
+    def workspace_sweep(self) -> str:
+        return f"{self.prefix}:ws:sweep"
+
 
 class Field(StrEnum):
     """The fields of a task hash (`Field::as_str`). A member is its string, so

@@ -78,14 +78,15 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "requeue": (("jobs",), ("group", "entry", "task_id")),
     "forget_worker": (("jobs", "heartbeat", "workers"), ("group", "worker")),
     "ws_commit": (
-        ("task", "workspace", "versions", "bytes_owner"),
+        ("task", "workspace", "versions", "bytes_owner", "sweep"),
         ("worker", "task_id", "manifest", "bytes", "entries", "version", "versions_kept", "why", "most_bytes",
-         "told_cap"),
+         "told_cap", "epoch"),
     ),
-    "ws_fork": (("source", "new", "index", "every_workspace", "bytes_owner"),
+    "ws_fork": (("source", "new", "index", "every_workspace", "bytes_owner", "sweep"),
                 ("caller", "source_version", "new_workspace_id", "source_workspace_id", "most_bytes")),
     "ws_delete": (("workspace", "versions", "owner_index", "every_workspace", "bytes_owner", "busy_task"),
                   ("caller", "workspace_id", "owner", "idle_horizon", "busy_task")),
+    "ws_sweep": (("sweep",), ("what", "worker", "lease", "often")),
 }
 
 VARIADIC = "..."

@@ -303,10 +303,11 @@ const WORKSPACE_CACHE_MB: Var = Var::new("WORKSPACE_CACHE_MB", "2048");
 const WORKSPACE_MAX_MB: Var = Var::new("WORKSPACE_MAX_MB", "1024");
 const WORKSPACE_MAX_FILES: Var = Var::new("WORKSPACE_MAX_FILES", "100000");
 const WORKSPACE_VERSIONS_KEPT: Var = Var::new("WORKSPACE_VERSIONS_KEPT", "20");
+const WORKSPACE_SWEEP_SECONDS: Var = Var::new("WORKSPACE_SWEEP_SECONDS", "3600");
 
 /// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 33] = [
+pub const VARS: [Var; 34] = [
     WORKER_NAME,
     TASK_VERIFY_KEYS,
     MAX_TIMEOUT_SECONDS,
@@ -340,6 +341,7 @@ pub const VARS: [Var; 33] = [
     WORKSPACE_MAX_MB,
     WORKSPACE_MAX_FILES,
     WORKSPACE_VERSIONS_KEPT,
+    WORKSPACE_SWEEP_SECONDS,
 ];
 
 /// Linux interface names are at most 15 bytes (IFNAMSIZ less the NUL).
@@ -442,6 +444,7 @@ fn workspace_config(
         },
         versions_kept: WORKSPACE_VERSIONS_KEPT.range(var, 1, 10_000)?,
         owner_max_bytes: blobs::config::owner_max_bytes(var)?,
+        sweep_every: Duration::from_secs(WORKSPACE_SWEEP_SECONDS.range(var, 0, 7 * 86_400)?),
     })
 }
 

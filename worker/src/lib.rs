@@ -99,6 +99,14 @@ pub async fn run(
     recovery::recover(&ctx, &stop).await?;
     ctx.caches.drop_stale().await;
     let reaper = tokio::spawn(reaper::run(ctx.clone(), slots.clone(), stop.clone()));
+    let every = ctx.workspaces.sweep_every();
+    let sweeper = (!every.is_zero()).then(|| {
+        // Blobs younger than the save grace may be a save's still: never swept.
+        let min_age = Duration::from_millis(shared::workspace::SAVE_GRACE_MS);
+        let sweeper =
+            workspaces::sweep::Sweeper::new(ctx.queue.clone(), &ctx.workspaces, min_age, every);
+        tokio::spawn(sweeper.run(stop.clone()))
+    });
     // Empties itself when `stop` fires; claimed containers are their runners'.
     let pool = tokio::spawn(ctx.pool.clone().run(stop.clone()));
     let spec_keys: Vec<String> = ctx
@@ -113,6 +121,9 @@ pub async fn run(
     take_jobs(&ctx, &slots, &stop).await;
 
     reaper.abort();
+    if let Some(sweeper) = sweeper {
+        sweeper.abort();
+    }
     drain(&ctx, &slots).await;
     let _ = pool.await;
     ctx.cleanups.close();

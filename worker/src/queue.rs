@@ -16,7 +16,7 @@ use shared::cache::Generations;
 use shared::egress::Egress;
 use shared::keys::{Heartbeat, JOB_TASK_ID, WORKER_GROUP};
 use shared::options::{CacheUse, Network};
-use shared::scripts::{Ended, Saved, ScriptCall, WsReply};
+use shared::scripts::{Ended, Saved, ScriptCall, SweepOp, WsReply};
 pub use shared::scripts::{Progress, TaskStateReply};
 use shared::spec::{SpecRejection, SpecVerifier};
 use shared::task::{Outcome, RecordedEnd};
@@ -517,6 +517,26 @@ impl Queue {
         let call = ScriptCall::ws_commit(&self.keys, task_id, &self.worker, &id, base, saved, caps);
         let mut conn = self.pool.get().await?;
         Ok(scripts::invoke(&mut conn, &call).await?)
+    }
+
+    /// WS_SWEEP's `op` as this worker, with a lease of `lease` (ignored by
+    /// `Look` and `End`); `every`, for `Begin`, is how often the store is swept.
+    pub async fn ws_sweep(
+        &self,
+        op: SweepOp,
+        lease: Duration,
+        every: Duration,
+    ) -> Result<WsReply, QueueError> {
+        let (lease, every) = (lease.as_millis() as u64, every.as_millis() as u64);
+        let call = ScriptCall::ws_sweep(&self.keys, op, &self.worker, lease, every);
+        let mut conn = self.pool.get().await?;
+        Ok(scripts::invoke(&mut conn, &call).await?)
+    }
+
+    /// Every kept version of every workspace (for the blob sweep).
+    pub async fn kept_versions(&self) -> Result<Vec<(WorkspaceId, VersionRecord)>, QueueError> {
+        let mut conn = self.pool.get().await?;
+        Ok(self.workspaces.kept_versions(&mut conn).await?)
     }
 
     /// The task's spec, once its signature holds under one of `verifier`'s keys

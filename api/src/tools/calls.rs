@@ -674,11 +674,18 @@ fn workspace_refusal(
         WsRefusal::OverCap => ToolError::WorkspaceQuota {
             would_hold: detail.parse().unwrap_or_default(),
         },
-        WsRefusal::NotYours | WsRefusal::NotBusy => unexpected(why, detail),
+        WsRefusal::NotYours
+        | WsRefusal::NotBusy
+        | WsRefusal::SweepMoved
+        | WsRefusal::Sweeping
+        | WsRefusal::SweepHeld
+        | WsRefusal::Swept
+        | WsRefusal::SweepLost => unexpected(why, detail),
     }
 }
 
-/// A refusal no call of the api's can get (a worker's, from WS_COMMIT).
+/// A refusal no call of the api's can get (a worker's, from WS_COMMIT or
+/// WS_SWEEP).
 fn unexpected(why: WsRefusal, detail: String) -> ToolError {
     ToolError::Store(StoreError::Reply {
         script: "workspace",

@@ -103,6 +103,8 @@ async fn commit_capped(
         manifest: &manifest,
         bytes,
         files: 3,
+        // No sweep has run: the epoch is still 0.
+        epoch: 0,
     };
     let call = ScriptCall::ws_commit(&keys, task, "w1", &id, base, saved, caps);
     match store::scripts::invoke(&mut conn, &call)

@@ -11,6 +11,7 @@
 --         is this key with ':<n>' appended)
 -- KEYS[4] bytes each owner's workspaces hold (hash: owner to the sum of its kept
 --         versions' bytes; the admin's under '')
+-- KEYS[5] the blob store's sweep (hash; see WS_SWEEP)
 -- ARGV[1] worker name
 -- ARGV[2] task id
 -- ARGV[3] manifest digest ('' when the task made no version)
@@ -26,6 +27,7 @@
 --         the admin's are not capped)
 -- ARGV[10] what the task is told when the cap stops its version, with '%d' for
 --         the bytes its owner's versions would hold
+-- ARGV[11] the sweep's epoch when the save began (WS_SWEEP 'look')
 --
 -- Refuses, writing nothing, when the task is not this worker's, or the workspace
 -- is gone (deleted) or busy with another task (this one ended longer than the
@@ -34,13 +36,21 @@
 -- A version that would take its owner past the cap is not made: the workspace is
 -- freed, the head stays, and the task says why (ARGV[10]).
 --
--- Returns the new version's number, 0 when none was made, or {'refused', why}:
--- 'not_yours' or 'not_busy'.
+-- A version whose save began before a sweep's delete phase is refused too, writing
+-- nothing, since the phase may have deleted a blob it names: the worker checks
+-- its blobs again (sending any gone) and commits in the new epoch.
+--
+-- Returns the new version's number, 0 when none was made, or {'refused', why,
+-- detail}: 'not_yours', 'not_busy', or 'sweep_moved' (detail: the epoch now).
 local worker = redis.call('HGET', KEYS[1], 'worker')
 if worker ~= ARGV[1] then return {'refused', 'not_yours'} end
 if redis.call('HGET', KEYS[2], 'busy') ~= ARGV[2] then
   redis.call('HSET', KEYS[1], 'workspace_note', ARGV[8])
   return {'refused', 'not_busy'}
+end
+if ARGV[3] ~= '' then
+  local epoch = redis.call('HGET', KEYS[5], 'epoch') or '0'
+  if epoch ~= ARGV[11] then return {'refused', 'sweep_moved', epoch} end
 end
 local t = redis.call('TIME')
 local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))

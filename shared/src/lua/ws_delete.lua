@@ -1,5 +1,5 @@
 -- WS_DELETE (delete_workspace, and the api's idle expiry): a workspace and its
--- versions' records go. Their blobs stay in the store (no sweep yet). A task
+-- versions' records go. Their blobs stay in the store until a sweep (WS_SWEEP). A task
 -- still running on it saves nothing (WS_COMMIT finds it gone).
 --
 -- KEYS[1] workspace hash

@@ -7,6 +7,8 @@
 -- KEYS[4] every workspace (sorted set: workspace id by last use)
 -- KEYS[5] bytes each owner's workspaces hold (hash: owner to the sum of its kept
 --         versions' bytes; the admin's under '')
+-- KEYS[6] the blob store's sweep (hash; see WS_SWEEP): its 'forks' counted up,
+--         so a sweep reading what versions name while this runs deletes nothing
 -- ARGV[1] caller ('' for the admin key: then the caller's index is not touched)
 -- ARGV[2] source version ('' for its head)
 -- ARGV[3] new workspace id
@@ -49,6 +51,7 @@ if v ~= '0' then
   redis.call('HSET', first, 'created_at', now)
   redis.call('HDEL', first, 'parent')
   redis.call('ZADD', KEYS[2] .. ':versions', now, 1)
+  redis.call('HINCRBY', KEYS[6], 'forks', 1)
   new_head = '1'
 end
 redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'created_at', now, 'last_used_at', now,

@@ -13,7 +13,7 @@ use shared::workspace::{Manifest, WorkspaceId};
 
 use crate::ctx::Ctx;
 use crate::retry;
-use crate::workspaces::StoredVersion;
+use crate::workspaces::{StoredVersion, sweep};
 
 /// Why a workspace task made no version, as its record says.
 pub(super) const NOT_RUN: &str = "the task did not run, so its workspace was left as it was";
@@ -34,10 +34,16 @@ pub(super) async fn save(
     // Well within the save grace, after which the workspace is another
     // task's to take (and this commit would be refused).
     let deadline = std::time::Duration::from_millis(shared::workspace::SAVE_GRACE_MS / 2);
-    let stored = tokio::time::timeout(deadline, ctx.workspaces.save(sandbox, container, base))
-        .await
-        .map_err(|_| format!("the task's /workspace could not be saved within {deadline:?}"))?
-        .map_err(|e| format!("the task's /workspace could not be saved: {e}"))?;
+    let stored = tokio::time::timeout(deadline, async {
+        // Before any blob is checked: see `sweep`.
+        let epoch = sweep::epoch(&ctx.queue, &ctx.abort).await?;
+        ctx.workspaces
+            .save(sandbox, container, base, epoch)
+            .await
+            .map_err(|e| format!("the task's /workspace could not be saved: {e}"))
+    })
+    .await
+    .map_err(|_| format!("the task's /workspace could not be saved within {deadline:?}"))??;
     // Paused all along, so the volume was mounted during the whole read: an
     // exited container's /workspace reads as empty, which must never become
     // a version.
@@ -62,21 +68,31 @@ pub(super) async fn commit(
     ctx: &Ctx,
     task_id: &str,
     workspace: (WorkspaceId, u64),
-    saved: &Result<StoredVersion, String>,
+    saved: &mut Result<StoredVersion, String>,
 ) -> Option<u64> {
-    let what = match saved {
-        Ok(v) => Saved::Version {
-            manifest: &v.manifest,
-            bytes: v.bytes,
-            files: v.entries,
-        },
-        Err(why) => Saved::Nothing(why),
-    };
     let caps = ctx.workspaces.caps();
-    let reply = retry::redis("commit the workspace version", &ctx.abort, || {
-        ctx.queue.ws_commit(task_id, workspace, what, caps)
-    })
-    .await;
+    let reply = match saved {
+        Ok(stored) => {
+            sweep::commit(
+                &ctx.queue,
+                &ctx.workspaces,
+                &ctx.abort,
+                task_id,
+                workspace,
+                stored,
+                caps,
+            )
+            .await
+        }
+        Err(why) => {
+            let why: &str = why;
+            retry::redis("commit the workspace version", &ctx.abort, || {
+                ctx.queue
+                    .ws_commit(task_id, workspace, Saved::Nothing(why), caps)
+            })
+            .await
+        }
+    };
     let (id, base) = workspace;
     match reply {
         Ok(WsReply::Done(0)) => {

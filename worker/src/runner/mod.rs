@@ -98,8 +98,8 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
         execute(ctx, task_id, &spec, &mut collected, &mut usage, &mut saved).await;
     // Before FINISH: a task that shows as ended has its version, if it made one.
     if let Some(workspace) = spec.workspace {
-        let saved = saved.unwrap_or_else(|| Err(keep::NOT_RUN.to_owned()));
-        keep::commit(ctx, task_id, workspace, &saved).await;
+        let mut saved = saved.unwrap_or_else(|| Err(keep::NOT_RUN.to_owned()));
+        keep::commit(ctx, task_id, workspace, &mut saved).await;
     }
     // The container is gone by now: only the record is left to write, and it is
     // worth waiting for Redis as long as this worker lives. The final tails go

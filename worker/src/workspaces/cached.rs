@@ -44,6 +44,10 @@ impl CachedStore {
         })
     }
 
+    pub fn store(&self) -> &BlobStore {
+        &self.store
+    }
+
     pub fn cache(&self) -> &BlobCache {
         &self.cache
     }

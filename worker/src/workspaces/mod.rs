@@ -14,6 +14,7 @@
 pub mod cached;
 mod pack;
 mod restore;
+pub mod sweep;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,9 @@ pub struct WorkspaceConfig {
     pub versions_kept: u64,
     /// `WORKSPACE_OWNER_MAX_MB`, in bytes (0: no cap).
     pub owner_max_bytes: u64,
+    /// `WORKSPACE_SWEEP_SECONDS`: how often the store is swept of blobs no
+    /// kept version names (`sweep`); zero: never.
+    pub sweep_every: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +69,25 @@ pub struct StoredVersion {
     /// Blobs sent to the store (the rest it had, or this host's base had).
     pub uploaded: u64,
     pub took: Duration,
+    /// The sweep epoch the save began in (WS_SWEEP `look`), which WS_COMMIT
+    /// checks: a sweep's delete phase since may have deleted a blob it found.
+    pub epoch: u64,
+    /// What was stored, for `Workspaces::resend` after such a phase: the
+    /// manifest, and its blobs the base did not have.
+    content: Manifest,
+    new: Vec<BlobDigest>,
+}
+
+impl StoredVersion {
+    /// What WS_COMMIT is told of it.
+    pub fn as_saved(&self) -> shared::scripts::Saved<'_> {
+        shared::scripts::Saved::Version {
+            manifest: &self.manifest,
+            bytes: self.bytes,
+            files: self.entries,
+            epoch: self.epoch,
+        }
+    }
 }
 
 /// This worker's workspaces: the blob store, its cache and the caps.
@@ -125,12 +148,15 @@ impl Workspaces {
     /// Stores the /workspace of `container` (paused or exited but not removed)
     /// as a version: packed into the cache, then each blob the store lacks
     /// sent, then the manifest. `base` is the version it started from, whose
-    /// blobs the store holds already.
+    /// blobs the store holds already (a kept version's blobs are never swept,
+    /// and the base stays kept until this task's own commit). `epoch`: the
+    /// sweep epoch looked up before this began.
     pub async fn save(
         &self,
         sandbox: &Sandbox,
         container: &str,
         base: Option<&Manifest>,
+        epoch: u64,
     ) -> Result<StoredVersion, WorkspaceError> {
         let started = Instant::now();
         let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(16);
@@ -172,21 +198,67 @@ impl Workspaces {
             .filter(|d| !known.contains(d))
             .cloned()
             .collect();
-        let sent = futures_util::stream::iter(new)
-            .map(|d| async move { self.blobs.store_blob(&d).await })
-            .buffer_unordered(CONCURRENCY)
-            .try_collect::<Vec<bool>>()
-            .await?;
-        let manifest = self.blobs.put_manifest(&packed.manifest).await?;
+        let (manifest, uploaded) = self.upload(&packed.manifest, &new).await?;
         let cache = self.blobs.cache().clone();
         tokio::task::spawn_blocking(move || cache.evict());
         Ok(StoredVersion {
             manifest,
             bytes: packed.manifest.bytes(),
             entries: packed.manifest.count(),
-            uploaded: sent.into_iter().filter(|&s| s).count() as u64,
+            uploaded,
             took: started.elapsed(),
+            epoch,
+            content: packed.manifest,
+            new,
         })
+    }
+
+    /// Sends `stored` again, for a commit in sweep epoch `epoch`: each of its
+    /// new blobs the store no longer holds fresh (a delete phase ran since it
+    /// was checked), then its manifest. Their bytes are still in this host's
+    /// cache, which keeps what a save used for the save grace.
+    pub async fn resend(
+        &self,
+        stored: &mut StoredVersion,
+        epoch: u64,
+    ) -> Result<(), WorkspaceError> {
+        let (manifest, uploaded) = self.upload(&stored.content, &stored.new).await?;
+        (stored.manifest, stored.epoch) = (manifest, epoch);
+        stored.uploaded += uploaded;
+        Ok(())
+    }
+
+    /// Sends each of `new` the store lacks (or holds stale), then `content`:
+    /// the manifest's digest and the count of blobs sent.
+    async fn upload(
+        &self,
+        content: &Manifest,
+        new: &[BlobDigest],
+    ) -> Result<(BlobDigest, u64), WorkspaceError> {
+        // Owned digests: a stream of borrowed ones makes the future not `Send`
+        // (rust-lang/rust#102211).
+        let sent = futures_util::stream::iter(new.to_vec())
+            .map(|d| async move { self.blobs.store_blob(&d).await })
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<bool>>()
+            .await?;
+        let manifest = self.blobs.put_manifest(content).await?;
+        Ok((manifest, sent.into_iter().filter(|&s| s).count() as u64))
+    }
+
+    /// The blob store itself, for the sweep.
+    pub fn store(&self) -> &blobs::BlobStore {
+        self.blobs.store()
+    }
+
+    /// How often the store is swept (zero: never).
+    pub fn sweep_every(&self) -> Duration {
+        self.config.sweep_every
+    }
+
+    /// The caps a stored manifest is read under.
+    pub fn limits(&self) -> VersionLimits {
+        self.config.limits
     }
 
     /// The manifest of a version, for a save that starts from it.
