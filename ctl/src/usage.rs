@@ -81,13 +81,15 @@ impl Reader {
         let mut report = UsageReport::new(&totals);
         if !report.owners.is_empty() {
             let owners: Vec<&str> = report.owners.iter().map(|u| u.owner.as_str()).collect();
-            let kept: Vec<Option<u64>> = redis::cmd("HMGET")
+            // Signed: a total that drifted below zero (a counter older than the
+            // backfill in WS_COMMIT) reads as none, never as an error.
+            let kept: Vec<Option<i64>> = redis::cmd("HMGET")
                 .arg(self.keys.workspace_bytes())
                 .arg(&owners)
                 .query_async(&mut conn)
                 .await?;
             for (u, k) in report.owners.iter_mut().zip(kept) {
-                u.workspace_kept_bytes = Some(k.unwrap_or(0));
+                u.workspace_kept_bytes = Some(k.unwrap_or(0).max(0) as u64);
             }
         }
         Ok(report)

@@ -518,6 +518,7 @@ impl ScriptCall<bool> {
         let (caller, owner, ws) = (caller.as_stored(), owner.as_stored(), id.to_string());
         let busy = idle.and_then(|(b, _)| b).unwrap_or_default();
         let horizon = idle.map(|(_, h)| h.to_string()).unwrap_or_default();
+        let grace = crate::workspace::SAVE_GRACE_MS.to_string();
         ScriptCall::new(
             Script::WsDelete,
             [
@@ -535,6 +536,7 @@ impl ScriptCall<bool> {
                 owner.as_bytes(),
                 horizon.as_bytes(),
                 busy.as_bytes(),
+                grace.as_bytes(),
             ],
         )
     }

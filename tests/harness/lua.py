@@ -85,7 +85,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ws_fork": (("source", "new", "index", "every_workspace", "bytes_owner", "sweep"),
                 ("caller", "source_version", "new_workspace_id", "source_workspace_id", "most_bytes")),
     "ws_delete": (("workspace", "versions", "owner_index", "every_workspace", "bytes_owner", "busy_task"),
-                  ("caller", "workspace_id", "owner", "idle_horizon", "busy_task")),
+                  ("caller", "workspace_id", "owner", "idle_horizon", "busy_task", "grace")),
     "ws_sweep": (("sweep",), ("what", "worker", "lease", "often")),
 }
 

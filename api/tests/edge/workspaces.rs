@@ -521,10 +521,46 @@ async fn an_owners_workspaces_are_held_to_its_byte_cap_as_versions_come_and_go()
     );
     assert_eq!(owner_bytes(&stack, "alice").await, 500_000);
 
+    // Over the cap already (as after an operator lowered it): a version that
+    // leaves alice holding less is still made.
+    let mut r = stack.redis_conn().await;
+    let bytes_key = stack.keys().workspace_bytes();
+    let _: () = r.hset(&bytes_key, "alice", 2_000_000).await.expect("HSET");
+    let fourth = task_of(&run_on(&alice, json!({ "id": ws })).await);
+    assert_eq!(
+        commit_capped(&stack, &fourth, &ws, 2, 100_000, caps(1)).await,
+        3
+    );
+    assert_eq!(owner_bytes(&stack, "alice").await, 1_600_000);
+
+    // A workspace made before bytes were counted (no `bytes`, nothing in
+    // alice's total): its kept versions are counted at its next commit, so
+    // the version it drops takes off nothing that was never added.
+    let id = WorkspaceId::parse(&ws).expect("a workspace id");
+    let _: () = r
+        .hdel(stack.keys().workspace(&id), "bytes")
+        .await
+        .expect("HDEL");
+    let _: () = r.hset(&bytes_key, "alice", 0).await.expect("HSET");
+    let fifth = task_of(&run_on(&alice, json!({ "id": ws })).await);
+    assert_eq!(
+        commit_capped(&stack, &fifth, &ws, 3, 200_000, caps(1)).await,
+        4
+    );
+    assert_eq!(owner_bytes(&stack, "alice").await, 200_000);
+
     // Deleting gives its bytes back.
     call_ok(&alice, "delete_workspace", json!({ "workspace_id": ws })).await;
     assert_eq!(owner_bytes(&stack, "alice").await, 0);
     stack.shutdown().await;
+}
+
+/// The task id of a `run_script` answer.
+fn task_of(answer: &Value) -> String {
+    answer["structuredContent"]["task_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// Whether workspace `ws` is still there (its hash in Redis).
@@ -559,6 +595,33 @@ async fn idle_workspaces_are_deleted_and_one_a_queued_task_holds_is_kept() {
     assert!(
         exists(&stack, &held).await,
         "a workspace a queued task holds was deleted"
+    );
+    // One whose task ended just now on a worker, which may still be saving
+    // into it (within the save grace): kept as well.
+    let (saving, ended) = new_workspace(&client).await;
+    let mut r = stack.redis_conn().await;
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut r).await.expect("TIME");
+    let fields = [
+        ("state", "succeeded".to_owned()),
+        ("worker", "w1".to_owned()),
+        ("finished_at", (now.0 * 1000).to_string()),
+    ];
+    let _: () = r
+        .hset_multiple(stack.keys().task(&ended), &fields)
+        .await
+        .expect("HSET");
+    // The janitor has had its chance once another idle one is gone.
+    let (later, task) = new_workspace(&client).await;
+    call_ok(&client, "kill_task", json!({ "task_id": task })).await;
+    wait_until(
+        "a later idle workspace to be deleted",
+        std::time::Duration::from_secs(30),
+        || async { (!exists(&stack, &later).await).then_some(()) },
+    )
+    .await;
+    assert!(
+        exists(&stack, &saving).await,
+        "a workspace whose task may still be saving was deleted"
     );
     let got = call_ok(&client, "get_workspace", json!({ "workspace_id": held })).await;
     assert_ne!(got["busy_task"], Value::Null, "{got}");

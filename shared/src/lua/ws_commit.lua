@@ -33,8 +33,10 @@
 -- is gone (deleted) or busy with another task (this one ended longer than the
 -- save grace ago, and the next took the workspace).
 --
--- A version that would take its owner past the cap is not made: the workspace is
--- freed, the head stays, and the task says why (ARGV[10]).
+-- A version that would take its owner past the cap, and leave it holding more
+-- than before, is not made: the workspace is freed, the head stays, and the task
+-- says why (ARGV[10]). A workspace made before bytes were counted has its kept
+-- versions counted first.
 --
 -- A version whose save began before a sweep's delete phase is refused too, writing
 -- nothing, since the phase may have deleted a blob it names: the worker checks
@@ -71,10 +73,21 @@ if extra > 0 then
   end
 end
 local owner = redis.call('HGET', KEYS[2], 'owner') or ''
+if not redis.call('HGET', KEYS[2], 'bytes') then
+  -- Made before bytes were counted: its kept versions are counted now, once, so
+  -- the drops below never take off bytes that were never added.
+  local sum = 0
+  for _, v in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do
+    sum = sum + (tonumber(redis.call('HGET', KEYS[3] .. ':' .. v, 'bytes')) or 0)
+  end
+  redis.call('HSET', KEYS[2], 'bytes', sum)
+  redis.call('HINCRBY', KEYS[4], owner, sum)
+end
 local held = tonumber(redis.call('HGET', KEYS[4], owner)) or 0
 local after = held - freed + tonumber(ARGV[4])
 local cap = tonumber(ARGV[9])
-if owner ~= '' and cap > 0 and after > cap then
+-- A version that leaves its owner holding less is made even over the cap.
+if owner ~= '' and cap > 0 and after > cap and after > held then
   redis.call('HDEL', KEYS[2], 'busy')
   redis.call('HSET', KEYS[2], 'last_used_at', now)
   redis.call('HSET', KEYS[1], 'workspace_note', string.format(ARGV[10], after))
@@ -88,6 +101,8 @@ redis.call('ZADD', KEYS[3], now, n)
 redis.call('HSET', KEYS[2], 'head', n, 'last_used_at', now)
 redis.call('HDEL', KEYS[2], 'busy')
 redis.call('HSET', KEYS[1], 'workspace_version', n)
+-- A note a refusal wrote earlier (a commit that came late) no longer holds.
+redis.call('HDEL', KEYS[1], 'workspace_note')
 -- The oldest, as read above: the new version, the newest, ranks last.
 for _, old in ipairs(dropped) do
   redis.call('DEL', KEYS[3] .. ':' .. old)

@@ -15,10 +15,12 @@
 -- ARGV[4] for an expiry, the idle horizon in ms: it goes only if last used before
 --         it ('' to delete it now, as asked)
 -- ARGV[5] for an expiry, the busy task the caller read ('' for none)
+-- ARGV[6] the save grace in ms (as SUBMIT's): a task that ended this
+--         recently, on a worker not lost, may still be saving into the workspace
 --
 -- An expiry leaves a workspace that was used since the caller looked (and scores
 -- it in KEYS[4] by that use), whose busy task changed, or whose busy task is
--- still queued or running.
+-- still queued or running, or still saving (SUBMIT's rule).
 --
 -- Returns 1, or 0 when there is no such workspace (or it is another owner's,
 -- answered alike), or an expiry left it.
@@ -34,8 +36,14 @@ if ARGV[4] ~= '' then
   end
   if (busy or '') ~= ARGV[5] then return 0 end
   if ARGV[5] ~= '' then
-    local st = redis.call('HGET', KEYS[6], 'state')
+    local st, fin, worker, kind =
+      unpack(redis.call('HMGET', KEYS[6], 'state', 'finished_at', 'worker', 'reason_kind'))
     if st == 'queued' or st == 'running' then return 0 end
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local saving = st and worker and worker ~= '' and kind ~= 'worker-lost'
+      and kind ~= 'spec-rejected' and tonumber(fin or '0') > now - tonumber(ARGV[6])
+    if saving then return 0 end
   end
 end
 for _, v in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
