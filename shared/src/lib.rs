@@ -7,6 +7,7 @@
 
 pub mod apikey;
 pub mod cache;
+pub mod edit;
 pub mod egress;
 pub mod envvar;
 pub mod functions;

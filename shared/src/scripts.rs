@@ -301,7 +301,7 @@ pub enum WsRefusal {
     Sweeping,
     /// Another worker sweeps (detail: its name).
     SweepHeld,
-    /// A sweep ended within the interval (detail: how many ms ago).
+    /// A sweep began within the interval (detail: how many ms ago).
     Swept,
     /// The sweep's lease ran out, or another worker took it.
     SweepLost,

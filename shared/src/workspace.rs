@@ -403,9 +403,9 @@ pub enum SweepField {
     Phase,
     /// When the holder's lease ends (ms, Redis's clock).
     Until,
-    /// When the last sweep ended (ms, Redis's clock): every worker tries to
+    /// When the last sweep began (ms, Redis's clock): every worker tries to
     /// sweep, and the first to find none within the interval does.
-    Ended,
+    Began,
 }
 
 stored_names!(SweepField, parse "sweep field");

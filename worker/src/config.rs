@@ -444,8 +444,23 @@ fn workspace_config(
         },
         versions_kept: WORKSPACE_VERSIONS_KEPT.range(var, 1, 10_000)?,
         owner_max_bytes: blobs::config::owner_max_bytes(var)?,
-        sweep_every: Duration::from_secs(WORKSPACE_SWEEP_SECONDS.range(var, 0, 7 * 86_400)?),
+        sweep_every: sweep_every(var)?,
     })
+}
+
+/// `WORKSPACE_SWEEP_SECONDS`: 0 (never), or at least a minute, since each
+/// sweep's delete phase holds every host's saves for a moment.
+fn sweep_every(var: &impl Fn(&str) -> Option<String>) -> Result<Duration, ConfigError> {
+    let secs = WORKSPACE_SWEEP_SECONDS.range(var, 0, 7 * 86_400)?;
+    if (1..60).contains(&secs) {
+        let e = VarError::new(
+            WORKSPACE_SWEEP_SECONDS.name,
+            &secs.to_string(),
+            "0 (never), or from 60 to 604800 seconds",
+        );
+        return Err(e.into());
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 impl SandboxLimits {
@@ -622,6 +637,24 @@ mod tests {
             Ok(_) => panic!("{vars:?} was accepted"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn the_sweep_runs_hourly_by_default_never_at_zero_and_never_more_than_once_a_minute() {
+        let every =
+            |v: &str| load(&[("WORKSPACE_SWEEP_SECONDS", v)]).map(|c| c.workspaces.sweep_every);
+        assert_eq!(
+            load(&[]).expect("defaults").workspaces.sweep_every,
+            Duration::from_secs(3600)
+        );
+        assert_eq!(every("0").ok(), Some(Duration::ZERO));
+        assert_eq!(every("60").ok(), Some(Duration::from_secs(60)));
+        let text = refused(&[("WORKSPACE_SWEEP_SECONDS", "5")]);
+        assert!(
+            text.starts_with("WORKSPACE_SWEEP_SECONDS=\"5\"")
+                && text.contains("0 (never), or from 60"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -103,9 +103,14 @@ pub async fn run(
     let sweeper = (!every.is_zero()).then(|| {
         // Blobs younger than the save grace may be a save's still: never swept.
         let min_age = Duration::from_millis(shared::workspace::SAVE_GRACE_MS);
-        let sweeper =
-            workspaces::sweep::Sweeper::new(ctx.queue.clone(), &ctx.workspaces, min_age, every);
-        tokio::spawn(sweeper.run(stop.clone()))
+        let sweeper = workspaces::sweep::Sweeper::new(
+            ctx.queue.clone(),
+            &ctx.workspaces,
+            min_age,
+            every,
+            stop.clone(),
+        );
+        tokio::spawn(sweeper.run())
     });
     // Empties itself when `stop` fires; claimed containers are their runners'.
     let pool = tokio::spawn(ctx.pool.clone().run(stop.clone()));
@@ -121,10 +126,17 @@ pub async fn run(
     take_jobs(&ctx, &slots, &stop).await;
 
     reaper.abort();
-    if let Some(sweeper) = sweeper {
-        sweeper.abort();
-    }
     drain(&ctx, &slots).await;
+    if let Some(mut sweeper) = sweeper {
+        // Told by `stop`, a delete phase ends after its batch (saves on every
+        // host wait for it); one stuck longer is left to its lease.
+        if tokio::time::timeout(Duration::from_secs(30), &mut sweeper)
+            .await
+            .is_err()
+        {
+            sweeper.abort();
+        }
+    }
     let _ = pool.await;
     ctx.cleanups.close();
     ctx.cleanups.wait().await;

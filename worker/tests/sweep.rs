@@ -272,6 +272,7 @@ impl Rig {
             &self.workspaces,
             Duration::ZERO,
             Duration::ZERO,
+            CancellationToken::new(),
         )
     }
 }
@@ -409,7 +410,13 @@ async fn the_sweep_deletes_what_dropped_versions_named_and_keeps_what_a_fork_nam
 
     // The interval holds: a second sweep within it is refused.
     let hour = Duration::from_secs(3600);
-    let mut every = Sweeper::new(rig.queue.clone(), &rig.workspaces, Duration::ZERO, hour);
+    let mut every = Sweeper::new(
+        rig.queue.clone(),
+        &rig.workspaces,
+        Duration::ZERO,
+        hour,
+        CancellationToken::new(),
+    );
     assert_eq!(
         every.sweep().await.expect("sweep"),
         Outcome::NotNow(WsRefusal::Swept)
@@ -502,13 +509,14 @@ async fn saves_racing_sweeps_that_never_stop_all_commit_whole_versions() {
         .map(|_| WorkspaceId::from_bytes(*uuid::Uuid::new_v4().as_bytes()))
         .collect();
     // Every save's files differ (so its blobs are unnamed until its commit),
-    // and each has a big one, so a save takes a while.
+    // and each has a big one, so a save takes a while; one file stays the
+    // same, which a save does not send again (its base has it).
     let mut containers = Vec::new();
     for w in 0..WORKSPACES {
         let mut rounds = Vec::new();
         for r in 1..=ROUNDS {
             rounds.push(rig.paused_container(&format!(
-                "echo {w}-{r} > own.txt && head -c 4000000 /dev/urandom > big.bin && echo {r} > round.txt"
+                "echo {w} > same.txt && echo {w}-{r} > own.txt && head -c 4000000 /dev/urandom > big.bin"
             )));
         }
         containers.push(rounds);
@@ -524,6 +532,9 @@ async fn saves_racing_sweeps_that_never_stop_all_commit_whole_versions() {
                 if let Outcome::Swept(s) = sweeper.sweep().await.expect("sweep") {
                     deleted += s.deleted;
                 }
+                // A breath between sweeps: back to back, each could move the
+                // epoch under every retry of a save.
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
             deleted
         }
@@ -539,13 +550,13 @@ async fn saves_racing_sweeps_that_never_stop_all_commit_whole_versions() {
     let saves = tasks.into_iter().map(|(ws, mut claimed, rounds)| {
         let stop = stop.clone();
         async move {
-            let mut base = 0;
+            let (mut base, mut base_manifest) = (0, None);
             for (r, container) in rounds.iter().enumerate() {
                 let task = claimed.pop().expect("a claimed task");
                 let epoch = sweep::epoch(&rig.queue, &stop).await.expect("epoch");
                 let mut stored = rig
                     .workspaces
-                    .save(&rig.sandbox, container, None, epoch)
+                    .save(&rig.sandbox, container, base_manifest.as_ref(), epoch)
                     .await
                     .expect("save");
                 let reply = sweep::commit(
@@ -561,6 +572,12 @@ async fn saves_racing_sweeps_that_never_stop_all_commit_whole_versions() {
                 .expect("commit");
                 assert_eq!(reply, WsReply::Done(r as u64 + 1), "round {r}");
                 base = r as u64 + 1;
+                base_manifest = Some(
+                    rig.workspaces
+                        .manifest(&stored.manifest)
+                        .await
+                        .expect("read"),
+                );
                 if base < ROUNDS {
                     claimed.push(rig.claimed_task(ws, base, false).await);
                 }

@@ -6,7 +6,7 @@
 -- only outside a delete phase ('look'), and a fork counts 'forks' up (WS_FORK),
 -- so a sweep that saw a fork while it read what is named deletes nothing.
 --
--- KEYS[1] the sweep (hash: epoch, forks, holder, phase, until, ended)
+-- KEYS[1] the sweep (hash: epoch, forks, holder, phase, until, began)
 -- ARGV[1] what to do:
 --         'look'   (a save begins) the epoch, unless a delete phase is under way;
 --         'begin'  (a sweep starts listing) the sweep is this worker's, unless
@@ -17,19 +17,20 @@
 -- ARGV[2] the sweeping worker's name ('' for 'look')
 -- ARGV[3] the lease, in ms, from now ('' for 'look' and 'end'): a worker that
 --         dies sweeping holds the sweep no longer than this
--- ARGV[4] ('begin' only) how often the store is swept, in ms: a sweep that ended
---         within this long makes another needless
+-- ARGV[4] ('begin' only) how often the store is swept, in ms: a sweep that began
+--         within this long makes another needless (one that failed included: the
+--         next is tried an interval later)
 --
 -- Returns, for 'look', the epoch; for 'begin', 'delete' and 'renew', the forks
 -- made so far; for 'end', 1. Or {'refused', why, detail}: 'sweeping' (look: a
 -- delete phase runs; detail: its ms left), 'sweep_held' (begin: another worker
--- sweeps; detail: its name), 'swept' (begin: a sweep ended within ARGV[4];
+-- sweeps; detail: its name), 'swept' (begin: a sweep began within ARGV[4];
 -- detail: how many ms ago) or 'sweep_lost' (delete, renew, end: the lease ran
 -- out, or another took the sweep).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local epoch, forks, holder, phase, till, ended =
-  unpack(redis.call('HMGET', KEYS[1], 'epoch', 'forks', 'holder', 'phase', 'until', 'ended'))
+local epoch, forks, holder, phase, till, began =
+  unpack(redis.call('HMGET', KEYS[1], 'epoch', 'forks', 'holder', 'phase', 'until', 'began'))
 local live = holder and (tonumber(till) or 0) > now
 local op = ARGV[1]
 if op == 'look' then
@@ -41,11 +42,12 @@ end
 local lease = string.format('%d', now + (tonumber(ARGV[3]) or 0))
 if op == 'begin' then
   if live and holder ~= ARGV[2] then return {'refused', 'sweep_held', holder} end
-  local since = now - (tonumber(ended) or 0)
+  local since = now - (tonumber(began) or 0)
   if since < (tonumber(ARGV[4]) or 0) then
     return {'refused', 'swept', string.format('%d', since)}
   end
-  redis.call('HSET', KEYS[1], 'holder', ARGV[2], 'phase', 'listing', 'until', lease)
+  redis.call('HSET', KEYS[1], 'holder', ARGV[2], 'phase', 'listing', 'until', lease,
+    'began', string.format('%d', now))
   return tonumber(forks) or 0
 end
 if not live or holder ~= ARGV[2] then return {'refused', 'sweep_lost', ''} end
@@ -59,5 +61,4 @@ if op == 'renew' then
   return tonumber(forks) or 0
 end
 redis.call('HDEL', KEYS[1], 'holder', 'phase', 'until')
-redis.call('HSET', KEYS[1], 'ended', string.format('%d', now))
 return 1

@@ -62,7 +62,7 @@ const BATCH: usize = 1000;
 const DELETE_PHASE: Duration = Duration::from_secs(20);
 /// How often a save waiting out a delete phase looks again.
 const LOOK_EVERY: Duration = Duration::from_millis(250);
-/// How many times a commit is sent again after a delete phase moved its epoch.
+/// How many times a save is sent again after a delete phase moved its epoch.
 const COMMIT_TRIES: usize = 5;
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +82,8 @@ pub enum SweepError {
     },
     #[error("deleting a batch took longer than {BATCH_TIMEOUT:?}")]
     Timeout,
+    #[error("deleting a batch: {0}")]
+    Deleting(#[source] blobs::BlobError),
     #[error("WS_SWEEP answered {0}")]
     Reply(String),
 }
@@ -111,38 +113,51 @@ pub enum Outcome {
 pub struct Sweeper {
     queue: Queue,
     store: BlobStore,
-    limits: VersionLimits,
     /// Only objects written longer ago than this are deleted.
     min_age: Duration,
     every: Duration,
     manifests: HashMap<BlobDigest, Arc<[BlobDigest]>>,
+    /// When the lease was last renewed.
+    renewed: Instant,
+    /// At shutdown: a delete phase ends after its batch, not mid-way.
+    stop: CancellationToken,
 }
 
+/// Manifests are read for the sweep whatever today's caps: a version made
+/// under larger ones is still named.
+const UNCAPPED: VersionLimits = VersionLimits {
+    max_bytes: u64::MAX,
+    max_files: u64::MAX,
+};
+
 impl Sweeper {
+    /// `stop`: the worker's, which ends a delete phase after its batch.
     pub fn new(
         queue: Queue,
         workspaces: &Workspaces,
         min_age: Duration,
         every: Duration,
+        stop: CancellationToken,
     ) -> Sweeper {
         Sweeper {
             queue,
             store: workspaces.store().clone(),
-            limits: workspaces.limits(),
             min_age,
             every,
             manifests: HashMap::new(),
+            renewed: Instant::now(),
+            stop,
         }
     }
 
-    /// Sweeps every `every` until `stop` fires, logging each sweep.
-    pub async fn run(mut self, stop: CancellationToken) {
+    /// Sweeps every `every` until the worker stops, logging each sweep.
+    pub async fn run(mut self) {
         let mut tick = tokio::time::interval(self.every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.cancelled() => return,
+                _ = self.stop.cancelled() => return,
             }
             let started = Instant::now();
             match self.sweep().await {
@@ -168,8 +183,16 @@ impl Sweeper {
             WsReply::Done(_) => {}
             WsReply::Refused { why, .. } => return Ok(Outcome::NotNow(why)),
         }
+        self.renewed = Instant::now();
         let result = self.sweep_held().await;
-        // Given up however it went (a lost lease is given up already).
+        // A delete request that failed or timed out may still be carried out
+        // by the store: the phase is left to its lease, so no save begins (and
+        // finds a blob that is about to go) until the request is surely over.
+        if let Err(SweepError::Timeout | SweepError::Deleting(_)) = &result {
+            tokio::time::sleep(LEASE).await;
+            return result.map(Outcome::Swept);
+        }
+        // Given up however else it went (a lost lease is given up already).
         if let Err(e) = self.op(SweepOp::End).await {
             tracing::warn!(error = %e, "could not end the workspace store sweep");
         }
@@ -177,7 +200,6 @@ impl Sweeper {
     }
 
     async fn sweep_held(&mut self) -> Result<Swept, SweepError> {
-        let mut renewed = Instant::now();
         let old_enough = SystemTime::now() - self.min_age;
         let mut candidates = Vec::new();
         let mut listed = 0;
@@ -188,10 +210,7 @@ impl Sweeper {
                 if o.written < old_enough {
                     candidates.push((o.kind, o.digest));
                 }
-                if renewed.elapsed() > LEASE / 3 {
-                    self.keep().await?;
-                    renewed = Instant::now();
-                }
+                self.keep_due().await?;
             }
         }
         let mut swept = Swept {
@@ -204,6 +223,7 @@ impl Sweeper {
             return Ok(swept);
         }
         let forks = self.keep_op(SweepOp::Delete).await?;
+        self.renewed = Instant::now();
         let phase = Instant::now();
         let named = self.named().await?;
         if self.keep_op(SweepOp::Renew).await? != forks {
@@ -212,16 +232,23 @@ impl Sweeper {
         }
         candidates.retain(|o| !named.contains(o));
         swept.unnamed = candidates.len() as u64;
+        self.renewed = Instant::now();
         for batch in candidates.chunks(BATCH) {
             if phase.elapsed() > DELETE_PHASE {
                 swept.stopped = Some("the delete phase's time ran out: the rest go next sweep");
                 break;
             }
+            if self.stop.is_cancelled() {
+                swept.stopped = Some("the worker is stopping");
+                break;
+            }
             let deleted = tokio::time::timeout(BATCH_TIMEOUT, self.store.delete(batch.to_vec()))
                 .await
-                .map_err(|_| SweepError::Timeout)??;
+                .map_err(|_| SweepError::Timeout)?
+                .map_err(SweepError::Deleting)?;
             swept.deleted += deleted;
-            self.keep().await?;
+            self.keep_op(SweepOp::Renew).await?;
+            self.renewed = Instant::now();
         }
         Ok(swept)
     }
@@ -233,12 +260,13 @@ impl Sweeper {
         let mut named = HashSet::new();
         let mut read = HashMap::new();
         for (workspace, v) in versions {
+            self.keep_due().await?;
             let blobs = match self.manifests.get(&v.manifest) {
                 Some(b) => b.clone(),
                 None => {
                     let m = self
                         .store
-                        .manifest(&v.manifest, self.limits)
+                        .manifest(&v.manifest, UNCAPPED)
                         .await
                         .map_err(|source| SweepError::Manifest {
                             workspace,
@@ -259,9 +287,14 @@ impl Sweeper {
         Ok(named)
     }
 
-    /// Renews the lease; an error once it is lost.
-    async fn keep(&self) -> Result<(), SweepError> {
-        self.keep_op(SweepOp::Renew).await.map(|_| ())
+    /// Renews the lease if a third of it has passed since it was; an error
+    /// once it is lost.
+    async fn keep_due(&mut self) -> Result<(), SweepError> {
+        if self.renewed.elapsed() > LEASE / 3 {
+            self.keep_op(SweepOp::Renew).await?;
+            self.renewed = Instant::now();
+        }
+        Ok(())
     }
 
     /// `op` on a sweep this worker holds: the forks made so far.
@@ -309,7 +342,7 @@ pub async fn epoch(queue: &Queue, stop: &CancellationToken) -> Result<u64, Strin
 }
 
 /// What a task is told when sweeps kept its version from being committed.
-const SWEPT_AWAY: &str = "the workspace store was being swept while the task's /workspace was saved, and its files could not be checked again: the workspace was left as it was";
+const SWEPT_AWAY: &str = "the workspace store was swept again and again while the task's /workspace was saved, or its files could not be sent again: the workspace was left as it was";
 
 /// WS_COMMIT of `stored`, for task `task_id` on `workspace`. A commit refused
 /// because a delete phase ran since the save began (`sweep_moved`) is sent
@@ -325,7 +358,7 @@ pub async fn commit(
     stored: &mut StoredVersion,
     caps: WorkspaceCaps,
 ) -> Result<WsReply, QueueError> {
-    for _ in 0..COMMIT_TRIES {
+    for resent in 0..=COMMIT_TRIES {
         let reply = retry::redis("commit the workspace version", stop, || {
             queue.ws_commit(task_id, workspace, stored.as_saved(), caps)
         })
@@ -337,6 +370,9 @@ pub async fn commit(
         else {
             return Ok(reply);
         };
+        if resent == COMMIT_TRIES {
+            break;
+        }
         let epoch = match epoch(queue, stop).await {
             Ok(epoch) => epoch,
             Err(e) => {
