@@ -418,6 +418,10 @@ pub enum Field {
     /// Why its `/workspace` made no version (absent: it made one, or has not
     /// ended yet).
     WorkspaceNote,
+    /// A `write_files` task's deletes, a JSON array of paths (its files are
+    /// the task's zip). Present: the task is that edit of its workspace, run
+    /// by a worker without a container; absent: a script.
+    EditDeletes,
 }
 
 stored_names!(Field, parse "task record field");
@@ -441,7 +445,8 @@ impl Field {
             | Field::Cache
             | Field::EgressAllow
             | Field::WorkspaceId
-            | Field::WorkspaceBase => true,
+            | Field::WorkspaceBase
+            | Field::EditDeletes => true,
             // Written after submit (by the worker, the reaper or a kill), or
             // the signature itself.
             Field::State
@@ -578,6 +583,7 @@ mod tests {
                 "workspace_base",
                 "workspace_version",
                 "workspace_note",
+                "edit_deletes",
             ]
         );
         for &f in Field::ALL {

@@ -78,6 +78,9 @@ pub struct TaskRecord {
     pub workspace_version: Option<u64>,
     /// Why it made none.
     pub workspace_note: Option<String>,
+    /// A `write_files` task's deletes (`Some`, even if empty, makes the task
+    /// that edit).
+    pub edit_deletes: Option<Vec<String>>,
 }
 
 /// A field whose stored value does not read as its type. Names the field, so
@@ -146,6 +149,7 @@ impl TaskRecord {
             workspace_base: None,
             workspace_version: None,
             workspace_note: None,
+            edit_deletes: None,
         }
     }
 
@@ -277,6 +281,10 @@ impl TaskRecord {
             Field::WorkspaceBase => count(self.workspace_base),
             Field::WorkspaceVersion => count(self.workspace_version),
             Field::WorkspaceNote => text(&self.workspace_note),
+            Field::EditDeletes => self
+                .edit_deletes
+                .as_ref()
+                .map(|d| serde_json::Value::from(d.clone()).to_string().into_bytes()),
         }
     }
 
@@ -335,6 +343,7 @@ impl TaskRecord {
             Field::WorkspaceBase => self.workspace_base = Some(parse(f, v)?),
             Field::WorkspaceVersion => self.workspace_version = Some(parse(f, v)?),
             Field::WorkspaceNote => self.workspace_note = text(),
+            Field::EditDeletes => self.edit_deletes = Some(json(f, v)?),
         }
         Ok(())
     }
@@ -412,6 +421,7 @@ mod tests {
             workspace_base: Some(2),
             workspace_version: Some(3),
             workspace_note: Some("not saved".into()),
+            edit_deletes: Some(vec!["old/".into(), "a \"b\"".into()]),
             ..TaskRecord::new(TaskState::Failed)
         }
     }
@@ -434,6 +444,7 @@ mod tests {
         assert_eq!(get(Field::Network), "none");
         assert_eq!(get(Field::Env), r#"{"A":"1 \"quoted\""}"#);
         assert_eq!(get(Field::Collect), r#"["out/*.txt"]"#);
+        assert_eq!(get(Field::EditDeletes), r#"["old/","a \"b\""]"#);
         assert_eq!(get(Field::ReasonKind), "exited");
         assert_eq!(get(Field::ExitCode), "-1");
     }

@@ -117,6 +117,12 @@ pub enum ReasonKind {
     /// `REDIS_MIN_REPLICAS_ACK` replicas in time, and the client was told to try
     /// again instead of being given the task's id.
     NotReplicated,
+    /// A `write_files` call's edit was stored as the workspace's next version
+    /// (no container ran).
+    FilesWritten,
+    /// A `write_files` call's edit could not be made (a path under a file, a
+    /// version cap, the store): the workspace was left as it was.
+    FilesNotWritten,
 }
 
 stored_names!(ReasonKind, parse "reason kind");
@@ -455,6 +461,31 @@ impl Outcome {
         )
     }
 
+    /// A `write_files` edit made version `version`: `written` files written,
+    /// `deleted` paths deleted.
+    pub fn files_written(version: u64, written: usize, deleted: usize) -> Outcome {
+        let files =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        Outcome {
+            state: TaskState::Succeeded,
+            kind: ReasonKind::FilesWritten,
+            reason: format!(
+                "{} written and {} deleted: version {version}",
+                files(written, "file", "files"),
+                files(deleted, "path", "paths")
+            ),
+            exit_code: None,
+        }
+    }
+
+    /// A `write_files` edit that made no version, and why.
+    pub fn files_not_written(why: impl fmt::Display) -> Outcome {
+        Outcome::failed(
+            ReasonKind::FilesNotWritten,
+            format!("no files were written, the workspace is as it was: {why}"),
+        )
+    }
+
     pub fn timed_out(timeout_seconds: u64) -> Outcome {
         Outcome {
             state: TaskState::TimedOut,
@@ -536,6 +567,8 @@ mod tests {
                 "image-refused",
                 "spec-rejected",
                 "not-replicated",
+                "files-written",
+                "files-not-written",
             ]
         );
     }

@@ -162,8 +162,29 @@ pub struct Job {
     pub task_id: String,
 }
 
-/// What a worker needs of a task to run it, every part of it signed by the
-/// api (`Queue::task_spec` verifies before it makes one).
+/// What a task asks a worker to do, every part of it signed by the api
+/// (`Queue::task_spec` verifies before it makes one).
+#[derive(Debug, Clone)]
+pub enum Work {
+    /// `run_script`: a command in a container.
+    Script(TaskSpec),
+    /// `write_files`: an edit of a workspace version, made without one.
+    Edit(EditSpec),
+}
+
+/// A `write_files` task: files written over a version, and paths deleted.
+#[derive(Debug, Clone)]
+pub struct EditSpec {
+    pub owner: Owner,
+    /// The workspace, and the version the edit applies to.
+    pub workspace: (WorkspaceId, u64),
+    /// The files to write, as a zip the api made (none: only deletes).
+    pub zip: Option<Payload>,
+    /// Paths to delete, each with all under it, before the files are written.
+    pub deletes: Vec<String>,
+}
+
+/// A script task: what a worker needs of it to run it.
 #[derive(Debug, Clone)]
 pub struct TaskSpec {
     pub runtime: RuntimeName,
@@ -201,7 +222,7 @@ impl std::fmt::Debug for Payload {
 
 /// The fields `task_spec` reads: what a `TaskSpec` is made of, every signed
 /// field among them (`tests::every_signed_field_is_read`), and the signature.
-const SPEC_FIELDS: [Field; 16] = [
+const SPEC_FIELDS: [Field; 17] = [
     Field::State,
     Field::Runtime,
     Field::Image,
@@ -217,6 +238,7 @@ const SPEC_FIELDS: [Field; 16] = [
     Field::Cache,
     Field::WorkspaceId,
     Field::WorkspaceBase,
+    Field::EditDeletes,
     Field::SpecSignature,
 ];
 
@@ -547,7 +569,7 @@ impl Queue {
         &self,
         task_id: &str,
         verifier: &SpecVerifier,
-    ) -> Result<Option<Result<TaskSpec, SpecRejection>>, QueueError> {
+    ) -> Result<Option<Result<Work, SpecRejection>>, QueueError> {
         let mut conn = self.pool.get().await?;
         let read = self.tasks.read_spec(&mut conn, task_id, &SPEC_FIELDS).await;
         let Some(SpecRead {
@@ -578,16 +600,28 @@ impl Queue {
         }
         let corrupt = |e| QueueError::Corrupt(task_id.to_owned(), e);
         let need = |v, f| RecordError::required(v, f).map_err(corrupt);
-        Ok(Some(Ok(TaskSpec {
+        // A zip or stdin whose flag is off is signed but not used.
+        let zip = zip
+            .filter(|_| r.has_zip == Some(true))
+            .map(|z| Payload(z.into()));
+        // The admin's tasks have no owner field.
+        let owner = r.owner.unwrap_or(Owner::Admin);
+        if let Some(deletes) = r.edit_deletes {
+            let id = RecordError::required(r.workspace_id, Field::WorkspaceId).map_err(corrupt)?;
+            return Ok(Some(Ok(Work::Edit(EditSpec {
+                owner,
+                workspace: (id, r.workspace_base.unwrap_or(0)),
+                zip,
+                deletes,
+            }))));
+        }
+        Ok(Some(Ok(Work::Script(TaskSpec {
             runtime: RecordError::required(r.runtime, Field::Runtime).map_err(corrupt)?,
             image: need(r.image, Field::Image)?,
             command: need(r.command, Field::Command)?,
             timeout_seconds: RecordError::required(r.timeout_seconds, Field::TimeoutSeconds)
                 .map_err(corrupt)?,
-            // A zip or stdin whose flag is off is signed but not used.
-            zip: zip
-                .filter(|_| r.has_zip == Some(true))
-                .map(|z| Payload(z.into())),
+            zip,
             stdin: stdin
                 .filter(|_| r.has_stdin == Some(true))
                 .map(|s| Payload(s.into())),
@@ -599,12 +633,11 @@ impl Queue {
                 r.network.unwrap_or(Network::Internet),
                 r.egress_allow.as_ref(),
             ),
-            // The admin's tasks have no owner field.
-            owner: r.owner.unwrap_or(Owner::Admin),
+            owner,
             // Records written before the field existed: the default.
             cache: r.cache.unwrap_or_default(),
             workspace: r.workspace_id.map(|id| (id, r.workspace_base.unwrap_or(0))),
-        })))
+        }))))
     }
 
     /// The clear generations of an owner's dependency cache (`cache::owner_id`)

@@ -21,6 +21,7 @@ use super::args::{
     decode_command, parse_cursor, parse_task_id, parse_version, parse_workspace_cursor,
     parse_workspace_id, wait_duration, workspace_cursor,
 };
+use super::edits::EditCheck;
 use super::error::{MOVED_ATTEMPTS, ToolError};
 use super::output::{
     DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
@@ -212,68 +213,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             signer: &cfg.signer,
             workspace: submit_workspace,
         };
-        let mut attempt = 1;
-        let submitted = loop {
-            // On the head: read it now, for the record to be signed with.
-            if let (
-                Some(id),
-                Some(SubmitWorkspace {
-                    must_be_head: true, ..
-                }),
-            ) = (workspace_id, submit.workspace)
-            {
-                let ws = self
-                    .store
-                    .workspace(&id, who.owner())
-                    .await?
-                    .ok_or(ToolError::UnknownWorkspace(id))?;
-                record.workspace_base = Some(ws.head);
-            }
-            let reply = self.store.submit(&submit, &record).await?;
-            // The head moved since the read (a task on it was just saved):
-            // again, from the new head.
-            if let SubmitReply::Workspace {
-                why: WsRefusal::Moved,
-                ..
-            } = reply
-                && attempt < MOVED_ATTEMPTS
-            {
-                attempt += 1;
-                continue;
-            }
-            break reply;
-        };
-        match submitted {
-            SubmitReply::Queued => {}
-            SubmitReply::Full(backlog) => return Err(ToolError::QueueFull(backlog)),
-            SubmitReply::Tasks {
-                quota: Quota::MaxQueued,
-                limit,
-                count,
-            } => return Err(ToolError::QuotaQueued { limit, count }),
-            SubmitReply::Tasks { limit, count, .. } => {
-                return Err(ToolError::QuotaRunning { limit, count });
-            }
-            SubmitReply::Cpu {
-                limit_ms,
-                used_ms,
-                frees_at_ms,
-            } => {
-                return Err(ToolError::QuotaCpu {
-                    limit_seconds: limit_ms / 1000,
-                    used_seconds: used_ms / 1000,
-                    frees_at: shared::time::rfc3339_ms(frees_at_ms),
-                });
-            }
-            SubmitReply::Workspace { why, detail } => {
-                return Err(workspace_refusal(
-                    workspace_id,
-                    record.workspace_base,
-                    why,
-                    detail,
-                ));
-            }
-        }
+        self.submit_task(&who, &submit, &mut record, None).await?;
         let owner = who.owner();
         match workspace_id {
             Some(id) => tracing::info!(
@@ -651,6 +591,83 @@ from it are not affected. A task still running on it keeps running, but its file
 /// A workspace script's (or SUBMIT's) refusal as the tool error a client reads.
 /// `asked` is the version the call named or read (for a `no_version` whose
 /// detail does not read).
+impl ScriptRunner {
+    /// SUBMITs `record`, each refusal as the tool error that says it. On a
+    /// workspace's head the head is read first, for the record to be signed
+    /// with, and read again if it moved before the submit. A `write_files`
+    /// edit is checked against each base before it is submitted on it.
+    pub(super) async fn submit_task(
+        &self,
+        who: &Principal,
+        submit: &Submit<'_>,
+        record: &mut TaskRecord,
+        edit: Option<EditCheck<'_>>,
+    ) -> Result<(), ToolError> {
+        let workspace_id = record.workspace_id;
+        let mut attempt = 1;
+        let submitted = loop {
+            if let (
+                Some(id),
+                Some(SubmitWorkspace {
+                    must_be_head: true, ..
+                }),
+            ) = (workspace_id, submit.workspace)
+            {
+                let ws = self
+                    .store
+                    .workspace(&id, who.owner())
+                    .await?
+                    .ok_or(ToolError::UnknownWorkspace(id))?;
+                record.workspace_base = Some(ws.head);
+            }
+            if let (Some(edit), Some(id), Some(base)) = (&edit, workspace_id, record.workspace_base)
+            {
+                self.check_edit(who, id, base, edit).await?;
+            }
+            let reply = self.store.submit(submit, record).await?;
+            // The head moved since the read (a task on it was just saved):
+            // again, from the new head.
+            if let SubmitReply::Workspace {
+                why: WsRefusal::Moved,
+                ..
+            } = reply
+                && attempt < MOVED_ATTEMPTS
+            {
+                attempt += 1;
+                continue;
+            }
+            break reply;
+        };
+        match submitted {
+            SubmitReply::Queued => Ok(()),
+            SubmitReply::Full(backlog) => Err(ToolError::QueueFull(backlog)),
+            SubmitReply::Tasks {
+                quota: Quota::MaxQueued,
+                limit,
+                count,
+            } => Err(ToolError::QuotaQueued { limit, count }),
+            SubmitReply::Tasks { limit, count, .. } => {
+                Err(ToolError::QuotaRunning { limit, count })
+            }
+            SubmitReply::Cpu {
+                limit_ms,
+                used_ms,
+                frees_at_ms,
+            } => Err(ToolError::QuotaCpu {
+                limit_seconds: limit_ms / 1000,
+                used_seconds: used_ms / 1000,
+                frees_at: shared::time::rfc3339_ms(frees_at_ms),
+            }),
+            SubmitReply::Workspace { why, detail } => Err(workspace_refusal(
+                workspace_id,
+                record.workspace_base,
+                why,
+                detail,
+            )),
+        }
+    }
+}
+
 fn workspace_refusal(
     workspace: Option<WorkspaceId>,
     asked: Option<u64>,

@@ -77,6 +77,15 @@ fn placeholders(config: &Config) -> Vec<(&'static str, String)> {
         ("{default_read_bytes}", size(DEFAULT_READ_BYTES)),
         ("{max_patterns}", MAX_PATTERNS.to_string()),
         ("{max_listed}", MAX_LISTED.to_string()),
+        (
+            "{max_write_files}",
+            super::edits::MAX_WRITE_FILES.to_string(),
+        ),
+        ("{max_deletes}", super::edits::MAX_DELETES.to_string()),
+        (
+            "{write_wait_seconds}",
+            super::edits::WRITE_WAIT.as_secs().to_string(),
+        ),
     ]
 }
 

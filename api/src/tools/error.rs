@@ -206,6 +206,37 @@ pub enum ToolError {
     BadPattern { pattern: String, why: String },
     #[error("max_bytes must be between 1 and {max} (got {got})")]
     BadReadBytes { got: i64, max: u64 },
+    #[error("write_files needs files to write or paths to delete; both are empty")]
+    NothingToWrite,
+    #[error(
+        "write_files got {files} files and {deletes} deletes; at most {max_files} files and {max_deletes} deletes per call (split the edit over several calls)"
+    )]
+    TooManyWrites {
+        files: usize,
+        deletes: usize,
+        max_files: usize,
+        max_deletes: usize,
+    },
+    #[error("{what} entry {path:?} is not valid: {why}")]
+    BadWrite {
+        what: &'static str,
+        path: String,
+        why: String,
+    },
+    #[error(
+        "the files hold more than {max} bytes together, the most one write_files call may write; split them over several calls"
+    )]
+    WriteTooLarge { max: usize },
+    /// The edit does not fit the version it starts from.
+    #[error(
+        "the edit cannot be made: {0}; read_files or get_workspace shows what the version holds"
+    )]
+    EditRefused(String),
+    #[error("the files could not be packed ({0}); this is a server fault")]
+    WriteFailed(String),
+    /// The worker could not make the edit: the workspace is as it was.
+    #[error("write_files task {task_id} made no version: {reason}")]
+    FilesNotWritten { task_id: String, reason: String },
     /// The blob store failed or is not reachable from this api replica.
     #[error(
         "the workspace's files could not be read from the workspace store ({0}); try again shortly"
@@ -320,7 +351,15 @@ impl ToolError {
             | ToolError::BadPatternCount { .. }
             | ToolError::BadPattern { .. }
             | ToolError::BadReadBytes { .. }
+            | ToolError::NothingToWrite
+            | ToolError::BadWrite { .. }
+            | ToolError::EditRefused(_)
             | ToolError::BadWorkspaceCursor(_) => C::InvalidArgument,
+            ToolError::TooManyWrites { .. } | ToolError::WriteTooLarge { .. } => C::TooLarge,
+            ToolError::WriteFailed(_) => C::Internal,
+            // A version cap, the owner's byte cap, or the store failing: the
+            // reason says which (the worker alone knows the caps).
+            ToolError::FilesNotWritten { .. } => C::Unavailable,
             ToolError::WorkspaceStore(_) => C::Unavailable,
             ToolError::WorkspaceQuota { .. } => C::QuotaExceeded,
             ToolError::WorkspaceData(_) => C::Internal,

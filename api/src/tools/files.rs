@@ -28,7 +28,7 @@ const MAX_PATTERN_LEN: usize = 1024;
 
 /// What a stored manifest is held to when read here: the workers' caps made
 /// it, so only its shape is checked.
-const READ_LIMITS: VersionLimits = VersionLimits {
+pub(super) const READ_LIMITS: VersionLimits = VersionLimits {
     max_bytes: u64::MAX,
     max_files: u64::MAX,
 };

@@ -14,6 +14,8 @@
 //! - `calls`: the nine tools (five for tasks, four for workspaces);
 //! - `files`: `read_files`, with its own arguments and answer (a router of its
 //!   own, which `runner` adds to `calls`'s);
+//! - `edits`: `write_files`, likewise (it submits through `calls`' SUBMIT
+//!   loop, and checks its edit with `files`' manifest reads);
 //! - `fallback`: the answer to a request rmcp could not parse;
 //! - `server_info`: who we are, stamped in every result's `_meta`;
 //! - `server`: rmcp's `ServerHandler`, dispatching to the above.
@@ -21,6 +23,7 @@
 mod args;
 mod calls;
 mod describe;
+mod edits;
 mod error;
 mod fallback;
 mod files;
@@ -31,6 +34,7 @@ mod server_info;
 mod status;
 mod tasks;
 
+pub use edits::WriteFilesOutput;
 pub use error::{ErrorCode, ToolError};
 pub use files::{FileContent, FileKind, ReadFilesOutput};
 pub use output::{

@@ -48,9 +48,9 @@ impl ScriptRunner {
         }
     }
 
-    /// Every tool: `calls`'s and `files`'s.
+    /// Every tool: `calls`'s, `files`'s and `edits`'s.
     pub(super) fn routes() -> ToolRouter<ScriptRunner> {
-        ScriptRunner::tool_router() + ScriptRunner::files_router()
+        ScriptRunner::tool_router() + ScriptRunner::files_router() + ScriptRunner::edits_router()
     }
 
     /// The blob store, or the tool error that says why there is none.

@@ -63,13 +63,14 @@ pub(super) async fn save(
 
 /// WS_COMMIT: the stored version becomes the head, or the task is recorded as
 /// making none (`saved` says why); the workspace is no longer busy either way.
-/// Waits for Redis as long as the worker runs. The version made, if any.
+/// Waits for Redis as long as the worker runs. The version made, or why none
+/// was.
 pub(super) async fn commit(
     ctx: &Ctx,
     task_id: &str,
     workspace: (WorkspaceId, u64),
     saved: &mut Result<StoredVersion, String>,
-) -> Option<u64> {
+) -> Result<u64, String> {
     let caps = ctx.workspaces.caps();
     let reply = match saved {
         Ok(stored) => {
@@ -94,29 +95,28 @@ pub(super) async fn commit(
         }
     };
     let (id, base) = workspace;
-    match reply {
-        Ok(WsReply::Done(0)) => {
-            match saved {
-                Err(why) => {
-                    tracing::info!(task_id, workspace = %id, base, "no workspace version: {why}")
-                }
-                Ok(_) => {
-                    tracing::info!(task_id, workspace = %id, base, "no workspace version: its owner's workspaces are at their byte cap")
-                }
-            }
-            None
-        }
-        Ok(WsReply::Done(n)) => {
+    let none = match reply {
+        Ok(WsReply::Done(n)) if n > 0 => {
             tracing::info!(task_id, workspace = %id, base, version = n, "workspace version committed");
-            Some(n)
+            return Ok(n);
         }
+        Ok(WsReply::Done(_)) => match saved {
+            Err(why) => why.clone(),
+            Ok(_) => format!(
+                "its owner's workspaces would hold more than their cap of {} bytes \
+                 (WORKSPACE_OWNER_MAX_MB); delete_workspace ones no longer needed",
+                caps.owner_max_bytes
+            ),
+        },
         Ok(WsReply::Refused { why, .. }) => {
             tracing::warn!(task_id, workspace = %id, refused = why.as_str(), "workspace version not committed");
-            None
+            shared::scripts::WORKSPACE_TAKEN.to_owned()
         }
         Err(e) => {
             tracing::error!(task_id, workspace = %id, error = %e, "could not commit the workspace version");
-            None
+            format!("the version could not be committed: {e}")
         }
-    }
+    };
+    tracing::info!(task_id, workspace = %id, base, "no workspace version: {none}");
+    Err(none)
 }

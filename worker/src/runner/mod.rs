@@ -12,6 +12,7 @@
 //! start, and the clean-up after it), `supervise` (tails, kill, timeout and
 //! how the task ended) and `meter` (what the task is charged).
 
+mod edit;
 mod inputs;
 mod keep;
 mod launch;
@@ -30,7 +31,7 @@ use shared::usage::Usage;
 use crate::cache::Lease;
 use crate::ctx::Ctx;
 use crate::metrics::Claim;
-use crate::queue::{Collected, Job, QueueError, TaskSpec, TaskStateReply};
+use crate::queue::{Collected, Job, QueueError, TaskSpec, TaskStateReply, Work};
 use crate::retry;
 use crate::sandbox::ContainerSpec;
 
@@ -77,7 +78,16 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     .await?;
     let mut spec = match read {
         None => return Ok(None),
-        Some(Ok(spec)) => spec,
+        Some(Ok(Work::Script(spec))) => spec,
+        Some(Ok(Work::Edit(edit))) => {
+            tracing::info!(task_id, workspace = %edit.workspace.0, "edit claimed");
+            let outcome = edit::run(ctx, task_id, &edit).await;
+            let ended = Ended {
+                owner: &edit.owner,
+                ..Ended::default()
+            };
+            return record_end(ctx, task_id, &outcome, &ended, None).await;
+        }
         Some(Err(rejection)) => return reject(ctx, task_id, &rejection).await,
     };
     let cap = ctx.config.max_timeout_seconds;
@@ -99,7 +109,8 @@ async fn run_task(ctx: &Ctx, job: &Job) -> Result<Option<TaskState>, QueueError>
     // Before FINISH: a task that shows as ended has its version, if it made one.
     if let Some(workspace) = spec.workspace {
         let mut saved = saved.unwrap_or_else(|| Err(keep::NOT_RUN.to_owned()));
-        keep::commit(ctx, task_id, workspace, &mut saved).await;
+        // Made or not, the record says so (`workspace_version` or `_note`).
+        let _made = keep::commit(ctx, task_id, workspace, &mut saved).await;
     }
     // The container is gone by now: only the record is left to write, and it is
     // worth waiting for Redis as long as this worker lives. The final tails go

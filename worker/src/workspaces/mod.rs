@@ -58,6 +58,13 @@ pub enum WorkspaceError {
     Restore(#[source] std::io::Error),
     #[error("the workspace step stopped: {0}")]
     Join(#[from] tokio::task::JoinError),
+    /// What `write_files` asked cannot be made of its version.
+    #[error(transparent)]
+    Edit(#[from] shared::edit::EditError),
+    #[error("reading the files to write: {0}")]
+    EditFiles(String),
+    #[error("writing to this host's blob cache: {0}")]
+    Cache(#[source] std::io::Error),
 }
 
 /// A version stored whole, ready for WS_COMMIT.
@@ -213,6 +220,46 @@ impl Workspaces {
         })
     }
 
+    /// Stores `write_files`' edit of `base` as a version: the files in `zip`
+    /// (each entry a file, named by its path) hashed into the cache, then the
+    /// edit (`shared::edit::edit`: `deletes` first) checked against the caps,
+    /// then the blobs `base` lacks and the manifest sent. `epoch`: as `save`'s.
+    /// The version, and how many files were written.
+    pub async fn edit(
+        &self,
+        base: &Manifest,
+        zip: Option<std::sync::Arc<[u8]>>,
+        deletes: &[String],
+        epoch: u64,
+    ) -> Result<(StoredVersion, usize), WorkspaceError> {
+        let started = Instant::now();
+        let cache = self.blobs.cache().clone();
+        let written = match zip {
+            None => Vec::new(),
+            Some(zip) => tokio::task::spawn_blocking(move || hash_zip(&zip, &cache)).await??,
+        };
+        let manifest = shared::edit::edit(base, &written, deletes, self.config.limits)?;
+        let known = base.blobs();
+        let new: Vec<BlobDigest> = manifest
+            .blobs()
+            .into_iter()
+            .filter(|d| !known.contains(d))
+            .cloned()
+            .collect();
+        let (digest, uploaded) = self.upload(&manifest, &new).await?;
+        let stored = StoredVersion {
+            manifest: digest,
+            bytes: manifest.bytes(),
+            entries: manifest.count(),
+            uploaded,
+            took: started.elapsed(),
+            epoch,
+            content: manifest,
+            new,
+        };
+        Ok((stored, written.len()))
+    }
+
     /// Sends `stored` again, for a commit in sweep epoch `epoch`: each of its
     /// new blobs the store no longer holds fresh (a delete phase ran since it
     /// was checked), then its manifest. Their bytes are still in this host's
@@ -265,6 +312,31 @@ impl Workspaces {
     pub async fn manifest(&self, digest: &BlobDigest) -> Result<Manifest, WorkspaceError> {
         Ok(self.blobs.manifest(digest, self.config.limits).await?)
     }
+}
+
+/// The files of `write_files`' zip (made by the api: one entry per file,
+/// named by its path), each hashed into the cache (blocking).
+fn hash_zip(
+    zip: &[u8],
+    cache: &cached::BlobCache,
+) -> Result<Vec<shared::edit::Written>, WorkspaceError> {
+    let bad = |e: zip::result::ZipError| WorkspaceError::EditFiles(e.to_string());
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip)).map_err(bad)?;
+    let mut written = Vec::with_capacity(archive.len());
+    for i in 0..archive.len() {
+        let mut file = archive.by_index(i).map_err(bad)?;
+        let path = file.name().map_err(bad)?.into_owned();
+        if !file.is_file() {
+            return Err(WorkspaceError::EditFiles(format!("{path:?} is not a file")));
+        }
+        let sha256 = pack::hash_into_cache(&mut file, cache).map_err(WorkspaceError::Cache)?;
+        written.push(shared::edit::Written {
+            path,
+            size: file.size(),
+            sha256,
+        });
+    }
+    Ok(written)
 }
 
 /// The archive's bytes, as the blocking packer reads them.

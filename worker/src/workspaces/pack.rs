@@ -146,7 +146,7 @@ fn count_bytes(bytes: &mut u64, size: u64, limits: VersionLimits) -> Result<(), 
 
 /// Streams one file's bytes into a fresh cache file while hashing them, then
 /// names it by its digest (dropping it if the cache already has that blob).
-fn hash_into_cache(reader: &mut impl Read, cache: &BlobCache) -> io::Result<BlobDigest> {
+pub(super) fn hash_into_cache(reader: &mut impl Read, cache: &BlobCache) -> io::Result<BlobDigest> {
     let tmp = cache.tmp_path();
     let result = (|| {
         let mut out = std::fs::File::create(&tmp)?;
