@@ -21,3 +21,4 @@ mod redis_acl;
 mod running;
 mod waiting;
 mod workspaces;
+mod write_files;

@@ -89,7 +89,8 @@ async def run_task(
 
 async def check_workspace(client: Client) -> None:
     """A workspace task: the worker saves its /workspace into the store, and the api
-    reads it back from there (through its read-only mount of the worker's store)."""
+    reads it back from there (through its read-only mount of the worker's store); then
+    write_files' edit, which a worker makes."""
     args = {
         "runtime": os.environ.get("MCP_CHECK_RUNTIME", "python3.13"),
         "command_base64": base64.b64encode(b"echo kept > notes.txt").decode(),
@@ -107,7 +108,14 @@ async def check_workspace(client: Client) -> None:
         client, "read_files", {"workspace_id": made["workspace_id"], "paths": ["notes.txt"]}
     )
     assert [(f["path"], f.get("content")) for f in read["files"]] == [("notes.txt", "kept\n")], read
-    print(f"mcp_check: workspace {made['workspace_id']} saved version 1, read_files read it back")
+    # write_files: the worker writes the store (the api's mount is read-only).
+    ws = made["workspace_id"]
+    edit = {"workspace_id": ws, "files": [{"path": "notes.txt", "content": "edited\n"}]}
+    wrote = await call(client, "write_files", edit)
+    assert (wrote["state"], wrote["version"]) == ("succeeded", 2), wrote
+    read = await call(client, "read_files", {"workspace_id": ws, "paths": ["notes.txt"]})
+    assert [(f["path"], f.get("content")) for f in read["files"]] == [("notes.txt", "edited\n")], read
+    print(f"mcp_check: workspace {ws} saved version 1, write_files made version 2, read_files read both back")
 
 
 async def main(argv: list[str]) -> None:

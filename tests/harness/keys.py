@@ -164,3 +164,4 @@ class Field(StrEnum):
     WORKSPACE_BASE = "workspace_base"
     WORKSPACE_VERSION = "workspace_version"
     WORKSPACE_NOTE = "workspace_note"
+    EDIT_DELETES = "edit_deletes"

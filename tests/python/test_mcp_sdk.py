@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = {
     "run_script", "get_task_status", "kill_task", "list_tasks", "get_task_files",
-    "list_workspaces", "get_workspace", "fork_workspace", "delete_workspace", "read_files",
+    "list_workspaces", "get_workspace", "fork_workspace", "delete_workspace", "read_files", "write_files",
 }
 FINAL_STATES = {"succeeded", "failed", "killed", "timed-out"}
 STATUS_FIELDS = {

@@ -150,3 +150,38 @@ async def test_a_second_task_on_a_busy_workspace_is_refused_and_nothing_is_lost(
     assert killed["state"] == "killed" and killed["workspace_version"] == 1, killed
     after = await run_on(client, {"id": ws}, "cat f")
     assert after["stdout_tail"] == "kept\n", after
+
+
+async def test_write_files_then_read_files_then_a_task_that_sees_them(client: Client) -> None:
+    made = await run_on(client, "new", "echo draft > notes.txt && mkdir old && echo x > old/f")
+    ws = made["workspace_id"]
+    # Plain text and bytes, no zip: the edit is the workspace's next version.
+    wrote = await call_ok(
+        client,
+        "write_files",
+        {
+            "workspace_id": ws,
+            "files": [
+                {"path": "app/main.py", "content": "from app.util import greet\nprint(greet('sdk'))\n"},
+                {"path": "app/__init__.py", "content": ""},
+                {"path": "app/util.py", "content": "def greet(who):\n    return f'hello {who}'\n"},
+                {"path": "blob.bin", "content_base64": base64.b64encode(b"\x00\xff").decode()},
+            ],
+            "delete": ["old"],
+        },
+    )
+    assert (wrote["state"], wrote["version"], wrote["written"], wrote["deleted"]) == ("succeeded", 2, 4, 1), wrote
+    read = await call_ok(client, "read_files", {"workspace_id": ws, "paths": ["app/*.py", "blob.bin", "old/**"]})
+    files = {f["path"]: f for f in read["files"]}
+    assert files["app/util.py"]["content"].startswith("def greet"), read
+    assert files["blob.bin"]["content_base64"] == "AP8=", read
+    assert read["unmatched"] == ["old/**"], read
+    ran = await run_on(client, {"id": ws}, "python3 -m app.main && cat notes.txt && test ! -e old")
+    assert ran["state"] == "succeeded", ran
+    assert ran["stdout_tail"] == "hello sdk\ndraft\n", ran
+    assert ran["workspace_version"] == 3, ran
+    # An edit that cannot be made is refused at once, naming the path.
+    code, message = await call_err_code(
+        client, "write_files", {"workspace_id": ws, "files": [{"path": "notes.txt/x", "content": "no"}]}
+    )
+    assert code == "invalid_argument" and '"notes.txt" is a file' in message, message

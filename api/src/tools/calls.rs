@@ -1,4 +1,5 @@
-//! Nine of the ten tools (`files` has `read_files`): `run_script`, `get_task_status`, `kill_task`,
+//! Nine of the eleven tools (`files` has `read_files`, `edits` `write_files`):
+//! `run_script`, `get_task_status`, `kill_task`,
 //! `get_task_files` and `list_tasks`, and the workspace tools
 //! `list_workspaces`, `get_workspace`, `fork_workspace` and
 //! `delete_workspace`. Their arguments are in `args`, their answers in

@@ -177,7 +177,7 @@ mod tests {
             ("MAX_STDIN_BYTES", "2097152"),
         ]);
         let tools = with_limits(ScriptRunner::routes(), &config).list_all();
-        assert_eq!(tools.len(), 10);
+        assert_eq!(tools.len(), 11);
         // schemars keeps the doc comments' line breaks.
         let text = serde_json::to_string(&tools)
             .unwrap_or_default()

@@ -756,6 +756,31 @@ async fn bad_workspace_arguments_get_clear_messages_and_scopes_hold() {
             "limit must be between 1 and 100 (got 0)",
         ),
         (
+            "write_files",
+            json!({ "workspace_id": id }),
+            "write_files needs files to write or paths to delete",
+        ),
+        (
+            "write_files",
+            json!({ "workspace_id": id, "files": [{ "path": "/etc/passwd", "content": "x" }] }),
+            "files entry \"/etc/passwd\" is not valid: a path relative to /workspace",
+        ),
+        (
+            "write_files",
+            json!({ "workspace_id": id, "delete": ["a/../../b"] }),
+            "delete entry \"a/../../b\" is not valid",
+        ),
+        (
+            "write_files",
+            json!({ "workspace_id": id, "files": [{ "path": "a" }] }),
+            "give exactly one of content (text) and content_base64 (bytes)",
+        ),
+        (
+            "write_files",
+            json!({ "workspace_id": "nope", "files": [{ "path": "a", "content": "" }] }),
+            "workspace_id \"nope\" is not a workspace id",
+        ),
+        (
             "list_workspaces",
             json!({ "cursor": "nope" }),
             "cursor \"nope\" is not one list_workspaces returned",
@@ -769,10 +794,37 @@ async fn bad_workspace_arguments_get_clear_messages_and_scopes_hold() {
             "{tool} {args}: {message:?} lacks {says:?}"
         );
     }
+    // Too many, or too much: too_large, naming the cap.
+    let many: Vec<Value> = (0..1001)
+        .map(|i| json!({ "path": format!("f{i}"), "content": "" }))
+        .collect();
+    let big = "x".repeat(16 << 20);
+    for (args, says) in [
+        (
+            json!({ "workspace_id": id, "files": many }),
+            "at most 1000 files and 1000 deletes per call",
+        ),
+        (
+            json!({ "workspace_id": id, "files": [{ "path": "a", "content": big }, { "path": "b", "content": "y" }] }),
+            "more than 16777216 bytes together",
+        ),
+    ] {
+        let (code, message) = refusal(&client, "write_files", args).await;
+        assert_eq!(code, "too_large", "{message}");
+        assert!(message.contains(says), "{message:?} lacks {says:?}");
+    }
+    // A workspace not there: refused before anything is queued.
+    let (code, _) = refusal(
+        &client,
+        "write_files",
+        json!({ "workspace_id": id, "files": [{ "path": "a", "content": "" }] }),
+    )
+    .await;
+    assert_eq!(code, "unknown_workspace");
     assert_no_task_created(&stack).await;
 
-    // A read-only key lists and reads workspaces, but may not run on, fork or
-    // delete one.
+    // A read-only key lists and reads workspaces, but may not run on, fork,
+    // write to or delete one.
     let reader = client_as(
         &stack,
         &api_key(
@@ -790,6 +842,10 @@ async fn bad_workspace_arguments_get_clear_messages_and_scopes_hold() {
         ("run_script", run_with(json!("new"))),
         ("fork_workspace", json!({ "workspace_id": id })),
         ("delete_workspace", json!({ "workspace_id": id })),
+        (
+            "write_files",
+            json!({ "workspace_id": id, "delete": ["a"] }),
+        ),
     ] {
         let (code, message) = refusal(&reader, tool, args).await;
         assert_eq!(code, "missing_scope", "{tool}: {message}");
