@@ -38,6 +38,14 @@ pub enum BlobError {
     Manifest(#[from] ManifestError),
 }
 
+impl BlobError {
+    /// The store holds no such object: deleted by the sweep once no kept
+    /// version named it (a reader of a version dropped meanwhile meets this).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, BlobError::Store(object_store::Error::NotFound { .. }))
+    }
+}
+
 /// The blob store.
 #[derive(Debug, Clone)]
 pub struct BlobStore {
@@ -245,5 +253,35 @@ impl BlobStore {
             ..GetOptions::default()
         };
         Ok(self.store.get_opts(&path, options).await?.bytes().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a reader of a dropped, swept version meets, as the api tells it
+    /// apart from a store that failed.
+    #[tokio::test]
+    async fn an_object_not_there_is_not_found_and_a_present_one_reads() {
+        let dir = std::env::temp_dir().join(format!("blobs-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = StoreConfig::from_lookup(&|_| None, &dir).expect("config");
+        let store = BlobStore::open(&config).expect("store");
+        let limits = shared::workspace::VersionLimits {
+            max_bytes: 1 << 20,
+            max_files: 10,
+        };
+        let missing = BlobDigest::of(b"never stored");
+        let gone = store.manifest(&missing, limits).await.expect_err("absent");
+        assert!(gone.is_not_found(), "{gone:?}");
+        let gone = store.head_bytes(&missing, 5, 5).await.expect_err("absent");
+        assert!(gone.is_not_found(), "{gone:?}");
+        let m = Manifest::new(Vec::new(), limits).expect("empty");
+        let d = store.put_manifest(&m).await.expect("put");
+        assert_eq!(store.manifest(&d, limits).await.ok(), Some(m));
+        let corrupt = BlobError::Corrupt(d);
+        assert!(!corrupt.is_not_found());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

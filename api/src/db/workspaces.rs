@@ -15,6 +15,10 @@ use store::workspaces::{PageCursor, WorkspaceReadError};
 
 use super::{Store, StoreError};
 
+/// How many index entries the idle expiry looks at, per workspace it may
+/// delete in one pass.
+const EXAMINED_PER_DELETE: usize = 10;
+
 impl From<WorkspaceReadError> for StoreError {
     fn from(e: WorkspaceReadError) -> StoreError {
         match e {
@@ -168,6 +172,8 @@ impl Store {
     /// for `idle` (every owner's: the index of all, by last use, oldest first),
     /// each by WS_DELETE as the admin, which checks again that it is idle and
     /// that no queued or running task holds it. Returns how many went.
+    /// (At most `EXAMINED_PER_DELETE` entries are looked at per deletion a
+    /// pass may make, so a pass stays bounded.)
     pub async fn expire_idle_workspaces(
         &self,
         idle: std::time::Duration,
@@ -176,30 +182,54 @@ impl Store {
         let mut conn = self.pool.get().await?;
         let time: (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
         let horizon = shared::time::redis_time_ms(time) - idle.as_millis() as i64;
-        let ids: Vec<String> = redis::cmd("ZRANGE")
-            .arg(self.keys.workspaces())
-            .arg("-inf")
-            .arg(format!("({horizon}"))
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(batch)
-            .query_async(&mut conn)
-            .await?;
-        let mut expired = 0;
-        for raw in ids {
-            let Ok(id) = WorkspaceId::parse(&raw) else {
-                tracing::warn!(member = raw, "the workspace index holds no workspace id");
-                continue;
-            };
-            let Some(ws) = self.workspaces.get(&mut conn, &id).await? else {
-                continue;
-            };
-            let call =
-                ScriptCall::ws_expire(&self.keys, &id, &ws.owner, ws.busy.as_deref(), horizon);
-            if scripts::invoke(&mut conn, &call).await? {
-                tracing::info!(workspace_id = %id, owner = %ws.owner, last_used_ms = ws.last_used_at, "idle workspace deleted");
-                expired += 1;
+        // Entries that stay in the range (kept: busy, or saving; a record that
+        // does not read) are stepped over, so however many there are, the
+        // ones behind them are reached: `skipped` is where the next page
+        // starts, since each one deleted leaves the range.
+        let (mut expired, mut skipped, mut examined) = (0, 0, 0);
+        while expired < batch && examined < batch * EXAMINED_PER_DELETE {
+            let ids: Vec<String> = redis::cmd("ZRANGE")
+                .arg(self.keys.workspaces())
+                .arg("-inf")
+                .arg(format!("({horizon}"))
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(skipped)
+                .arg(batch)
+                .query_async(&mut conn)
+                .await?;
+            if ids.is_empty() {
+                break;
+            }
+            for raw in ids {
+                examined += 1;
+                let Ok(id) = WorkspaceId::parse(&raw) else {
+                    tracing::warn!(member = raw, "the workspace index holds no workspace id");
+                    skipped += 1;
+                    continue;
+                };
+                let ws = match self.workspaces.get(&mut conn, &id).await {
+                    Ok(Some(ws)) => ws,
+                    Ok(None) => {
+                        skipped += 1;
+                        continue;
+                    }
+                    Err(store::workspaces::WorkspaceReadError::Redis(e)) => return Err(e.into()),
+                    // One record that does not read stops none of the others.
+                    Err(e) => {
+                        tracing::warn!(workspace_id = %id, error = %e, "an idle workspace's record does not read: skipped");
+                        skipped += 1;
+                        continue;
+                    }
+                };
+                let call =
+                    ScriptCall::ws_expire(&self.keys, &id, &ws.owner, ws.busy.as_deref(), horizon);
+                if scripts::invoke(&mut conn, &call).await? {
+                    tracing::info!(workspace_id = %id, owner = %ws.owner, last_used_ms = ws.last_used_at, "idle workspace deleted");
+                    expired += 1;
+                } else {
+                    skipped += 1;
+                }
             }
         }
         Ok(expired)

@@ -554,7 +554,7 @@ and the original stays as it was. Use it to run on a workspace that is busy, or 
                 }))
             }
             WsReply::Refused { why, detail } => {
-                Err(workspace_refusal(Some(source), version, why, detail))
+                Err(self.workspace_refusal(Some(source), version, why, detail))
             }
         }
     }
@@ -659,46 +659,47 @@ impl ScriptRunner {
                 used_seconds: used_ms / 1000,
                 frees_at: shared::time::rfc3339_ms(frees_at_ms),
             }),
-            SubmitReply::Workspace { why, detail } => Err(workspace_refusal(
-                workspace_id,
-                record.workspace_base,
-                why,
-                detail,
-            )),
+            SubmitReply::Workspace { why, detail } => {
+                Err(self.workspace_refusal(workspace_id, record.workspace_base, why, detail))
+            }
         }
     }
 }
 
-fn workspace_refusal(
-    workspace: Option<WorkspaceId>,
-    asked: Option<u64>,
-    why: WsRefusal,
-    detail: String,
-) -> ToolError {
-    let Some(workspace) = workspace else {
-        return unexpected(why, detail);
-    };
-    match why {
-        WsRefusal::Missing => ToolError::UnknownWorkspace(workspace),
-        WsRefusal::Busy => ToolError::WorkspaceBusy {
-            workspace,
-            task: detail,
-        },
-        WsRefusal::NoVersion => ToolError::UnknownVersion {
-            workspace,
-            version: detail.parse().ok().or(asked).unwrap_or_default(),
-        },
-        WsRefusal::Moved => ToolError::WorkspaceMoving(workspace),
-        WsRefusal::OverCap => ToolError::WorkspaceQuota {
-            would_hold: detail.parse().unwrap_or_default(),
-        },
-        WsRefusal::NotYours
-        | WsRefusal::NotBusy
-        | WsRefusal::SweepMoved
-        | WsRefusal::Sweeping
-        | WsRefusal::SweepHeld
-        | WsRefusal::Swept
-        | WsRefusal::SweepLost => unexpected(why, detail),
+impl ScriptRunner {
+    fn workspace_refusal(
+        &self,
+        workspace: Option<WorkspaceId>,
+        asked: Option<u64>,
+        why: WsRefusal,
+        detail: String,
+    ) -> ToolError {
+        let Some(workspace) = workspace else {
+            return unexpected(why, detail);
+        };
+        match why {
+            WsRefusal::Missing => ToolError::UnknownWorkspace(workspace),
+            WsRefusal::Busy => ToolError::WorkspaceBusy {
+                workspace,
+                task: detail,
+            },
+            WsRefusal::NoVersion => ToolError::UnknownVersion {
+                workspace,
+                version: detail.parse().ok().or(asked).unwrap_or_default(),
+            },
+            WsRefusal::Moved => ToolError::WorkspaceMoving(workspace),
+            WsRefusal::OverCap => ToolError::WorkspaceQuota {
+                would_hold: detail.parse().unwrap_or_default(),
+                cap: self.config.workspace_owner_max_bytes,
+            },
+            WsRefusal::NotYours
+            | WsRefusal::NotBusy
+            | WsRefusal::SweepMoved
+            | WsRefusal::Sweeping
+            | WsRefusal::SweepHeld
+            | WsRefusal::Swept
+            | WsRefusal::SweepLost => unexpected(why, detail),
+        }
     }
 }
 

@@ -332,7 +332,7 @@ impl ScriptRunner {
             self.blobs()?
                 .manifest(&record.manifest, READ_LIMITS)
                 .await
-                .map_err(ToolError::from_blob)?
+                .map_err(|e| ToolError::from_blob_of(e, id, base))?
         };
         shared::edit::edit(&manifest, edit.written, edit.deletes, READ_LIMITS)
             .map(drop)

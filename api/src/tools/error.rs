@@ -193,9 +193,9 @@ pub enum ToolError {
     )]
     WorkspaceMoving(WorkspaceId),
     #[error(
-        "quota workspace bytes reached: your workspaces would hold {would_hold} bytes, over this server's cap (WORKSPACE_OWNER_MAX_MB) on what one owner's kept versions hold together; delete_workspace ones no longer needed, then try again"
+        "quota workspace bytes reached: your workspaces would hold {would_hold} bytes, over this server's cap of {cap} bytes (WORKSPACE_OWNER_MAX_MB) on what one owner's kept versions hold together; delete_workspace ones no longer needed, then try again"
     )]
-    WorkspaceQuota { would_hold: u64 },
+    WorkspaceQuota { would_hold: u64, cap: u64 },
     #[error("version must be a version number, 0 or more (got {0}); omit it for the head")]
     BadVersion(i64),
     #[error("paths must hold 1 to {max} paths or patterns (got {got})")]
@@ -318,6 +318,17 @@ impl From<BadWorkspaceId> for ToolError {
 }
 
 impl ToolError {
+    /// A blob store error met reading version `version` of `workspace`, as
+    /// the caller reads it: an object gone means the version was dropped (and
+    /// swept) since it was looked up, which another try will not change; the
+    /// store failing is worth another try; what it holds not reading is not.
+    pub fn from_blob_of(e: blobs::BlobError, workspace: WorkspaceId, version: u64) -> ToolError {
+        if e.is_not_found() {
+            return ToolError::UnknownVersion { workspace, version };
+        }
+        ToolError::from_blob(e)
+    }
+
     /// A blob store error as the caller reads it: the store failing is worth
     /// another try, what it holds not reading is not.
     pub fn from_blob(e: blobs::BlobError) -> ToolError {

@@ -105,10 +105,13 @@ pub struct ReadFilesOutput {
     pub unmatched: Vec<String>,
 }
 
-/// `paths` checked and compiled: each pattern, and the set of all.
+/// `paths` checked and compiled: each pattern, and the set of all. Each also
+/// matches the path it spells, as it is: a file named `a[1].txt` is found by
+/// its name, though as a pattern `[1]` is a class.
 #[derive(Debug)]
 pub struct Patterns {
     given: Vec<String>,
+    literal: Vec<String>,
     each: Vec<globset::GlobMatcher>,
     all: GlobSet,
 }
@@ -123,21 +126,32 @@ impl Patterns {
         }
         let mut set = GlobSetBuilder::new();
         let mut each = Vec::with_capacity(paths.len());
+        let mut literal = Vec::with_capacity(paths.len());
         for raw in paths {
             let glob = pattern(raw)?;
+            literal.push(relative(raw).to_owned());
             each.push(glob.compile_matcher());
             set.add(glob);
         }
+        // Each compiled alone above: only the set's size can fail here.
         let all = set.build().map_err(|e| ToolError::BadPattern {
-            pattern: String::new(),
-            why: e.to_string(),
+            pattern: paths.join(" ").chars().take(120).collect(),
+            why: format!("the patterns together are too complex ({e})"),
         })?;
         Ok(Patterns {
             given: paths.to_vec(),
+            literal,
             each,
             all,
         })
     }
+}
+
+/// A pattern relative to /workspace: a leading "/workspace/" or "./" dropped.
+fn relative(raw: &str) -> &str {
+    raw.strip_prefix("/workspace/")
+        .or_else(|| raw.strip_prefix("./"))
+        .unwrap_or(raw)
 }
 
 /// One pattern: relative to /workspace, `*` within a segment.
@@ -149,10 +163,7 @@ fn pattern(raw: &str) -> Result<Glob, ToolError> {
     if raw.len() > MAX_PATTERN_LEN {
         return Err(bad(&format!("longer than {MAX_PATTERN_LEN} bytes")));
     }
-    let rel = raw
-        .strip_prefix("/workspace/")
-        .or_else(|| raw.strip_prefix("./"))
-        .unwrap_or(raw);
+    let rel = relative(raw);
     if rel.is_empty() {
         return Err(bad("empty"));
     }
@@ -179,11 +190,14 @@ pub fn select<'m>(manifest: &'m Manifest, p: &Patterns) -> (Vec<&'m Entry>, bool
     let mut picked = Vec::new();
     let mut more = false;
     for entry in &manifest.entries {
-        if matches!(entry.kind, EntryKind::Dir { .. }) || !p.all.is_match(&entry.path) {
+        let named = |i: usize| p.literal[i] == entry.path;
+        if matches!(entry.kind, EntryKind::Dir { .. })
+            || !(p.all.is_match(&entry.path) || (0..p.literal.len()).any(named))
+        {
             continue;
         }
         for (i, m) in p.each.iter().enumerate() {
-            hit[i] |= m.is_match(&entry.path);
+            hit[i] |= m.is_match(&entry.path) || named(i);
         }
         if picked.len() < MAX_LISTED {
             picked.push(entry);
@@ -273,7 +287,7 @@ matched nothing.",
                 blobs
                     .manifest(&v.manifest, READ_LIMITS)
                     .await
-                    .map_err(ToolError::from_blob)?
+                    .map_err(|e| ToolError::from_blob_of(e, id, n))?
             }
         };
         let (picked, more, unmatched) = select(&manifest, &patterns);
@@ -299,7 +313,7 @@ matched nothing.",
                         self.blobs()?
                             .head_bytes(sha256, *size, take)
                             .await
-                            .map_err(ToolError::from_blob)?
+                            .map_err(|e| ToolError::from_blob_of(e, id, n))?
                     };
                     left -= bytes.len() as u64;
                     let truncated = (bytes.len() as u64) < *size;
@@ -384,6 +398,21 @@ mod tests {
             names(&["*.md", "nothing/**"]),
             ("README.md".to_owned(), paths(&["nothing/**"]))
         );
+    }
+
+    #[test]
+    fn a_path_with_pattern_characters_is_also_matched_as_itself() {
+        let m = Manifest::new(
+            vec![file("a[1].txt"), file("a1.txt"), file("b.txt")],
+            READ_LIMITS,
+        )
+        .expect("manifest");
+        let (picked, _, unmatched) =
+            select(&m, &Patterns::parse(&paths(&["./a[1].txt"])).expect("ok"));
+        let got: Vec<&str> = picked.iter().map(|e| e.path.as_str()).collect();
+        // As a pattern it is "a1.txt"; as itself, the file of that name.
+        assert_eq!(got, ["a1.txt", "a[1].txt"]);
+        assert!(unmatched.is_empty());
     }
 
     #[test]

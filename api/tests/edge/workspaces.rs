@@ -476,7 +476,8 @@ async fn an_owners_workspaces_are_held_to_its_byte_cap_as_versions_come_and_go()
     let (code, message) = refusal(&alice, "fork_workspace", json!({ "workspace_id": ws })).await;
     assert_eq!(code, "quota_exceeded", "{message}");
     assert!(
-        message.contains("would hold 1200000 bytes") && message.contains("WORKSPACE_OWNER_MAX_MB"),
+        message.contains("would hold 1200000 bytes")
+            && message.contains("cap of 1048576 bytes (WORKSPACE_OWNER_MAX_MB)"),
         "{message}"
     );
     let listed = call_ok(&alice, "list_workspaces", json!({})).await;
@@ -608,6 +609,15 @@ async fn idle_workspaces_are_deleted_and_one_a_queued_task_holds_is_kept() {
     ];
     let _: () = r
         .hset_multiple(stack.keys().task(&ended), &fields)
+        .await
+        .expect("HSET");
+    // A record that does not read (garbled by hand) stops no pass: the idle
+    // one behind it in the index still goes.
+    let (broken, task) = new_workspace(&client).await;
+    call_ok(&client, "kill_task", json!({ "task_id": task })).await;
+    let broken_id = WorkspaceId::parse(&broken).expect("a workspace id");
+    let _: () = r
+        .hset(stack.keys().workspace(&broken_id), "head", "garbled")
         .await
         .expect("HSET");
     // The janitor has had its chance once another idle one is gone.

@@ -95,7 +95,11 @@ impl Meter {
     fn observe(&mut self, cgroup: Option<&Reading>, asked: Instant, answered: Instant) {
         match cgroup {
             Some(r) => {
-                self.seen = true;
+                // Only a figure proves the cgroup was found: an empty reading
+                // may be a read that failed (`Sandbox::cgroup` answers one for
+                // a blocking read that died), and a later "gone" must not end
+                // the bound on the strength of it.
+                self.seen |= r.cpu_ns.is_some() || r.peak_memory_bytes.is_some();
                 self.record(r, asked);
             }
             None if self.seen => {
@@ -235,9 +239,12 @@ mod tests {
         // 2 s + 1 CPU × (from the read's ask, 2.1 s, to 2.4 s, plus 0.2 s).
         assert_eq!(u.cpu_ms, Some(2_000 + 300 + 200));
         assert!(u.estimated);
-        // Before it was ever found, a read that finds nothing ends nothing.
+        // Before it was ever found, a read that finds nothing ends nothing,
+        // nor does one after a read that failed (an empty reading).
         let mut m = Meter::new(1.0, t0);
         m.observe(None, ms(10), ms(20));
+        m.observe(Some(&Reading::default()), ms(100), ms(110));
+        m.observe(None, ms(200), ms(210));
         assert_eq!(m.charge(None, ms(3_000)).cpu_ms, Some(3_200));
     }
 
