@@ -727,8 +727,8 @@ impl TaskStateReply {
 mod tests {
     use super::*;
     use crate::Field;
-    use crate::workspace::{BlobDigest, WorkspaceCaps};
     use crate::options::Network;
+    use crate::workspace::{BlobDigest, WorkspaceCaps};
 
     /// Every single-quoted word in a script's code must be a known field, state,
     /// reply, stats or stream name, or a Redis command, so a typo cannot silently

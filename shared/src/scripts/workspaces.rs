@@ -287,4 +287,3 @@ impl ScriptCall<bool> {
         )
     }
 }
-
