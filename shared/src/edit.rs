@@ -50,8 +50,16 @@ pub fn edit(
         .collect();
     for d in deletes {
         check_path(d)?;
-        let under = format!("{d}/");
-        entries.retain(|p, _| p != d && !p.starts_with(&under));
+        entries.remove(d.as_str());
+        // What lies under `d/` sorts between `d/` and `d0` ('0' follows '/'),
+        // so a delete costs its subtree, not the whole manifest.
+        let under: Vec<String> = entries
+            .range(format!("{d}/")..format!("{d}0"))
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in under {
+            entries.remove(&p);
+        }
     }
     for w in writes {
         check_path(&w.path)?;
@@ -186,6 +194,29 @@ mod tests {
             .find(|e| e.path == "src/new")
             .expect("made");
         assert_eq!(made.kind, EntryKind::Dir { mode: NEW_DIR_MODE });
+    }
+
+    #[test]
+    fn a_delete_keeps_the_names_that_only_begin_like_it() {
+        let neighbours = [
+            written("src/old.txt", b"1"),
+            written("src/olden/x", b"2"),
+            written("src/old/c", b"3"),
+        ];
+        let m = edit(&base(), &neighbours, &[], LIMITS).expect("written");
+        let m = edit(&m, &[], &["src/old".into()], LIMITS).expect("deleted");
+        assert_eq!(
+            paths(&m),
+            [
+                "README",
+                "link",
+                "src",
+                "src/main.py",
+                "src/old.txt",
+                "src/olden",
+                "src/olden/x"
+            ]
+        );
     }
 
     #[test]

@@ -223,6 +223,15 @@ pub struct VersionLimits {
     pub max_files: u64,
 }
 
+impl VersionLimits {
+    /// For reading a stored manifest whatever today's caps: a version made
+    /// under larger ones is still named, and only its shape is checked.
+    pub const UNCAPPED: VersionLimits = VersionLimits {
+        max_bytes: u64::MAX,
+        max_files: u64::MAX,
+    };
+}
+
 /// A version's files: every entry, sorted by path, each parent a directory
 /// listed before its children.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

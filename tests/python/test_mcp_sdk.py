@@ -67,7 +67,7 @@ async def call_ok(client: Client, tool: str, arguments: dict[str, Any]) -> dict[
 ERROR_CODES = {
     "invalid_argument", "too_large", "unknown_runtime", "unknown_task", "not_finished", "queue_full",
     "unavailable", "internal", "missing_scope", "quota_exceeded", "unknown_workspace", "unknown_version",
-    "workspace_busy",
+    "workspace_busy", "files_not_written",
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ use redis::AsyncCommands;
 use script_runner_worker::config::SandboxLimits;
 use script_runner_worker::queue::Queue;
 use script_runner_worker::sandbox::Sandbox;
-use script_runner_worker::workspaces::sweep::{self, Outcome, Sweeper};
+use script_runner_worker::workspaces::sweep::{self, Committed, Outcome, Sweeper};
 use script_runner_worker::workspaces::{WorkspaceConfig, Workspaces};
 use shared::apikey::Limits;
 use shared::scripts::{ScriptCall, Submit, SubmitReply, SubmitWorkspace, WsRefusal, WsReply};
@@ -335,7 +335,7 @@ async fn a_sweep_in_the_middle_of_a_save(mut rig: Rig) {
     )
     .await
     .expect("commit");
-    assert_eq!(reply, WsReply::Done(1));
+    assert_eq!(reply, Committed::Reply(WsReply::Done(1)));
     assert_eq!(stored.uploaded, 4, "the two blobs were sent again");
     assert_eq!(rig.assert_every_version_whole().await, 1);
 
@@ -372,7 +372,7 @@ async fn the_sweep_deletes_what_dropped_versions_named_and_keeps_what_a_fork_nam
         )
         .await
         .expect("commit");
-        assert_eq!(reply, WsReply::Done(n));
+        assert_eq!(reply, Committed::Reply(WsReply::Done(n)));
         base = n;
     }
     // A fork of the oldest kept version, then its source workspace deleted:
@@ -570,7 +570,11 @@ async fn saves_racing_sweeps_that_never_stop_all_commit_whole_versions() {
                 )
                 .await
                 .expect("commit");
-                assert_eq!(reply, WsReply::Done(r as u64 + 1), "round {r}");
+                assert_eq!(
+                    reply,
+                    Committed::Reply(WsReply::Done(r as u64 + 1)),
+                    "round {r}"
+                );
                 base = r as u64 + 1;
                 base_manifest = Some(
                     rig.workspaces

@@ -589,9 +589,6 @@ from it are not affected. A task still running on it keeps running, but its file
     }
 }
 
-/// A workspace script's (or SUBMIT's) refusal as the tool error a client reads.
-/// `asked` is the version the call named or read (for a `no_version` whose
-/// detail does not read).
 impl ScriptRunner {
     /// SUBMITs `record`, each refusal as the tool error that says it. On a
     /// workspace's head the head is read first, for the record to be signed
@@ -667,6 +664,9 @@ impl ScriptRunner {
 }
 
 impl ScriptRunner {
+    /// A workspace script's (or SUBMIT's) refusal as the tool error a client reads.
+    /// `asked` is the version the call named or read (for a `no_version` whose
+    /// detail does not read).
     fn workspace_refusal(
         &self,
         workspace: Option<WorkspaceId>,

@@ -25,12 +25,14 @@ use serde::{Deserialize, Serialize};
 use shared::apikey::Limits;
 use shared::edit::Written;
 use shared::scripts::{Submit, SubmitWorkspace};
-use shared::workspace::{BlobDigest, Manifest, SAVE_GRACE_MS, WorkspaceId, check_path};
+use shared::view::StatusView;
+use shared::workspace::{
+    BlobDigest, Manifest, SAVE_GRACE_MS, VersionLimits, WorkspaceId, check_path,
+};
 use shared::{ReasonKind, TaskRecord, TaskState};
 
 use super::args::{Named, parse_version, parse_workspace_id, version};
 use super::error::ToolError;
-use super::files::READ_LIMITS;
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
 use crate::auth::{Principal, Scope};
@@ -42,6 +44,10 @@ pub const MAX_DELETES: usize = 1000;
 /// How long `write_files` waits for its edit before it answers with the task
 /// still under way (a busy queue).
 pub const WRITE_WAIT: Duration = Duration::from_secs(30);
+
+/// How long `write_files` waits, once its edit has ended, for the version
+/// (or why none was made) to be recorded.
+const SETTLE_WAIT: Duration = Duration::from_secs(5);
 
 /// Input of `write_files`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -284,21 +290,22 @@ time per workspace: a workspace a task is using is refused as busy. read_files r
             workspace_base = record.workspace_base.unwrap_or(0),
             files = written.len(), deletes = deletes.len(), "edit queued"
         );
-        let status = self
-            .status_waiting(&who, task_id.clone(), 0, WRITE_WAIT, Until::Final)
-            .await?;
-        let view = status.view;
-        if view.state.is_terminal() && view.reason_kind != Some(ReasonKind::FilesWritten) {
+        let view = self.edit_end(&who, &task_id).await?;
+        let made = view.workspace.as_ref().and_then(|w| w.workspace_version);
+        if view.state.is_terminal() && made.is_none() {
+            // The note says why no version was made, where there is one (a
+            // kill's reason says only that it was killed).
+            let note = view.workspace.and_then(|w| w.workspace_note);
             return Err(ToolError::FilesNotWritten {
                 task_id,
-                reason: view.reason.unwrap_or_default(),
+                reason: note.or(view.reason).unwrap_or_default(),
             });
         }
         Ok(Json(WriteFilesOutput {
             task_id,
             workspace_id: id,
             state: view.state,
-            version: view.workspace.and_then(|w| w.workspace_version),
+            version: made,
             written: written.len(),
             deleted: deletes.len(),
         }))
@@ -306,6 +313,40 @@ time per workspace: a workspace a task is using is refused as busy. read_files r
 }
 
 impl ScriptRunner {
+    /// The edit task's status once it has ended and its version (or why it
+    /// made none) is recorded, or as it is after `WRITE_WAIT`. Its end and its
+    /// version are two writes: a kill ends the task at once while its worker
+    /// may still commit, and a worker lost after its commit ends it
+    /// `worker-lost` with the version made, so the version decides, not the
+    /// state.
+    async fn edit_end(&self, who: &Principal, task_id: &str) -> Result<StatusView, ToolError> {
+        let deadline = tokio::time::Instant::now() + WRITE_WAIT;
+        let status = self
+            .status_waiting(who, task_id.to_owned(), 0, WRITE_WAIT, Until::Final)
+            .await?;
+        let mut view = status.view;
+        // Neither write comes with an event to wait on: the worker's commit
+        // follows its edit within milliseconds, so a short poll is enough.
+        // Bounded apart from the wait: an edit killed while still queued
+        // never gets either (no worker took it).
+        let deadline = deadline.min(tokio::time::Instant::now() + SETTLE_WAIT);
+        loop {
+            let settled = view
+                .workspace
+                .as_ref()
+                .is_some_and(|w| w.workspace_version.is_some() || w.workspace_note.is_some());
+            if !view.state.is_terminal()
+                || settled
+                || view.reason_kind == Some(ReasonKind::SpecRejected)
+                || tokio::time::Instant::now() >= deadline
+            {
+                return Ok(view);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            view = self.status(who, task_id.to_owned(), 0).await?.view;
+        }
+    }
+
     /// The edit applied to version `base` of `id`, as the worker will apply
     /// it (`shared::edit::edit`), but for the caps on a version, which are
     /// the workers' settings and are checked there.
@@ -317,7 +358,7 @@ impl ScriptRunner {
         edit: &EditCheck<'_>,
     ) -> Result<(), ToolError> {
         let manifest = if base == 0 {
-            Manifest::new(Vec::new(), READ_LIMITS)
+            Manifest::new(Vec::new(), VersionLimits::UNCAPPED)
                 .map_err(|e| ToolError::WorkspaceData(e.to_string()))?
         } else {
             let (_, _, record) = self
@@ -330,12 +371,17 @@ impl ScriptRunner {
                 version: base,
             })?;
             self.blobs()?
-                .manifest(&record.manifest, READ_LIMITS)
+                .manifest(&record.manifest, VersionLimits::UNCAPPED)
                 .await
                 .map_err(|e| ToolError::from_blob_of(e, id, base))?
         };
-        shared::edit::edit(&manifest, edit.written, edit.deletes, READ_LIMITS)
-            .map(drop)
-            .map_err(|e| ToolError::EditRefused(e.to_string()))
+        shared::edit::edit(
+            &manifest,
+            edit.written,
+            edit.deletes,
+            VersionLimits::UNCAPPED,
+        )
+        .map(drop)
+        .map_err(|e| ToolError::EditRefused(e.to_string()))
     }
 }

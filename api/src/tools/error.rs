@@ -50,6 +50,10 @@ pub enum ErrorCode {
     UnknownVersion,
     /// A task is using the workspace: wait for it to end, or fork_workspace.
     WorkspaceBusy,
+    /// write_files' edit reached a worker and made no version: the message
+    /// says why (a cap on a version or on the owner's workspaces, the store
+    /// failing, the edit killed). The workspace is as it was.
+    FilesNotWritten,
     /// The API key lacks the scope this call needs, or may not use the
     /// network asked for: use a key that has it.
     MissingScope,
@@ -368,9 +372,7 @@ impl ToolError {
             | ToolError::BadWorkspaceCursor(_) => C::InvalidArgument,
             ToolError::TooManyWrites { .. } | ToolError::WriteTooLarge { .. } => C::TooLarge,
             ToolError::WriteFailed(_) => C::Internal,
-            // A version cap, the owner's byte cap, or the store failing: the
-            // reason says which (the worker alone knows the caps).
-            ToolError::FilesNotWritten { .. } => C::Unavailable,
+            ToolError::FilesNotWritten { .. } => C::FilesNotWritten,
             ToolError::WorkspaceStore(_) => C::Unavailable,
             ToolError::WorkspaceQuota { .. } => C::QuotaExceeded,
             ToolError::WorkspaceData(_) => C::Internal,
@@ -450,6 +452,7 @@ impl ToolError {
             ErrorCode::MissingScope => RpcCode::INVALID_REQUEST,
             ErrorCode::QueueFull
             | ErrorCode::WorkspaceBusy
+            | ErrorCode::FilesNotWritten
             | ErrorCode::QuotaExceeded
             | ErrorCode::Unavailable
             | ErrorCode::Internal => RpcCode::INTERNAL_ERROR,

@@ -30,13 +30,6 @@ const MAX_PATTERN_LEN: usize = 1024;
 /// How many files `read_files` reads from the store at once.
 const READS_AT_ONCE: usize = 16;
 
-/// What a stored manifest is held to when read here: the workers' caps made
-/// it, so only its shape is checked.
-pub(super) const READ_LIMITS: VersionLimits = VersionLimits {
-    max_bytes: u64::MAX,
-    max_files: u64::MAX,
-};
-
 /// Input of `read_files`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -289,7 +282,7 @@ matched nothing.",
             (_, Some(v)) => {
                 let blobs = self.blobs()?;
                 blobs
-                    .manifest(&v.manifest, READ_LIMITS)
+                    .manifest(&v.manifest, VersionLimits::UNCAPPED)
                     .await
                     .map_err(|e| ToolError::from_blob_of(e, id, n))?
             }
@@ -422,7 +415,7 @@ mod tests {
                 file("src/pkg/b.py"),
                 file("src/pkg/c.txt"),
             ],
-            READ_LIMITS,
+            VersionLimits::UNCAPPED,
         )
         .expect("manifest");
         let names = |p: &[&str]| {
@@ -446,7 +439,7 @@ mod tests {
     fn a_path_with_pattern_characters_is_also_matched_as_itself() {
         let m = Manifest::new(
             vec![file("a[1].txt"), file("a1.txt"), file("b.txt")],
-            READ_LIMITS,
+            VersionLimits::UNCAPPED,
         )
         .expect("manifest");
         let (picked, _, unmatched) =

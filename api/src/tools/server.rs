@@ -118,7 +118,8 @@ impl ServerHandler for ScriptRunner {
                  state is final; get_task_files returns the files it collected; kill_task stops a task; \
                  list_tasks lists recent ones. With workspace \"new\" (then {{\"id\": ...}}), files persist \
                  from task to task as versions (list_workspaces, get_workspace, fork_workspace, \
-                 delete_workspace). Runtimes: {}. Default timeout {} s, at most {} s.",
+                 delete_workspace); write_files makes a version from plain-text files without a \
+                 container, and read_files reads a version's files as text. Runtimes: {}. Default timeout {} s, at most {} s.",
                 self.config.runtimes.names_list(),
                 self.config.default_timeout_seconds,
                 self.config.max_timeout_seconds

@@ -10,7 +10,7 @@
 //! fence against deleting a save's blobs is the worker's (`sweep::epoch`).
 
 use shared::task::Outcome;
-use shared::workspace::{Manifest, SAVE_GRACE_MS};
+use shared::workspace::{Manifest, SAVE_GRACE_MS, VersionLimits};
 
 use super::keep;
 use crate::ctx::Ctx;
@@ -47,8 +47,12 @@ async fn store(ctx: &Ctx, spec: &EditSpec) -> Result<(StoredVersion, usize), Str
             .await
             .map_err(|e| format!("could not read the version: {e}"))?
             .ok_or_else(|| format!("version {version} of workspace {id} is no longer kept"))?;
+            // Uncapped: a version made under larger caps may still be edited
+            // (a delete can bring it back under them); the edit's result is
+            // held to today's caps.
             ctx.workspaces
-                .manifest(&record.manifest)
+                .store()
+                .manifest(&record.manifest, VersionLimits::UNCAPPED)
                 .await
                 .map_err(|e| format!("could not read version {version}: {e}"))?
         }

@@ -13,7 +13,8 @@ use shared::workspace::{Manifest, WorkspaceId};
 
 use crate::ctx::Ctx;
 use crate::retry;
-use crate::workspaces::{StoredVersion, sweep};
+use crate::workspaces::StoredVersion;
+use crate::workspaces::sweep::{self, Committed};
 
 /// Why a workspace task made no version, as its record says.
 pub(super) const NOT_RUN: &str = "the task did not run, so its workspace was left as it was";
@@ -74,7 +75,7 @@ pub(super) async fn commit(
     let caps = ctx.workspaces.caps();
     let reply = match saved {
         Ok(stored) => {
-            sweep::commit(
+            let committed = sweep::commit(
                 &ctx.queue,
                 &ctx.workspaces,
                 &ctx.abort,
@@ -83,7 +84,15 @@ pub(super) async fn commit(
                 stored,
                 caps,
             )
-            .await
+            .await;
+            match committed {
+                Ok(Committed::Reply(reply)) => Ok(reply),
+                Ok(Committed::SweptAway(why)) => {
+                    tracing::info!(task_id, workspace = %workspace.0, "no workspace version: {why}");
+                    return Err(why.to_owned());
+                }
+                Err(e) => Err(e),
+            }
         }
         Err(why) => {
             let why: &str = why;

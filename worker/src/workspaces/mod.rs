@@ -236,7 +236,9 @@ impl Workspaces {
         let cache = self.blobs.cache().clone();
         let written = match zip {
             None => Vec::new(),
-            Some(zip) => tokio::task::spawn_blocking(move || hash_zip(&zip, &cache)).await??,
+            Some(zip) => {
+                tokio::task::spawn_blocking(move || pack::hash_zip(&zip, &cache)).await??
+            }
         };
         let manifest = shared::edit::edit(base, &written, deletes, self.config.limits)?;
         let known = base.blobs();
@@ -247,6 +249,8 @@ impl Workspaces {
             .cloned()
             .collect();
         let (digest, uploaded) = self.upload(&manifest, &new).await?;
+        let cache = self.blobs.cache().clone();
+        tokio::task::spawn_blocking(move || cache.evict());
         let stored = StoredVersion {
             manifest: digest,
             bytes: manifest.bytes(),
@@ -312,31 +316,6 @@ impl Workspaces {
     pub async fn manifest(&self, digest: &BlobDigest) -> Result<Manifest, WorkspaceError> {
         Ok(self.blobs.manifest(digest, self.config.limits).await?)
     }
-}
-
-/// The files of `write_files`' zip (made by the api: one entry per file,
-/// named by its path), each hashed into the cache (blocking).
-fn hash_zip(
-    zip: &[u8],
-    cache: &cached::BlobCache,
-) -> Result<Vec<shared::edit::Written>, WorkspaceError> {
-    let bad = |e: zip::result::ZipError| WorkspaceError::EditFiles(e.to_string());
-    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip)).map_err(bad)?;
-    let mut written = Vec::with_capacity(archive.len());
-    for i in 0..archive.len() {
-        let mut file = archive.by_index(i).map_err(bad)?;
-        let path = file.name().map_err(bad)?.into_owned();
-        if !file.is_file() {
-            return Err(WorkspaceError::EditFiles(format!("{path:?} is not a file")));
-        }
-        let sha256 = pack::hash_into_cache(&mut file, cache).map_err(WorkspaceError::Cache)?;
-        written.push(shared::edit::Written {
-            path,
-            size: file.size(),
-            sha256,
-        });
-    }
-    Ok(written)
 }
 
 /// The archive's bytes, as the blocking packer reads them.

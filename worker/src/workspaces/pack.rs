@@ -16,6 +16,7 @@ use shared::workspace::{
 };
 use tar::EntryType;
 
+use super::WorkspaceError;
 use super::cached::BlobCache;
 
 /// What `pack` made.
@@ -80,7 +81,7 @@ pub fn pack(
             EntryType::Regular | EntryType::Continuous => {
                 let size = entry.header().size()?;
                 count_bytes(&mut bytes, size, limits)?;
-                let digest = hash_into_cache(&mut entry, cache)?;
+                let (digest, _) = hash_into_cache(&mut entry, cache)?;
                 files.insert(path.clone(), (mode, size, digest.clone()));
                 EntryKind::File {
                     mode,
@@ -146,17 +147,23 @@ fn count_bytes(bytes: &mut u64, size: u64, limits: VersionLimits) -> Result<(), 
 
 /// Streams one file's bytes into a fresh cache file while hashing them, then
 /// names it by its digest (dropping it if the cache already has that blob).
-pub(super) fn hash_into_cache(reader: &mut impl Read, cache: &BlobCache) -> io::Result<BlobDigest> {
+/// Returns the digest and how many bytes were hashed.
+pub(super) fn hash_into_cache(
+    reader: &mut impl Read,
+    cache: &BlobCache,
+) -> io::Result<(BlobDigest, u64)> {
     let tmp = cache.tmp_path();
     let result = (|| {
         let mut out = std::fs::File::create(&tmp)?;
         let mut hash = Sha256::new();
         let mut buf = vec![0u8; 64 * 1024];
+        let mut hashed = 0u64;
         loop {
             let n = reader.read(&mut buf)?;
             if n == 0 {
                 break;
             }
+            hashed += n as u64;
             hash.update(&buf[..n]);
             out.write_all(&buf[..n])?;
         }
@@ -173,12 +180,44 @@ pub(super) fn hash_into_cache(reader: &mut impl Read, cache: &BlobCache) -> io::
         } else {
             std::fs::rename(&tmp, &target)?;
         }
-        Ok(digest)
+        Ok((digest, hashed))
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// The files of `write_files`' zip (made by the api: one entry per file,
+/// named by its path), each hashed into the cache (blocking).
+pub(super) fn hash_zip(
+    zip: &[u8],
+    cache: &BlobCache,
+) -> Result<Vec<shared::edit::Written>, WorkspaceError> {
+    let bad = |e: zip::result::ZipError| WorkspaceError::EditFiles(e.to_string());
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(zip)).map_err(bad)?;
+    let mut written = Vec::with_capacity(archive.len());
+    for i in 0..archive.len() {
+        let mut file = archive.by_index(i).map_err(bad)?;
+        let path = file.name().map_err(bad)?.into_owned();
+        // Not `is_file()`: the api names each entry by its path, and zip
+        // takes a name ending in `\` for a directory. A link the api never
+        // makes; refused so no zip can carry one into a version.
+        if file.is_symlink() {
+            return Err(WorkspaceError::EditFiles(format!("{path:?} is a link")));
+        }
+        let (sha256, size) = hash_into_cache(&mut file, cache).map_err(WorkspaceError::Cache)?;
+        // The size the version records is the bytes hashed, never the
+        // header's word for it.
+        if size != file.size() {
+            return Err(WorkspaceError::EditFiles(format!(
+                "{path:?} holds {size} bytes, its header says {}",
+                file.size()
+            )));
+        }
+        written.push(shared::edit::Written { path, size, sha256 });
+    }
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -335,5 +374,41 @@ mod tests {
             pack(&many[..], &cache, LIMITS),
             Err(PackError::Manifest(ManifestError::TooManyFiles { .. }))
         ));
+    }
+
+    fn zip_of(build: impl FnOnce(&mut zip::ZipWriter<io::Cursor<Vec<u8>>>)) -> Vec<u8> {
+        let mut w = zip::ZipWriter::new(io::Cursor::new(Vec::new()));
+        build(&mut w);
+        w.finish().expect("zip").into_inner()
+    }
+
+    #[test]
+    fn write_files_zip_is_hashed_into_the_cache_by_its_bytes() {
+        let (_dir, cache) = cache();
+        let opts = zip::write::SimpleFileOptions::default();
+        let zip = zip_of(|w| {
+            w.start_file("a/b.txt", opts).expect("entry");
+            w.write_all(b"hello").expect("bytes");
+            // A name zip takes for a directory's, and still one of the api's files.
+            w.start_file("odd\\", opts).expect("entry");
+            w.write_all(b"x").expect("bytes");
+        });
+        let written = hash_zip(&zip, &cache).expect("hashed");
+        let got: Vec<_> = written.iter().map(|w| (w.path.as_str(), w.size)).collect();
+        assert_eq!(got, [("a/b.txt", 5), ("odd\\", 1)]);
+        assert_eq!(written[0].sha256, BlobDigest::of(b"hello"));
+        let cached = std::fs::read(cache.path(&written[0].sha256)).expect("in the cache");
+        assert_eq!(cached, b"hello");
+    }
+
+    #[test]
+    fn write_files_zip_with_a_link_is_refused() {
+        let (_dir, cache) = cache();
+        let opts = zip::write::SimpleFileOptions::default();
+        let zip = zip_of(|w| {
+            w.add_symlink("l", "/etc/passwd", opts).expect("link");
+        });
+        let err = hash_zip(&zip, &cache).expect_err("a link");
+        assert!(err.to_string().contains("is a link"), "{err}");
     }
 }

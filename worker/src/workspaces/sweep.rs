@@ -123,13 +123,6 @@ pub struct Sweeper {
     stop: CancellationToken,
 }
 
-/// Manifests are read for the sweep whatever today's caps: a version made
-/// under larger ones is still named.
-const UNCAPPED: VersionLimits = VersionLimits {
-    max_bytes: u64::MAX,
-    max_files: u64::MAX,
-};
-
 impl Sweeper {
     /// `stop`: the worker's, which ends a delete phase after its batch.
     pub fn new(
@@ -266,7 +259,7 @@ impl Sweeper {
                 None => {
                     let m = self
                         .store
-                        .manifest(&v.manifest, UNCAPPED)
+                        .manifest(&v.manifest, VersionLimits::UNCAPPED)
                         .await
                         .map_err(|source| SweepError::Manifest {
                             workspace,
@@ -342,7 +335,17 @@ pub async fn epoch(queue: &Queue, stop: &CancellationToken) -> Result<u64, Strin
 }
 
 /// What a task is told when sweeps kept its version from being committed.
-const SWEPT_AWAY: &str = "the workspace store was swept again and again while the task's /workspace was saved, or its files could not be sent again: the workspace was left as it was";
+const SWEPT_AWAY: &str = "the workspace store was swept again and again while the version was stored, or its files could not be sent again: the workspace was left as it was";
+
+/// What `commit` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Committed {
+    /// WS_COMMIT's reply to the version.
+    Reply(WsReply),
+    /// Sweeps kept the version from being committed: the task was recorded
+    /// as making none, for this reason.
+    SweptAway(&'static str),
+}
 
 /// WS_COMMIT of `stored`, for task `task_id` on `workspace`. A commit refused
 /// because a delete phase ran since the save began (`sweep_moved`) is sent
@@ -357,7 +360,7 @@ pub async fn commit(
     workspace: (WorkspaceId, u64),
     stored: &mut StoredVersion,
     caps: WorkspaceCaps,
-) -> Result<WsReply, QueueError> {
+) -> Result<Committed, QueueError> {
     for resent in 0..=COMMIT_TRIES {
         let reply = retry::redis("commit the workspace version", stop, || {
             queue.ws_commit(task_id, workspace, stored.as_saved(), caps)
@@ -368,7 +371,7 @@ pub async fn commit(
             ..
         } = reply
         else {
-            return Ok(reply);
+            return Ok(Committed::Reply(reply));
         };
         if resent == COMMIT_TRIES {
             break;
@@ -390,8 +393,16 @@ pub async fn commit(
             break;
         }
     }
-    retry::redis("record the task as making no version", stop, || {
+    let reply = retry::redis("record the task as making no version", stop, || {
         queue.ws_commit(task_id, workspace, Saved::Nothing(SWEPT_AWAY), caps)
     })
-    .await
+    .await?;
+    if reply != WsReply::Done(0) {
+        tracing::warn!(
+            task_id,
+            ?reply,
+            "recording the task as making no version was refused"
+        );
+    }
+    Ok(Committed::SweptAway(SWEPT_AWAY))
 }
