@@ -23,7 +23,7 @@ use testkit::process::ApiProcess;
 mod access;
 #[path = "edge/input.rs"]
 mod input;
-#[path = "edge/workspaces.rs"]
+#[path = "edge/workspaces/mod.rs"]
 mod workspaces;
 
 #[tokio::test]
@@ -45,7 +45,8 @@ async fn tools_are_listed_with_input_and_output_schemas() {
             "list_tasks",
             "list_workspaces",
             "read_files",
-            "run_script"
+            "run_script",
+            "write_files"
         ]
     );
     for t in &tools {
