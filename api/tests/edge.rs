@@ -66,7 +66,24 @@ async fn tools_are_listed_with_input_and_output_schemas() {
         .get("required")
         .cloned()
         .unwrap_or_default();
-    assert_eq!(required, json!(["runtime", "command_base64"]));
+    // The runtime is given under one of two names, so neither is required
+    // (see `runtime_name`), and no tool may say "one of" at the top level.
+    assert_eq!(required, json!(["command_base64"]));
+    let props = run
+        .input_schema
+        .get("properties")
+        .cloned()
+        .unwrap_or_default();
+    assert!(props.get("runtime").is_some() && props.get("runtime_name").is_some());
+    for t in &tools {
+        for word in ["anyOf", "oneOf", "allOf"] {
+            assert!(
+                t.input_schema.get(word).is_none(),
+                "{}'s input schema has a top-level {word}, which the Anthropic API refuses",
+                t.name
+            );
+        }
+    }
     let info = client.peer_info().expect("server info");
     assert_eq!(
         info.server_info.as_ref().map(|s| s.name.as_str()),

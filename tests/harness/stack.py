@@ -12,12 +12,14 @@ The methods block; an asyncio caller runs them with `asyncio.to_thread`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -615,6 +617,28 @@ class Stack:
             print(f"script-runner logs and data kept in {self.tmp_dir}", flush=True)
         else:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def one_worker_stack(label: str, worker_env: dict[str, str]) -> Iterator[Stack]:
+    """redis-server, one worker (`worker_env` added to its environment) and one api,
+    for a test session. On the way out: stopped (api, then worker, then redis), the
+    task containers the worker left removed, and the temporary directory removed
+    unless SCRIPT_RUNNER_KEEP_LOGS=1."""
+    preflight(bin_dir(), images=(IMAGE, NODE_IMAGE))
+    stack = Stack(label=label)
+    try:
+        stack.start_redis()
+        stack.add_worker("worker", worker_env)
+        stack.start_worker("worker")
+        stack.add_api("api")
+        stack.start_api("api")
+        yield stack
+    finally:
+        leftovers = stack.stop_all()
+        if leftovers:
+            print(f"\nwarning: removed {len(leftovers)} task container(s) the worker left behind", file=sys.stderr)
+        stack.cleanup(keep=os.environ.get("SCRIPT_RUNNER_KEEP_LOGS") == "1")
 
 
 def _as_dict(reply: Any) -> dict[str, str]:

@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared harness package
 from harness.procs import HarnessError  # noqa: E402
-from harness.stack import IMAGE, NODE_IMAGE, RUNTIMES, Api, Stack, bin_dir, preflight  # noqa: E402
+from harness.stack import RUNTIMES, Api, Stack, one_worker_stack  # noqa: E402
 
 __all__ = ["RUNTIMES", "Stack", "connect", "second_api", "task_count"]
 
@@ -52,28 +52,15 @@ _STACK: Stack | None = None  # for the failure-report hook below
 def stack() -> Iterator[Stack]:
     """redis-server + script-runner-worker + script-runner-api, for the whole session."""
     global _STACK
+    pool = {"POOL_SIZE": POOL_SIZE} if POOL_SIZE is not None else {}
     try:
-        preflight(bin_dir(), images=(IMAGE, NODE_IMAGE))
-    except HarnessError as e:
-        pytest.fail(str(e), pytrace=False)
-    stack = Stack(label="pytest")
-    try:
-        stack.start_redis()
-        pool = {"POOL_SIZE": POOL_SIZE} if POOL_SIZE is not None else {}
-        stack.add_worker("worker", {"WORKER_CONCURRENCY": "2", "SHUTDOWN_GRACE_SECONDS": "0"} | pool)
-        stack.start_worker("worker")
-        stack.add_api("api")
-        stack.start_api("api")
-        _STACK = stack
-        yield stack
+        with one_worker_stack("pytest", {"WORKER_CONCURRENCY": "2", "SHUTDOWN_GRACE_SECONDS": "0"} | pool) as stack:
+            _STACK = stack
+            yield stack
     except (HarnessError, TimeoutError) as e:
         pytest.fail(str(e), pytrace=False)
     finally:
         _STACK = None
-        leftovers = stack.stop_all()  # api, then worker, then redis
-        if leftovers:
-            print(f"\nwarning: removed {len(leftovers)} task container(s) the worker left behind", file=sys.stderr)
-        stack.cleanup(keep=os.environ.get("SCRIPT_RUNNER_KEEP_LOGS") == "1")
 
 
 def second_api(stack: Stack, short: str) -> Api:

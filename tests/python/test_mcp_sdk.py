@@ -198,7 +198,10 @@ async def test_lists_exactly_the_nine_tools(stack: Stack, mode: str) -> None:
             assert schema.get("properties"), f"{name} {kind} has no properties"
             Draft202012Validator.check_schema(schema)
 
-    assert set(tools["run_script"].input_schema["required"]) == {"runtime", "command_base64"}
+    # The runtime comes under one of two names (runtime_name for LangChain's
+    # adapters), so only the command is required.
+    assert set(tools["run_script"].input_schema["required"]) == {"command_base64"}
+    assert {"runtime", "runtime_name"} <= set(tools["run_script"].input_schema["properties"])
     assert {"zip_base64", "timeout_seconds", "stdin_base64", "env", "network"} <= set(
         tools["run_script"].input_schema["properties"]
     )

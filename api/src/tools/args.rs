@@ -35,7 +35,14 @@ pub const MAX_LIST_LIMIT: usize = 100;
 pub struct RunScriptInput {
     /// The runtime (container image) to run in, e.g. "python3.13", "python3.8" or
     /// "node24". The server's instructions list the configured runtimes.
-    pub runtime: String,
+    /// Required: give this or runtime_name.
+    #[serde(default)]
+    pub runtime: Option<String>,
+    /// The same as runtime, under a second name for clients that keep an
+    /// argument named "runtime" for themselves (LangChain's MCP adapters).
+    /// Give one of the two; both, only if they are the same.
+    #[serde(default)]
+    pub runtime_name: Option<String>,
     /// The shell one-liner to run, base64-encoded (standard alphabet). It runs as
     /// `sh -c <command>` with /workspace as the working directory.
     pub command_base64: String,
@@ -499,6 +506,28 @@ pub(super) fn decode_base64(field: &'static str, value: &str) -> Result<Vec<u8>,
             field,
             detail: e.to_string(),
         })
+}
+
+impl RunScriptInput {
+    /// The runtime asked for, under either name. Neither is in the schema's
+    /// `required`: "one of the two" would be a top-level `anyOf`, which the
+    /// Anthropic API refuses in any tool's input schema (every request that
+    /// lists the tool fails), so the rule is checked here instead.
+    pub(super) fn runtime_asked(
+        &self,
+        allowed: impl FnOnce() -> String,
+    ) -> Result<&str, ToolError> {
+        match (self.runtime.as_deref(), self.runtime_name.as_deref()) {
+            (Some(runtime), Some(runtime_name)) if runtime != runtime_name => {
+                Err(ToolError::TwoRuntimes {
+                    runtime: runtime.to_owned(),
+                    runtime_name: runtime_name.to_owned(),
+                })
+            }
+            (Some(asked), _) | (None, Some(asked)) => Ok(asked),
+            (None, None) => Err(ToolError::NoRuntime { allowed: allowed() }),
+        }
+    }
 }
 
 pub(super) fn decode_command(b64: &str, max: usize) -> Result<String, ToolError> {

@@ -77,11 +77,12 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
     ) -> Result<CallToolResponse, ToolError> {
         let who = allowed(&ctx, Scope::Run, "run_script")?;
         let cfg = &self.config;
+        let asked = input.runtime_asked(|| cfg.runtimes.names_list())?;
         let (runtime, image) =
             cfg.runtimes
-                .lookup(&input.runtime)
+                .lookup(asked)
                 .ok_or_else(|| ToolError::UnknownRuntime {
-                    given: input.runtime.clone(),
+                    given: asked.to_owned(),
                     allowed: cfg.runtimes.names_list(),
                 })?;
         let command = decode_command(&input.command_base64, cfg.max_command_bytes)?;

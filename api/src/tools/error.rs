@@ -114,6 +114,17 @@ pub enum ToolError {
     #[error("unknown runtime {given:?}: use one of {allowed}")]
     UnknownRuntime { given: String, allowed: String },
     #[error(
+        "runtime is missing: give runtime (or runtime_name, the same argument for clients that keep \"runtime\" for themselves, such as LangChain's MCP adapters), one of {allowed}"
+    )]
+    NoRuntime { allowed: String },
+    #[error(
+        "runtime {runtime:?} and runtime_name {runtime_name:?} name different runtimes: give one of the two"
+    )]
+    TwoRuntimes {
+        runtime: String,
+        runtime_name: String,
+    },
+    #[error(
         "{field} is not valid base64 ({detail}); encode with the standard alphabet, e.g. `printf '%s' 'echo hi' | base64 -w0`"
     )]
     BadBase64 { field: &'static str, detail: String },
@@ -351,7 +362,9 @@ impl ToolError {
         use ErrorCode as C;
         match self {
             ToolError::UnknownRuntime { .. } => C::UnknownRuntime,
-            ToolError::BadBase64 { .. }
+            ToolError::NoRuntime { .. }
+            | ToolError::TwoRuntimes { .. }
+            | ToolError::BadBase64 { .. }
             | ToolError::CommandNotUtf8
             | ToolError::EmptyCommand
             | ToolError::CommandHasNul

@@ -19,6 +19,18 @@ async fn bad_input_is_an_error_result_that_says_what_to_fix_and_creates_no_task(
             "unknown runtime \"cobol85\": use one of node24, python3.13, python3.8",
         ),
         (
+            json!({ "runtime_name": "cobol85", "command_base64": ok_cmd }),
+            "unknown runtime \"cobol85\"",
+        ),
+        (
+            json!({ "command_base64": ok_cmd }),
+            "runtime is missing: give runtime (or runtime_name",
+        ),
+        (
+            json!({ "runtime": "python3.13", "runtime_name": "node24", "command_base64": ok_cmd }),
+            "runtime \"python3.13\" and runtime_name \"node24\" name different runtimes",
+        ),
+        (
             json!({ "runtime": "python3.13", "command_base64": ok_cmd, "zip_base64": b64("this is not a zip") }),
             "zip_base64 is not a readable zip archive",
         ),
@@ -73,6 +85,23 @@ async fn bad_input_is_an_error_result_that_says_what_to_fix_and_creates_no_task(
         msg.contains("tail_bytes must be between 0 and 65536"),
         "{msg}"
     );
+
+    // runtime_name is the same argument (for LangChain's adapters, which keep
+    // `runtime` for themselves), alone or beside an equal runtime.
+    for args in [
+        json!({ "runtime_name": "node24", "command_base64": ok_cmd }),
+        json!({ "runtime": "node24", "runtime_name": "node24", "command_base64": ok_cmd }),
+    ] {
+        let made = call_ok(&client, "run_script", args.clone()).await;
+        let id = made["task_id"].as_str().expect("a task id").to_owned();
+        let listed = call_ok(&client, "list_tasks", json!({})).await;
+        let task = listed["tasks"]
+            .as_array()
+            .and_then(|t| t.iter().find(|t| t["task_id"] == id.as_str()))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(task["runtime"], "node24", "{args}: {listed}");
+    }
     stack.shutdown().await;
 }
 
