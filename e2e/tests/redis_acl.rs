@@ -14,7 +14,7 @@
 //!
 //! The ctl's writes (`keys`, `tasks kill`, `cache clear`, `redis`) run as
 //! `admin`, who may send anything, and its reads as a `+@read` user
-//! (`e2e/tests/ops/metrics.rs` runs them so): neither has a list to hold here.
+//! (`e2e/tests/ops/` runs them so): neither has a list to hold here.
 //!
 //! What this cannot see (a typed call not in `TYPED`) the deploy test catches
 //! at run time: ACL LOG must be empty after a normal run there.

@@ -42,6 +42,15 @@ impl Store {
         Ok(Some((r.state, r.files, zip)))
     }
 
+    /// Whether a worker ever took task `id` (CLAIM wrote its name); false for
+    /// a task that is not there.
+    pub async fn claimed(&self, id: &str) -> Result<bool, StoreError> {
+        let mut conn = self.pool.get().await?;
+        const FIELDS: [Field; 2] = [Field::State, Field::Worker];
+        let record = self.tasks.read(&mut conn, id, &FIELDS).await?;
+        Ok(record.is_some_and(|r| r.worker.is_some()))
+    }
+
     /// The task hash's `STATUS_FIELDS` with Redis's clock, or `None` if there
     /// is no such task (or it expired).
     pub async fn get(&self, id: &str) -> Result<Option<StatusRead>, StoreError> {

@@ -34,7 +34,7 @@ use shared::{ReasonKind, TaskRecord, TaskState};
 use super::args::{Named, parse_version, parse_workspace_id, version};
 use super::error::ToolError;
 use super::runner::{ScriptRunner, allowed};
-use super::status::Until;
+use super::status::{Until, status_from_record};
 use crate::auth::{Principal, Scope};
 
 /// The most files one call writes, and the most paths it deletes.
@@ -45,9 +45,12 @@ pub const MAX_DELETES: usize = 1000;
 /// still under way (a busy queue).
 pub const WRITE_WAIT: Duration = Duration::from_secs(30);
 
-/// How long `write_files` waits, once its edit has ended, for the version
-/// (or why none was made) to be recorded.
-const SETTLE_WAIT: Duration = Duration::from_secs(5);
+/// How an edit's task stands when `write_files` answers: `settled` once its
+/// version, or why none will be made, is known.
+struct EditEnd {
+    view: StatusView,
+    settled: bool,
+}
 
 /// Input of `write_files`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -95,10 +98,13 @@ pub struct WriteFilesOutput {
     pub workspace_id: WorkspaceId,
     /// "succeeded" once the version is made; "queued" or "running" when the
     /// edit took longer than {write_wait_seconds} s to be made (a busy
-    /// service): poll get_task_status with the task_id.
+    /// service): poll get_task_status with the task_id. An edit killed, or
+    /// whose worker was lost, after its worker took it may still have made
+    /// its version: the version decides, not the state.
     pub state: TaskState,
     /// The version the edit made (the workspace's head from then on); null
-    /// until it is made.
+    /// while it is not known yet (get_task_status and get_workspace show it
+    /// once it is).
     pub version: Option<u64>,
     /// Files written and paths deleted.
     pub written: usize,
@@ -290,9 +296,9 @@ time per workspace: a workspace a task is using is refused as busy. read_files r
             workspace_base = record.workspace_base.unwrap_or(0),
             files = written.len(), deletes = deletes.len(), "edit queued"
         );
-        let view = self.edit_end(&who, &task_id).await?;
+        let EditEnd { view, settled } = self.edit_end(&who, &task_id).await?;
         let made = view.workspace.as_ref().and_then(|w| w.workspace_version);
-        if view.state.is_terminal() && made.is_none() {
+        if settled && made.is_none() {
             // The note says why no version was made, where there is one (a
             // kill's reason says only that it was killed).
             let note = view.workspace.and_then(|w| w.workspace_note);
@@ -313,37 +319,54 @@ time per workspace: a workspace a task is using is refused as busy. read_files r
 }
 
 impl ScriptRunner {
-    /// The edit task's status once it has ended and its version (or why it
-    /// made none) is recorded, or as it is after `WRITE_WAIT`. Its end and its
-    /// version are two writes: a kill ends the task at once while its worker
-    /// may still commit, and a worker lost after its commit ends it
+    /// The edit task's status once its version (or why it made none) is
+    /// recorded, or as it is after `WRITE_WAIT`. Its end and its version are
+    /// two writes: a kill ends the task at once while its worker goes on and
+    /// commits (or notes why not), and a worker lost after its commit ends it
     /// `worker-lost` with the version made, so the version decides, not the
     /// state.
-    async fn edit_end(&self, who: &Principal, task_id: &str) -> Result<StatusView, ToolError> {
+    async fn edit_end(&self, who: &Principal, task_id: &str) -> Result<EditEnd, ToolError> {
         let deadline = tokio::time::Instant::now() + WRITE_WAIT;
         let status = self
             .status_waiting(who, task_id.to_owned(), 0, WRITE_WAIT, Until::Final)
             .await?;
         let mut view = status.view;
-        // Neither write comes with an event to wait on: the worker's commit
-        // follows its edit within milliseconds, so a short poll is enough.
-        // Bounded apart from the wait: an edit killed while still queued
-        // never gets either (no worker took it).
-        let deadline = deadline.min(tokio::time::Instant::now() + SETTLE_WAIT);
+        // Whether a worker took the task, once the record is read.
+        let mut claimed = None;
         loop {
-            let settled = view
+            let recorded = view
                 .workspace
                 .as_ref()
                 .is_some_and(|w| w.workspace_version.is_some() || w.workspace_note.is_some());
-            if !view.state.is_terminal()
-                || settled
-                || view.reason_kind == Some(ReasonKind::SpecRejected)
-                || tokio::time::Instant::now() >= deadline
-            {
-                return Ok(view);
+            let settled = if !view.state.is_terminal() {
+                Some(false)
+            } else if recorded || view.reason_kind == Some(ReasonKind::SpecRejected) {
+                Some(true)
+            } else {
+                match claimed {
+                    // Killed before any worker took it: none ever will (CLAIM
+                    // takes only a queued task), so no version is coming.
+                    Some(false) => Some(true),
+                    Some(true) if tokio::time::Instant::now() >= deadline => Some(false),
+                    _ => None,
+                }
+            };
+            if let Some(settled) = settled {
+                return Ok(EditEnd { view, settled });
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            view = self.status(who, task_id.to_owned(), 0).await?.view;
+            // Taken: its worker still commits, or notes why not. Neither
+            // write comes with an event to wait on, and an edit's commit
+            // follows within milliseconds of its blobs being stored, so a
+            // short poll.
+            if claimed.is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let read = self.status_read(who, task_id).await?;
+            view = status_from_record(task_id.to_owned(), &read, 0)?.view;
+            if claimed.is_none() {
+                // Once: a worker's name, once written, stays.
+                claimed = Some(self.store.claimed(task_id).await?);
+            }
         }
     }
 

@@ -232,6 +232,22 @@ impl Workspaces {
         deletes: &[String],
         epoch: u64,
     ) -> Result<(StoredVersion, usize), WorkspaceError> {
+        let stored = self.edit_stored(base, zip, deletes, epoch).await;
+        // Whatever came of it: the files hashed into the cache count against
+        // its cap from now on, a refused edit's as well.
+        let cache = self.blobs.cache().clone();
+        tokio::task::spawn_blocking(move || cache.evict());
+        stored
+    }
+
+    /// `edit`'s work, before the cache is evicted.
+    async fn edit_stored(
+        &self,
+        base: &Manifest,
+        zip: Option<std::sync::Arc<[u8]>>,
+        deletes: &[String],
+        epoch: u64,
+    ) -> Result<(StoredVersion, usize), WorkspaceError> {
         let started = Instant::now();
         let cache = self.blobs.cache().clone();
         let written = match zip {
@@ -249,8 +265,6 @@ impl Workspaces {
             .cloned()
             .collect();
         let (digest, uploaded) = self.upload(&manifest, &new).await?;
-        let cache = self.blobs.cache().clone();
-        tokio::task::spawn_blocking(move || cache.evict());
         let stored = StoredVersion {
             manifest: digest,
             bytes: manifest.bytes(),

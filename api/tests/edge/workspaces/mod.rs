@@ -8,6 +8,7 @@ use shared::scripts::{Saved, ScriptCall, WsReply};
 use shared::workspace::{BlobDigest, WorkspaceCaps, WorkspaceId};
 
 mod arguments;
+mod edits;
 mod limits;
 
 /// A fresh API key named `name` with `scopes`; its token.
