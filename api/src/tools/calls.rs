@@ -28,6 +28,7 @@ use super::output::{
     DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
     ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFilesOutput, TaskStatus,
 };
+use super::progress::Progress;
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
 use super::tasks::WORKSPACE_META_KEY;
@@ -248,6 +249,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                     DEFAULT_TAIL_BYTES,
                     wait,
                     Until::Final,
+                    Progress::of(&ctx),
                 )
                 .await
             {
@@ -279,7 +281,8 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
 *_bytes are the totals). States: queued, running, then one final state: succeeded, failed, killed or timed-out. \
 While running, seconds_since_last_output tells a stuck script (growing) from a busy one (staying low). \
 Call again until the state is final; with wait_seconds (at most {max_wait_seconds}) the call waits for \
-the next change of state or new output, instead of polling.",
+the next change of state or new output, instead of polling. A call whose request carries a progressToken \
+waits for the final state instead, and hears notifications/progress (state, byte counts, newest line) on the way.",
         annotations(
             title = "Get task status",
             read_only_hint = true,
@@ -301,9 +304,16 @@ the next change of state or new output, instead of polling.",
             Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
         };
         let wait = wait_duration(input.wait_seconds)?;
-        self.status_waiting(&who, task_id, tail_bytes, wait, Until::Change)
-            .await
-            .map(Json)
+        self.status_waiting(
+            &who,
+            task_id,
+            tail_bytes,
+            wait,
+            Until::Change,
+            Progress::of(&ctx),
+        )
+        .await
+        .map(Json)
     }
 
     #[tool(

@@ -328,7 +328,7 @@ impl ScriptRunner {
     async fn edit_end(&self, who: &Principal, task_id: &str) -> Result<EditEnd, ToolError> {
         let deadline = tokio::time::Instant::now() + WRITE_WAIT;
         let status = self
-            .status_waiting(who, task_id.to_owned(), 0, WRITE_WAIT, Until::Final)
+            .status_waiting(who, task_id.to_owned(), 0, WRITE_WAIT, Until::Final, None)
             .await?;
         let mut view = status.view;
         // Whether a worker took the task, once the record is read.

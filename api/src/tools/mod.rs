@@ -9,7 +9,8 @@
 //! - `output`: what the tools answer;
 //! - `describe`: fills the limits into the descriptions and schemas from the config;
 //! - `runner`: `ScriptRunner`, the state every handler works with;
-//! - `status`: a task record as `get_task_status` shows it;
+//! - `progress`: `notifications/progress` for a waiting call that asked for them;
+//! - `status`: a task record as `get_task_status` shows it, and the waits;
 //! - `tasks`: `tasks/get` and `tasks/cancel` (the MCP tasks extension);
 //! - `calls`: the nine tools (five for tasks, four for workspaces);
 //! - `files`: `read_files`, with its own arguments and answer (a router of its
@@ -28,6 +29,7 @@ mod error;
 mod fallback;
 mod files;
 mod output;
+mod progress;
 mod runner;
 mod server;
 mod server_info;

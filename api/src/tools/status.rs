@@ -3,6 +3,7 @@
 
 use super::error::ToolError;
 use super::output::TaskStatus;
+use super::progress::Progress;
 use super::runner::ScriptRunner;
 use crate::auth::Principal;
 use crate::db::{StatusRead, Woke};
@@ -57,6 +58,11 @@ impl ScriptRunner {
     /// waiter on the task wakes on the same append. (Pub/sub would lose a
     /// message published between the read and the subscribe, and keyspace
     /// notifications are off by default and server-wide.)
+    ///
+    /// With `progress` (the request carried a `progressToken`), each change
+    /// is told to the caller as it comes, and the call waits for the final
+    /// state whatever `until` says: a caller that follows the task's progress
+    /// wants its end, not the first change.
     pub(super) async fn status_waiting(
         &self,
         who: &Principal,
@@ -64,10 +70,16 @@ impl ScriptRunner {
         tail_bytes: usize,
         wait: std::time::Duration,
         until: Until,
+        mut progress: Option<Progress>,
     ) -> Result<TaskStatus, ToolError> {
         if wait.is_zero() {
             return self.status(who, task_id, tail_bytes).await;
         }
+        let until = if progress.is_some() {
+            Until::Final
+        } else {
+            until
+        };
         let deadline = tokio::time::Instant::now() + wait;
         let mut last_read = false;
         loop {
@@ -80,12 +92,22 @@ impl ScriptRunner {
             if last_read || record.record.state.is_terminal() || self.shutdown.is_cancelled() {
                 return status_from_record(task_id, &record, tail_bytes);
             }
+            if let Some(p) = progress.as_mut() {
+                p.report(&status_from_record(task_id.clone(), &record, tail_bytes)?.view)
+                    .await;
+            }
             let woke = tokio::select! {
                 woke = self.store.wait_for_event(&task_id, &mark, deadline) => woke?,
                 () = self.shutdown.cancelled() => Woke::Deadline,
             };
             // One more read: the change itself, or the status at the end.
             last_read = !(woke == Woke::Event && until == Until::Final);
+            if let (Some(p), Woke::Event) = (&progress, woke) {
+                tokio::select! {
+                    () = p.pace(deadline) => {}
+                    () = self.shutdown.cancelled() => {}
+                }
+            }
         }
     }
 }

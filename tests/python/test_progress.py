@@ -1,0 +1,78 @@
+"""Progress while waiting, through the official Python SDK: a waiting call made
+with a progress callback (the SDK then sends a progressToken) hears
+`notifications/progress` as the task runs, each with the newest line of output;
+one made without hears nothing and is answered as plain JSON, as before."""
+
+from __future__ import annotations
+
+import re
+
+import httpx2
+import pytest
+from conftest import Stack
+from mcp import Client
+from test_mcp_sdk import b64, call_ok
+
+pytestmark = pytest.mark.anyio
+
+# Prints a line a second for three seconds.
+TICKS = "for i in 1 2 3; do echo tick $i; sleep 1; done"
+
+
+async def test_a_waiting_run_script_reports_progress_with_the_newest_line(client: Client) -> None:
+    heard: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, message))
+
+    args = {"runtime": "python3.13", "command_base64": b64(TICKS), "wait_seconds": 30}
+    result = await client.call_tool("run_script", args, progress_callback=on_progress)
+    assert not result.is_error, result
+    assert result.structured_content["state"] == "succeeded", result.structured_content
+    assert result.structured_content["stdout_tail"] == "tick 1\ntick 2\ntick 3\n"
+
+    with_lines = [m for _, m in heard if m and "newest: tick" in m]
+    assert len(with_lines) >= 3, heard
+    # Each told the line printed last when it was sent, in order, and every
+    # line was told before the answer came.
+    ticks = [int(re.search(r"newest: tick (\d)", m).group(1)) for m in with_lines]  # type: ignore[union-attr]
+    assert ticks == sorted(ticks) and set(ticks) == {1, 2, 3}, heard
+    # The progress value grows with each notification, as the protocol asks.
+    values = [p for p, _ in heard]
+    assert values == sorted(set(values)), heard
+
+
+async def test_get_task_status_with_progress_follows_the_task_to_its_end(client: Client) -> None:
+    started = await call_ok(client, "run_script", {"runtime": "python3.13", "command_base64": b64(TICKS)})
+    heard: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(message)
+
+    args = {"task_id": started["task_id"], "wait_seconds": 30}
+    result = await client.call_tool("get_task_status", args, progress_callback=on_progress)
+    # With a progress token the wait lasts to the end, not the first change.
+    assert result.structured_content["state"] == "succeeded", result.structured_content
+    assert any(m and "newest: tick 3" in m for m in heard), heard
+
+
+def test_a_waiting_call_without_a_progress_token_is_answered_as_json(stack: Stack) -> None:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": "run_script",
+            "arguments": {"runtime": "python3.13", "command_base64": b64("echo hi; sleep 1"), "wait_seconds": 30},
+        },
+    }
+    headers = {
+        "Authorization": f"Bearer {stack.token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    r = httpx2.post(stack.mcp_url, json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    assert r.json()["result"]["structuredContent"]["state"] == "succeeded", r.text
+
