@@ -148,7 +148,7 @@ make_venv() {
     # The agent-framework suite (tests/compat): two venvs of its own, since the
     # frameworks pin the MCP SDK 1.x or 2.x (tests/compat/conftest.py).
     compat_venv sdk1 'import langchain_mcp_adapters, mcp, pytest, redis, httpx2'
-    compat_venv sdk2 'import langchain.mcp, fastmcp, pydantic_ai.mcp, agents.mcp, pytest, redis, httpx2'
+    compat_venv sdk2 'import langchain.mcp, fastmcp, pydantic_ai.mcp, agents.mcp, mcpcheck, pytest, redis, httpx2'
 }
 
 compat_venv() {

@@ -42,6 +42,18 @@ impl Store {
         Ok(Some((r.state, r.files, zip)))
     }
 
+    /// Task `id`'s collected files' listing (JSON), once it has ended; `None`
+    /// before, or with nothing collected. For a caller that has already
+    /// checked the owner (`resources/list` reads the owner's own index).
+    pub async fn collected(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let mut conn = self.pool.get().await?;
+        const FIELDS: [Field; 2] = [Field::State, Field::Files];
+        let record = self.tasks.read(&mut conn, id, &FIELDS).await?;
+        Ok(record
+            .filter(|r| r.state.is_terminal())
+            .and_then(|r| r.files))
+    }
+
     /// Whether a worker ever took task `id` (CLAIM wrote its name); false for
     /// a task that is not there.
     pub async fn claimed(&self, id: &str) -> Result<bool, StoreError> {

@@ -29,6 +29,7 @@ use super::output::{
     ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFilesOutput, TaskStatus,
 };
 use super::progress::Progress;
+use super::resources::ResourceUri;
 use super::runner::{ScriptRunner, allowed};
 use super::status::Until;
 use super::tasks::WORKSPACE_META_KEY;
@@ -355,7 +356,9 @@ and state is its final state.",
         name = "get_task_files",
         description = "Get the files a finished task collected (run_script's collect argument): a listing \
 (name, size) and the files as a base64 zip. Call it once get_task_status says the state is final. At most \
-{max_collect_files} files and {max_collect_size} are kept (truncated says when more matched); they expire with the task.",
+{max_collect_files} files and {max_collect_size} are kept (truncated says when more matched); they expire with the task. \
+Each file also comes as a resource_link (task://<task_id>/files/<path>) that resources/read returns on its own.",
+        output_schema = rmcp::handler::server::common::schema_for_output::<TaskFilesOutput>(),
         annotations(
             title = "Get a task's files",
             read_only_hint = true,
@@ -368,7 +371,7 @@ and state is its final state.",
         &self,
         Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<TaskFilesOutput>, ToolError> {
+    ) -> Result<CallToolResult, ToolError> {
         let who = allowed(&ctx, Scope::Read, "get_task_files")?;
         let task_id = parse_task_id(&input.task_id)?;
         let (state, listing, zip) = self
@@ -386,13 +389,28 @@ and state is its final state.",
                 what: format!("its files listing: {e}"),
             })?,
         };
-        Ok(Json(TaskFilesOutput {
+        let links: Vec<_> = listing
+            .files
+            .iter()
+            .map(|f| {
+                let uri = ResourceUri::TaskFile {
+                    task_id: task_id.clone(),
+                    path: f.name.clone(),
+                };
+                uri.link(f.size)
+            })
+            .collect();
+        let output = TaskFilesOutput {
             task_id,
             state,
             files: listing.files,
             truncated: listing.truncated,
             zip_base64: zip.map(|z| general_purpose::STANDARD.encode(z)),
-        }))
+        };
+        let value = serde_json::to_value(output).map_err(ToolError::Encode)?;
+        let mut result = CallToolResult::structured(value);
+        result.content.extend(links);
+        Ok(result)
     }
 
     #[tool(

@@ -9,7 +9,8 @@ use base64::engine::general_purpose;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
-use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, tool, tool_router};
 use schemars::JsonSchema;
@@ -21,6 +22,7 @@ use super::args::{
     parse_workspace_id, version,
 };
 use super::error::ToolError;
+use super::resources::ResourceUri;
 use super::runner::{ScriptRunner, allowed};
 use crate::auth::Scope;
 
@@ -238,7 +240,9 @@ without running a task: paths are relative to /workspace and may be patterns (\"
 Each match comes back in path order with its size and mode, and its content as text (or content_base64 for \
 binary files), up to max_bytes in all (default {default_read_bytes}, at most {max_read_bytes}); a file cut \
 short says truncated. Links are listed with their target, never followed. unmatched lists the patterns that \
-matched nothing.",
+matched nothing. Each file also comes as a resource_link (workspace://<workspace_id>@<version>/<path>) that \
+resources/read returns whole.",
+        output_schema = rmcp::handler::server::common::schema_for_output::<ReadFilesOutput>(),
         annotations(
             title = "Read workspace files",
             read_only_hint = true,
@@ -251,7 +255,7 @@ matched nothing.",
         &self,
         Parameters(Named(input)): Parameters<Named<ReadFilesInput>>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ReadFilesOutput>, ToolError> {
+    ) -> Result<CallToolResult, ToolError> {
         let who = allowed(&ctx, Scope::Read, "read_files")?;
         let id = parse_workspace_id(&input.workspace_id)?;
         let version = parse_version(input.version)?;
@@ -367,13 +371,30 @@ matched nothing.",
                 EntryKind::Dir { .. } => continue,
             });
         }
-        Ok(Json(ReadFilesOutput {
+        // Version 0 has no files, so no file here is of it.
+        let links: Vec<_> = files
+            .iter()
+            .filter(|f| f.kind == FileKind::File)
+            .map(|f| {
+                let uri = ResourceUri::WorkspaceFile {
+                    id,
+                    version: n,
+                    path: f.path.clone(),
+                };
+                uri.link(f.size.unwrap_or(0))
+            })
+            .collect();
+        let output = ReadFilesOutput {
             workspace_id: id,
             version: n,
             files,
             more,
             unmatched,
-        }))
+        };
+        let value = serde_json::to_value(output).map_err(ToolError::Encode)?;
+        let mut result = CallToolResult::structured(value);
+        result.content.extend(links);
+        Ok(result)
     }
 }
 

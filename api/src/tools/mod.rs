@@ -10,6 +10,7 @@
 //! - `describe`: fills the limits into the descriptions and schemas from the config;
 //! - `runner`: `ScriptRunner`, the state every handler works with;
 //! - `progress`: `notifications/progress` for a waiting call that asked for them;
+//! - `resources`: results as MCP resources (links, `resources/read`, the lists);
 //! - `status`: a task record as `get_task_status` shows it, and the waits;
 //! - `tasks`: `tasks/get` and `tasks/cancel` (the MCP tasks extension);
 //! - `calls`: the nine tools (five for tasks, four for workspaces);
@@ -30,6 +31,7 @@ mod fallback;
 mod files;
 mod output;
 mod progress;
+mod resources;
 mod runner;
 mod server;
 mod server_info;

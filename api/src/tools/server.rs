@@ -6,8 +6,9 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CancelTaskParams, CustomRequest,
     CustomResult, ErrorCode as RpcCode, GetTaskParams, GetTaskResult, InitializeRequestParams,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig, Tool,
+    InitializeResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -75,6 +76,36 @@ impl ServerHandler for ScriptRunner {
         })
     }
 
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let mut result = self.read_resource_at(&request.uri, &ctx).await?;
+        stamp(&mut result.meta);
+        Ok(result.into())
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let mut result = self.list_resources_of(request, &ctx).await?;
+        stamp(&mut result.meta);
+        Ok(result)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let mut result = self.resource_templates(&ctx);
+        stamp(&mut result.meta);
+        Ok(result)
+    }
+
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.tools.get(name).cloned()
     }
@@ -108,6 +139,7 @@ impl ServerHandler for ScriptRunner {
     fn get_info(&self) -> ServerConfig {
         let capabilities = ServerCapabilities::builder()
             .enable_tools()
+            .enable_resources()
             .enable_tasks()
             .build();
         ServerConfig::new(capabilities)
