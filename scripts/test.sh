@@ -2,7 +2,7 @@
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
 # Sets up what it needs, idempotently: redis-server, redis-sentinel, debootstrap, tmux, gcc,
-# npm, caddy, curl, wrk, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
+# npm, caddy, curl, wrk, chromium, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
 # Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
 # Garage, an S3 server (cargo install, if missing: minutes, beside clippy and the build),
 # the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv),
@@ -63,6 +63,8 @@ command -v curl >/dev/null || need_apt+=(curl)
 command -v wrk >/dev/null || need_apt+=(wrk)
 # e2e/tests/oci_runtime.rs runs tasks under gVisor (TASK_OCI_RUNTIME=runsc).
 command -v runsc >/dev/null || need_apt+=(runsc)
+# tests/python/test_console.py drives the task console in Debian's Chromium (Playwright).
+command -v chromium >/dev/null || need_apt+=(chromium)
 if ((${#need_apt[@]})); then
     echo "test.sh: installing ${need_apt[*]}"
     SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo
@@ -136,7 +138,7 @@ cleanup() {
 trap cleanup EXIT
 
 make_venv() {
-    if ! .venv/bin/python -c 'import mcp, pytest, redis, authlib, flask' 2>/dev/null; then
+    if ! .venv/bin/python -c 'import mcp, pytest, redis, authlib, flask, playwright' 2>/dev/null; then
         echo "installing tests/python/requirements.txt (MCP Python SDK, pytest, redis-py, Authlib) into .venv"
         [[ -x .venv/bin/python ]] || python3 -m venv .venv
         .venv/bin/pip install -q -r tests/python/requirements.txt

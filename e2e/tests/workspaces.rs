@@ -354,6 +354,35 @@ async fn forks_diverge_and_an_old_version_can_be_started_from() {
     stack.shutdown().await;
 }
 
+/// `collect` and `workspace` together: the version is saved and the files are
+/// collected. The save once came after the collector removed its directory,
+/// which the engine mounts to read /workspace, and failed ("not a directory").
+#[tokio::test]
+async fn a_task_that_collects_files_still_makes_its_version() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    let id = run(
+        &client,
+        "python3.13",
+        "mkdir -p out && echo kept > out/r.txt && echo state > s.txt",
+        json!({ "workspace": "new", "collect": ["out/*"] }),
+    )
+    .await;
+    let done = settled(&client, &id).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["workspace_version"], 1, "{done}");
+    let files = call_ok(&client, "get_task_files", json!({ "task_id": id })).await;
+    assert_eq!(files["files"][0]["name"], "out/r.txt", "{files}");
+    let next = run_on(
+        &client,
+        json!({ "id": ws_id(&done) }),
+        "cat s.txt out/r.txt",
+    )
+    .await;
+    assert_eq!(next["stdout_tail"], "state\nkept\n", "{next}");
+    stack.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_zip_is_unpacked_over_the_restored_files() {
     let stack = Stack::start(Options::default()).await;

@@ -42,8 +42,14 @@ async def test_a_waiting_run_script_reports_progress_with_the_newest_line(client
     assert values == sorted(set(values)), heard
 
 
-async def test_get_task_status_with_progress_follows_the_task_to_its_end(client: Client) -> None:
+async def test_get_task_status_with_progress_tells_where_the_task_stood_and_still_answers_on_the_change(
+    client: Client,
+) -> None:
     started = await call_ok(client, "run_script", {"runtime": "python3.13", "command_base64": b64(TICKS)})
+    status = started
+    while "tick 1" not in status.get("stdout_tail", ""):
+        status = await call_ok(client, "get_task_status", {"task_id": started["task_id"], "wait_seconds": 30})
+        assert status["state"] in {"queued", "running"}, status
     heard: list[str | None] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -51,9 +57,13 @@ async def test_get_task_status_with_progress_follows_the_task_to_its_end(client:
 
     args = {"task_id": started["task_id"], "wait_seconds": 30}
     result = await client.call_tool("get_task_status", args, progress_callback=on_progress)
-    # With a progress token the wait lasts to the end, not the first change.
-    assert result.structured_content["state"] == "succeeded", result.structured_content
-    assert any(m and "newest: tick 3" in m for m in heard), heard
+    # The status at the start was told; and a token does not make the wait
+    # longer: the call answers on the next line, the task still running.
+    assert heard and heard[0] and heard[0].startswith("running:"), heard
+    told = re.search(r"newest: tick (\d)", heard[0])
+    assert told, heard
+    assert result.structured_content["state"] == "running", result.structured_content
+    assert f"tick {int(told.group(1)) + 1}" in result.structured_content["stdout_tail"], (heard, result.structured_content)
 
 
 def test_a_waiting_call_without_a_progress_token_is_answered_as_json(stack: Stack) -> None:

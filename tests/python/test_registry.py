@@ -49,7 +49,11 @@ def test_server_json_says_what_the_server_is() -> None:
     assert version and SERVER["version"] == version.group(1)
     [remote] = SERVER["remotes"]
     assert remote["type"] == "streamable-http"
-    assert render(remote["url"], {"host": "mcp.example.com"}) == "https://mcp.example.com/mcp"
+    # The registry holds a remote's host to the listing's namespace (its
+    # reverse DNS): one listing per deployment, never a template host.
+    assert remote["url"].endswith("/mcp") and "{" not in remote["url"]
+    host = remote["url"].removeprefix("https://").split("/")[0]
+    assert SERVER["name"].split("/")[0] == ".".join(reversed(host.split(".")[1:])), (SERVER["name"], host)
     [header] = remote["headers"]
     assert header["name"] == "Authorization" and header["isRequired"] and header["isSecret"]
 

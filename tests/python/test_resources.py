@@ -55,8 +55,8 @@ async def test_collected_files_come_as_links_that_resources_read_returns(client:
     assert found["out/a.txt"] in {str(r.uri) for r in listed.resources}, listed
     templates = await client.list_resource_templates()
     assert {t.uri_template for t in templates.resource_templates} == {
-        "task://{task_id}/files/{path}",
-        "workspace://{workspace_id}@{version}/{path}",
+        "task://{task_id}/files/{+path}",
+        "workspace://{workspace_id}@{version}/{+path}",
     }
 
 

@@ -282,8 +282,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
 *_bytes are the totals). States: queued, running, then one final state: succeeded, failed, killed or timed-out. \
 While running, seconds_since_last_output tells a stuck script (growing) from a busy one (staying low). \
 Call again until the state is final; with wait_seconds (at most {max_wait_seconds}) the call waits for \
-the next change of state or new output, instead of polling. A call whose request carries a progressToken \
-waits for the final state instead, and hears notifications/progress (state, byte counts, newest line) on the way.",
+the next change of state or new output, instead of polling.",
         annotations(
             title = "Get task status",
             read_only_hint = true,

@@ -38,6 +38,39 @@ pub fn with_limits<S>(mut router: ToolRouter<S>, config: &Config) -> ToolRouter<
     router
 }
 
+/// The task console's URI (an MCP App, served by `resources`) and its MIME
+/// type, the Apps profile.
+pub const CONSOLE_URI: &str = "ui://script-runner/console";
+pub const CONSOLE_MIME: &str = "text/html;profile=mcp-app";
+
+/// The tools whose results the console shows: a task's (it follows the task
+/// to its end) or a workspace's (its versions).
+const CONSOLE_TOOLS: [&str; 6] = [
+    "run_script",
+    "get_task_status",
+    "get_workspace",
+    "fork_workspace",
+    "read_files",
+    "write_files",
+];
+
+/// `router` with the console linked from `CONSOLE_TOOLS` (`_meta.ui.resourceUri`,
+/// and the flat `ui/resourceUri` that hosts of the first Apps drafts read).
+pub fn with_console<S>(mut router: ToolRouter<S>) -> ToolRouter<S> {
+    for route in router.map.values_mut() {
+        let tool = &mut route.attr;
+        if CONSOLE_TOOLS.contains(&tool.name.as_ref()) {
+            let meta = tool.meta.get_or_insert_default();
+            meta.insert(
+                "ui".to_owned(),
+                serde_json::json!({ "resourceUri": CONSOLE_URI }),
+            );
+            meta.insert("ui/resourceUri".to_owned(), serde_json::json!(CONSOLE_URI));
+        }
+    }
+    router
+}
+
 /// Each placeholder and its value.
 fn placeholders(config: &Config) -> Vec<(&'static str, String)> {
     vec![

@@ -240,8 +240,8 @@ without running a task: paths are relative to /workspace and may be patterns (\"
 Each match comes back in path order with its size and mode, and its content as text (or content_base64 for \
 binary files), up to max_bytes in all (default {default_read_bytes}, at most {max_read_bytes}); a file cut \
 short says truncated. Links are listed with their target, never followed. unmatched lists the patterns that \
-matched nothing. Each file also comes as a resource_link (workspace://<workspace_id>@<version>/<path>) that \
-resources/read returns whole.",
+matched nothing. A file cut short also comes as a resource_link (workspace://<workspace_id>@<version>/<path>) \
+that resources/read returns whole.",
         output_schema = rmcp::handler::server::common::schema_for_output::<ReadFilesOutput>(),
         annotations(
             title = "Read workspace files",
@@ -371,10 +371,14 @@ resources/read returns whole.",
                 EntryKind::Dir { .. } => continue,
             });
         }
-        // Version 0 has no files, so no file here is of it.
+        // A link for each file cut short, which resources/read returns whole
+        // (the others are here in full). Not one per file: agent frameworks
+        // that meet a non-text item turn the answer into a list or a file
+        // attachment (Pydantic AI, LangChain), so links are kept for where
+        // they add something. Version 0 has no files, so no link is to it.
         let links: Vec<_> = files
             .iter()
-            .filter(|f| f.kind == FileKind::File)
+            .filter(|f| f.kind == FileKind::File && f.truncated)
             .map(|f| {
                 let uri = ResourceUri::WorkspaceFile {
                     id,

@@ -7,7 +7,8 @@
 //! - `args`: the tools' arguments, their lenient deserializers and decoders
 //!   (add a tool argument here, then use it in `calls`);
 //! - `output`: what the tools answer;
-//! - `describe`: fills the limits into the descriptions and schemas from the config;
+//! - `describe`: fills the limits into the descriptions and schemas from the config,
+//!   and links the task console (an MCP App) from the tools it shows;
 //! - `runner`: `ScriptRunner`, the state every handler works with;
 //! - `progress`: `notifications/progress` for a waiting call that asked for them;
 //! - `resources`: results as MCP resources (links, `resources/read`, the lists);

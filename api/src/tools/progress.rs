@@ -20,6 +20,9 @@ use shared::view::StatusView;
 /// The least time between two notifications to one call.
 pub(super) const PACE: Duration = Duration::from_millis(200);
 
+/// How long one notification may take to be handed to the transport.
+const SEND_WAIT: Duration = Duration::from_secs(1);
+
 /// The most characters of one notification's message.
 pub(super) const MESSAGE_CHARS: usize = 300;
 
@@ -32,6 +35,9 @@ pub(super) struct Progress {
     /// What the last one told: state and output totals.
     told: Option<(shared::TaskState, u64, u64)>,
     last_at: Option<tokio::time::Instant>,
+    /// Set once a notification could not be sent: the client is gone, so no
+    /// more are tried.
+    gone: bool,
 }
 
 impl Progress {
@@ -44,6 +50,7 @@ impl Progress {
             sent: 0,
             told: None,
             last_at: None,
+            gone: false,
         })
     }
 
@@ -52,7 +59,7 @@ impl Progress {
     /// the call's answer is what counts.
     pub(super) async fn report(&mut self, view: &StatusView) {
         let now = (view.state, view.stdout_bytes, view.stderr_bytes);
-        if self.told == Some(now) {
+        if self.gone || self.told == Some(now) {
             return;
         }
         self.sent += 1;
@@ -60,15 +67,24 @@ impl Progress {
             .with_message(message(view, self.told));
         self.told = Some(now);
         self.last_at = Some(tokio::time::Instant::now());
-        if let Err(e) = self.peer.notify_progress(param).await {
-            tracing::debug!(error = %e, "a progress notification was not sent");
+        // Bounded: a client that stopped reading does not hold the wait.
+        match tokio::time::timeout(SEND_WAIT, self.peer.notify_progress(param)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                self.gone = true;
+                tracing::debug!(error = %e, "a progress notification was not sent");
+            }
+            Err(_) => {
+                self.gone = true;
+                tracing::debug!("a progress notification was not taken in time");
+            }
         }
     }
 
     /// Waits out the rest of `PACE` since the last notification (never past
     /// `deadline`), so a burst of changes becomes one report.
     pub(super) async fn pace(&self, deadline: tokio::time::Instant) {
-        if let Some(at) = self.last_at {
+        if let Some(at) = self.last_at.filter(|_| !self.gone) {
             tokio::time::sleep_until((at + PACE).min(deadline)).await;
         }
     }

@@ -5,6 +5,11 @@
 //! resource of another owner is answered exactly like one that does not exist.
 //! `resources/list` pages through the caller's finished tasks' collected files,
 //! newest first; `resources/templates/list` names the two URI forms.
+//!
+//! The task console is a resource too: `ui://script-runner/console`, an MCP
+//! App (SEP-1865) in one HTML file (`console.html`), linked from the tools
+//! that answer about a task or a workspace (`describe::with_console`). A host without
+//! Apps ignores the link and sees the same results as before.
 
 use std::io::Read as _;
 
@@ -12,7 +17,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose;
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use rmcp::model::{
-    CacheScope, ContentBlock, ListResourceTemplatesResult, ListResourcesResult,
+    CacheScope, ContentBlock, ListResourceTemplatesResult, ListResourcesResult, MetaObject,
     PaginatedRequestParams, ProtocolVersion, ReadResourceResult, Resource, ResourceContents,
     ResourceTemplate,
 };
@@ -22,9 +27,27 @@ use shared::options::CollectedFiles;
 use shared::workspace::{EntryKind, VersionLimits, WorkspaceId};
 
 use super::args::{MAX_READ_BYTES, parse_cursor, parse_task_id};
-use super::error::ToolError;
+use super::describe::{CONSOLE_MIME, CONSOLE_URI};
+use super::error::{ErrorCode, ToolError};
 use super::runner::{ScriptRunner, allowed};
 use crate::auth::Scope;
+
+/// The console's page, served as `CONSOLE_URI`.
+const CONSOLE_HTML: &str = include_str!("console.html");
+
+/// The console as `resources/read` returns it. `prefersBorder`: it is a
+/// panel of its own, not part of the conversation's text.
+fn console() -> ReadResourceResult {
+    let mut meta = MetaObject::new();
+    meta.insert(
+        "ui".to_owned(),
+        serde_json::json!({ "prefersBorder": true }),
+    );
+    let contents = ResourceContents::text(CONSOLE_HTML, CONSOLE_URI)
+        .with_mime_type(CONSOLE_MIME)
+        .with_meta(meta);
+    ReadResourceResult::new(vec![contents])
+}
 
 /// The most bytes `resources/read` returns (a larger file is refused, naming
 /// the tool that reads its start): `read_files`' own cap.
@@ -40,6 +63,11 @@ pub const LIST_TTL_MS: u64 = 10_000;
 
 /// Tasks one `resources/list` page looks at (each may have several files).
 const LIST_TASKS: usize = 20;
+
+/// Resources past which a page ends at the next task's boundary (a task's
+/// files are never split between pages, so a page holds at most this plus
+/// one task's `MAX_COLLECT_FILES`).
+const LIST_RESOURCES: usize = 200;
 
 /// Index entries one page examines at most, as `list_tasks`.
 const LIST_EXAMINED: usize = 1000;
@@ -157,22 +185,25 @@ impl ScriptRunner {
         ctx: &RequestContext<RoleServer>,
     ) -> Result<ReadResourceResult, McpError> {
         let who = allowed(ctx, Scope::Read, "resources/read").map_err(ToolError::into_protocol)?;
+        if uri == CONSOLE_URI {
+            return Ok(console());
+        }
         let Some(resource) = ResourceUri::parse(uri) else {
             return Err(McpError::invalid_params(
                 format!(
-                    "{uri:?} is not a resource of this server: use task://<task_id>/files/<path> \
-                     or workspace://<workspace_id>@<version>/<path>"
+                    "{uri:?} is not a resource of this server: use task://<task_id>/files/<path>, \
+                     workspace://<workspace_id>@<version>/<path> or {CONSOLE_URI}"
                 ),
-                None,
+                Some(ErrorCode::InvalidArgument.data()),
             ));
         };
         let too_large = |path: &str, size: u64, tool: &str| {
-            McpError::invalid_request(
+            McpError::invalid_params(
                 format!(
                     "{path} is {size} bytes; resources/read returns at most {MAX_RESOURCE_BYTES}: \
                      use {tool}"
                 ),
-                None,
+                Some(ErrorCode::TooLarge.data()),
             )
         };
         let bytes = match &resource {
@@ -263,8 +294,24 @@ impl ScriptRunner {
             )
             .await
             .map_err(|e| ToolError::from(e).into_protocol())?;
+        // The console first, on the first page.
         let mut resources = Vec::new();
+        if cursor.is_none() {
+            resources.push(
+                Resource::new(CONSOLE_URI, "console")
+                    .with_title("Task console")
+                    .with_description("A live view of a task: state, output tails, kill, files, workspace versions.")
+                    .with_mime_type(CONSOLE_MIME),
+            );
+        }
+        let mut next = next.map(|c| format!("{}.{}", c.created_ms, c.task_id));
         for t in tasks {
+            if resources.len() >= LIST_RESOURCES {
+                // Full: the page ends with the task before this one, which
+                // `next` names already.
+                break;
+            }
+            let here = format!("{}.{}", t.created_ms, t.task_id);
             let Some(json) = self
                 .store
                 .collected(&t.task_id)
@@ -285,9 +332,12 @@ impl ScriptRunner {
                 };
                 resources.push(uri.resource(&f.name, f.size));
             }
+            if resources.len() >= LIST_RESOURCES {
+                next = Some(here);
+            }
         }
         let mut result = ListResourcesResult::with_all_items(resources);
-        result.next_cursor = next.map(|c| format!("{}.{}", c.created_ms, c.task_id));
+        result.next_cursor = next;
         Ok(if hints(ctx) {
             result
                 .with_ttl_ms(LIST_TTL_MS)
@@ -303,10 +353,10 @@ impl ScriptRunner {
         ctx: &RequestContext<RoleServer>,
     ) -> ListResourceTemplatesResult {
         let templates = vec![
-            ResourceTemplate::new("task://{task_id}/files/{path}", "task-file").with_description(
+            ResourceTemplate::new("task://{task_id}/files/{+path}", "task-file").with_description(
                 "A file a finished task collected (run_script's collect), as get_task_files lists it.",
             ),
-            ResourceTemplate::new("workspace://{workspace_id}@{version}/{path}", "workspace-file")
+            ResourceTemplate::new("workspace://{workspace_id}@{version}/{+path}", "workspace-file")
                 .with_description(
                     "A file of a workspace version, as read_files shows it (files only; at most 1 MiB).",
                 ),

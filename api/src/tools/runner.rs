@@ -34,7 +34,8 @@ pub struct ScriptRunner {
 
 impl ScriptRunner {
     pub fn new(store: Store, config: Arc<Config>, shutdown: CancellationToken) -> ScriptRunner {
-        let tools = Arc::new(describe::with_limits(ScriptRunner::routes(), &config));
+        let tools = describe::with_limits(ScriptRunner::routes(), &config);
+        let tools = Arc::new(describe::with_console(tools));
         let blobs = BlobStore::open(&config.workspace_store).map_err(|e| {
             tracing::warn!(error = %e, "the workspace store did not open: read_files will answer that");
             Arc::from(e.to_string())

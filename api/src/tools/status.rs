@@ -59,10 +59,11 @@ impl ScriptRunner {
     /// message published between the read and the subscribe, and keyspace
     /// notifications are off by default and server-wide.)
     ///
-    /// With `progress` (the request carried a `progressToken`), each change
-    /// is told to the caller as it comes, and the call waits for the final
-    /// state whatever `until` says: a caller that follows the task's progress
-    /// wants its end, not the first change.
+    /// With `progress` (the request carried a `progressToken`), the status at
+    /// the start and each change the wait goes on past are told to the caller
+    /// as they come. `until` is kept as asked: many clients (rmcp's, FastMCP
+    /// and what is built on it) send a token with every call, so a token
+    /// cannot mean "wait longer".
     pub(super) async fn status_waiting(
         &self,
         who: &Principal,
@@ -75,11 +76,6 @@ impl ScriptRunner {
         if wait.is_zero() {
             return self.status(who, task_id, tail_bytes).await;
         }
-        let until = if progress.is_some() {
-            Until::Final
-        } else {
-            until
-        };
         let deadline = tokio::time::Instant::now() + wait;
         let mut last_read = false;
         loop {

@@ -301,13 +301,17 @@ async fn execute(
             }
             *usage = used;
             let restored = own_restore(&inputs);
-            if let Some(c) = inputs.collector {
-                *collected = c.finish().await;
-            }
             // Its container is paused, not gone: its files are read now.
+            // Before the collector finishes: that removes the collect
+            // directory, and the engine mounts every one of the container's
+            // mounts to read its /workspace, so a save after it failed with
+            // "not a directory" (found by the console's browser test).
             if spec.workspace.is_some() {
                 let base = inputs.restored.as_ref().map(|(_, m)| m);
                 *saved = Some(keep::save(ctx, task_id, &container, base).await);
+            }
+            if let Some(c) = inputs.collector {
+                *collected = c.finish().await;
             }
             ctx.cleanups.spawn(clean_up(
                 ctx.clone(),
