@@ -54,7 +54,14 @@ def host(stack: Stack) -> Iterator[str]:
                 },
                 timeout=60,
             )
-            self.answer(r.status_code, "application/json", r.content)
+            # The console's calls carry no progressToken, so the answer is
+            # JSON; an SSE one would be a fault here, shown as such.
+            kind = r.headers.get("content-type", "")
+            if not kind.startswith("application/json"):
+                fault = {"jsonrpc": "2.0", "id": None, "error": {"code": -32603, "message": f"not JSON: {kind}"}}
+                self.answer(502, "application/json", json.dumps(fault).encode())
+                return
+            self.answer(r.status_code, kind, r.content)
 
         def answer(self, status: int, kind: str, body: bytes) -> None:
             self.send_response(status)
@@ -73,6 +80,7 @@ def host(stack: Stack) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}/"
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def chromium() -> str:

@@ -6,6 +6,7 @@ one made without hears nothing and is answered as plain JSON, as before."""
 from __future__ import annotations
 
 import re
+import time
 
 import httpx2
 import pytest
@@ -86,3 +87,23 @@ def test_a_waiting_call_without_a_progress_token_is_answered_as_json(stack: Stac
     assert r.headers["content-type"].startswith("application/json"), r.headers
     assert r.json()["result"]["structuredContent"]["state"] == "succeeded", r.text
 
+
+async def test_a_wait_with_seen_answers_at_once_for_a_change_made_between_two_calls(client: Client) -> None:
+    started = await call_ok(client, "run_script", {"runtime": "python3.13", "command_base64": b64("echo a; sleep 60")})
+    task = started["task_id"]
+    status = started
+    while "a\n" not in status.get("stdout_tail", ""):
+        status = await call_ok(client, "get_task_status", {"task_id": task, "wait_seconds": 30})
+    # The caller last saw the task running with no output: "a" came since,
+    # and nothing more will for a minute. Without `seen` this waits it out.
+    seen = {"state": "running", "stdout_bytes": 0, "stderr_bytes": 0}
+    began = time.monotonic()
+    again = await call_ok(client, "get_task_status", {"task_id": task, "wait_seconds": 30, "seen": seen})
+    assert again["stdout_tail"] == "a\n" and again["state"] == "running", again
+    assert time.monotonic() - began < 15, "it waited instead of answering the change"
+    # What it shows now is what the caller saw: the wait goes on to its end.
+    now = {"state": "running", "stdout_bytes": 2, "stderr_bytes": 0}
+    began = time.monotonic()
+    same = await call_ok(client, "get_task_status", {"task_id": task, "wait_seconds": 2, "seen": now})
+    assert same["stdout_tail"] == "a\n" and time.monotonic() - began >= 1.5, same
+    await call_ok(client, "kill_task", {"task_id": task})

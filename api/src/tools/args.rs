@@ -269,6 +269,21 @@ pub struct StatusInput {
     /// output arrives, else at the end of the wait with the current status.
     #[serde(default, deserialize_with = "wait_seconds")]
     pub wait_seconds: Option<i64>,
+    /// Optional, with wait_seconds: what the previous answer said, as
+    /// {"state": ..., "stdout_bytes": N, "stderr_bytes": M}. A task that has
+    /// moved on from it answers at once, so a change between two calls is
+    /// never waited past.
+    #[serde(default)]
+    pub seen: Option<Seen>,
+}
+
+/// What a caller saw of a task (`get_task_status`' `seen`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Seen {
+    pub state: TaskState,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
 }
 
 /// `wait_seconds` as a duration, refused outside 0..=`MAX_WAIT_SECONDS`.

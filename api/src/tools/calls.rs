@@ -31,7 +31,7 @@ use super::output::{
 use super::progress::Progress;
 use super::resources::ResourceUri;
 use super::runner::{ScriptRunner, allowed};
-use super::status::Until;
+use super::status::{Until, Wait};
 use super::tasks::WORKSPACE_META_KEY;
 use crate::auth::{Grant, Principal, Scope};
 use crate::config::OPERATOR_CEILING;
@@ -248,9 +248,12 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
                     &who,
                     task_id.clone(),
                     DEFAULT_TAIL_BYTES,
-                    wait,
-                    Until::Final,
-                    Progress::of(&ctx),
+                    Wait {
+                        wait,
+                        until: Until::Final,
+                        progress: Progress::of(&ctx),
+                        seen: None,
+                    },
                 )
                 .await
             {
@@ -304,16 +307,15 @@ the next change of state or new output, instead of polling.",
             Some(n) => (n as u64).min(TAIL_CAP as u64) as usize,
         };
         let wait = wait_duration(input.wait_seconds)?;
-        self.status_waiting(
-            &who,
-            task_id,
-            tail_bytes,
+        let wait = Wait {
             wait,
-            Until::Change,
-            Progress::of(&ctx),
-        )
-        .await
-        .map(Json)
+            until: Until::Change,
+            progress: Progress::of(&ctx),
+            seen: input.seen,
+        };
+        self.status_waiting(&who, task_id, tail_bytes, wait)
+            .await
+            .map(Json)
     }
 
     #[tool(

@@ -34,7 +34,7 @@ use shared::{ReasonKind, TaskRecord, TaskState};
 use super::args::{Named, parse_version, parse_workspace_id, version};
 use super::error::ToolError;
 use super::runner::{ScriptRunner, allowed};
-use super::status::{Until, status_from_record};
+use super::status::{Until, Wait, status_from_record};
 use crate::auth::{Principal, Scope};
 
 /// The most files one call writes, and the most paths it deletes.
@@ -328,7 +328,17 @@ impl ScriptRunner {
     async fn edit_end(&self, who: &Principal, task_id: &str) -> Result<EditEnd, ToolError> {
         let deadline = tokio::time::Instant::now() + WRITE_WAIT;
         let status = self
-            .status_waiting(who, task_id.to_owned(), 0, WRITE_WAIT, Until::Final, None)
+            .status_waiting(
+                who,
+                task_id.to_owned(),
+                0,
+                Wait {
+                    wait: WRITE_WAIT,
+                    until: Until::Final,
+                    progress: None,
+                    seen: None,
+                },
+            )
             .await?;
         let mut view = status.view;
         // Whether a worker took the task, once the record is read.

@@ -1,6 +1,7 @@
 //! A task's status as `get_task_status` (and `tasks/get`) shows it, read from
 //! its record.
 
+use super::args::Seen;
 use super::error::ToolError;
 use super::output::TaskStatus;
 use super::progress::Progress;
@@ -8,6 +9,17 @@ use super::runner::ScriptRunner;
 use crate::auth::Principal;
 use crate::db::{StatusRead, Woke};
 use shared::view::StatusView;
+
+/// A waiting call's wait: how long, for what, and what it tells on the way.
+pub(super) struct Wait {
+    /// At most this long (`wait_seconds`; zero: no wait).
+    pub(super) wait: std::time::Duration,
+    pub(super) until: Until,
+    /// The caller's progress notifications, if it asked for them.
+    pub(super) progress: Option<Progress>,
+    /// What the caller saw last (`get_task_status`' `seen`).
+    pub(super) seen: Option<Seen>,
+}
 
 /// What a waiting call (`wait_seconds`) waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +71,9 @@ impl ScriptRunner {
     /// message published between the read and the subscribe, and keyspace
     /// notifications are off by default and server-wide.)
     ///
+    /// `seen` (with `Until::Change`): what the caller saw last; a task that
+    /// differs from it answers at once.
+    ///
     /// With `progress` (the request carried a `progressToken`), the status at
     /// the start and each change the wait goes on past are told to the caller
     /// as they come. `until` is kept as asked: many clients (rmcp's, FastMCP
@@ -69,10 +84,14 @@ impl ScriptRunner {
         who: &Principal,
         task_id: String,
         tail_bytes: usize,
-        wait: std::time::Duration,
-        until: Until,
-        mut progress: Option<Progress>,
+        wait: Wait,
     ) -> Result<TaskStatus, ToolError> {
+        let Wait {
+            wait,
+            until,
+            mut progress,
+            seen,
+        } = wait;
         if wait.is_zero() {
             return self.status(who, task_id, tail_bytes).await;
         }
@@ -87,6 +106,18 @@ impl ScriptRunner {
                 .ok_or_else(|| ToolError::UnknownTask(task_id.clone()))?;
             if last_read || record.record.state.is_terminal() || self.shutdown.is_cancelled() {
                 return status_from_record(task_id, &record, tail_bytes);
+            }
+            // Moved on since the caller's last look: that is the change.
+            if let Some(seen) = seen.filter(|_| until == Until::Change) {
+                let view = status_from_record(task_id.clone(), &record, tail_bytes)?;
+                let now = Seen {
+                    state: view.view.state,
+                    stdout_bytes: view.view.stdout_bytes,
+                    stderr_bytes: view.view.stderr_bytes,
+                };
+                if now != seen {
+                    return Ok(view);
+                }
             }
             if let Some(p) = progress.as_mut() {
                 p.report(&status_from_record(task_id.clone(), &record, tail_bytes)?.view)
