@@ -40,9 +40,15 @@ async def test_collected_files_come_as_links_that_resources_read_returns(client:
         {"runtime": "python3.13", "command_base64": b64(make), "collect": ["out/*"], "wait_seconds": 30},
     )
     assert ran["state"] == "succeeded", ran
-    files = await client.call_tool("get_task_files", {"task_id": ran["task_id"]})
+    # By default only text comes back (what every framework takes), each
+    # file's uri in the JSON; links when asked for.
+    plain = await client.call_tool("get_task_files", {"task_id": ran["task_id"]})
+    assert [c.type for c in plain.content] == ["text"], plain.content
+    uris = {f["name"]: f["uri"] for f in plain.structured_content["files"]}
+    files = await client.call_tool("get_task_files", {"task_id": ran["task_id"], "resource_links": True})
     found = links(files)
     assert set(found) == {"out/a.txt", "out/b.bin"}, files.content
+    assert found == uris
     assert found["out/a.txt"] == f"task://{ran['task_id']}/files/out/a.txt"
 
     text = (await client.read_resource(found["out/a.txt"])).contents[0]
@@ -73,7 +79,10 @@ async def test_a_workspace_file_link_from_read_files_is_read_whole(client: Clien
         },
     )
     assert ran["state"] == "succeeded" and ran["workspace_version"] == 1, ran
-    read = await client.call_tool("read_files", {"workspace_id": ran["workspace_id"], "paths": ["big.txt"], "max_bytes": 10})
+    read = await client.call_tool(
+        "read_files",
+        {"workspace_id": ran["workspace_id"], "paths": ["big.txt"], "max_bytes": 10, "resource_links": True},
+    )
     assert read.structured_content["files"][0]["truncated"], read.structured_content
     uri = links(read)["big.txt"]
     assert uri == f"workspace://{ran['workspace_id']}@1/big.txt"
@@ -89,7 +98,7 @@ async def test_another_owners_resource_is_answered_like_an_unknown_one(stack: St
         {"runtime": "python3.13", "command_base64": b64("echo secret > s.txt"), "collect": ["s.txt"], "wait_seconds": 30},
     )
     files = await client.call_tool("get_task_files", {"task_id": ran["task_id"]})
-    mine = links(files)["s.txt"]
+    mine = files.structured_content["files"][0]["uri"]
     unknown = f"task://{uuid.uuid4()}/files/s.txt"
     key = create_key(stack, unique("res"))
     async with connect(stack, token=key) as other:

@@ -253,6 +253,20 @@ pub struct TaskIdInput {
     pub task_id: String,
 }
 
+/// Input of `get_task_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskFilesInput {
+    /// The task_id returned by run_script.
+    pub task_id: String,
+    /// Optional: also answer with a resource_link content item per file
+    /// (default false). Each file's uri is in the answer either way. Off by
+    /// default: some agent frameworks turn a link into a file attachment that
+    /// their model API refuses (LangChain on OpenAI Chat Completions).
+    #[serde(default)]
+    pub resource_links: Option<bool>,
+}
+
 /// Input of `get_task_status`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

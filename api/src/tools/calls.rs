@@ -18,15 +18,15 @@ use shared::{TaskRecord, TaskState};
 
 use super::args::{
     DEFAULT_LIST_LIMIT, ForkWorkspaceInput, ListTasksInput, ListWorkspacesInput, MAX_LIST_LIMIT,
-    Named, RunScriptInput, StatusInput, TaskIdInput, WorkspaceIdInput, decode_base64,
-    decode_command, parse_cursor, parse_task_id, parse_version, parse_workspace_cursor,
-    parse_workspace_id, wait_duration, workspace_cursor,
+    Named, RunScriptInput, StatusInput, TaskFilesInput, TaskIdInput, WorkspaceIdInput,
+    decode_base64, decode_command, parse_cursor, parse_task_id, parse_version,
+    parse_workspace_cursor, parse_workspace_id, wait_duration, workspace_cursor,
 };
 use super::edits::EditCheck;
 use super::error::{MOVED_ATTEMPTS, ToolError};
 use super::output::{
     DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
-    ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFilesOutput, TaskStatus,
+    ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFile, TaskFilesOutput, TaskStatus,
 };
 use super::progress::Progress;
 use super::resources::ResourceUri;
@@ -358,7 +358,8 @@ and state is its final state.",
         description = "Get the files a finished task collected (run_script's collect argument): a listing \
 (name, size) and the files as a base64 zip. Call it once get_task_status says the state is final. At most \
 {max_collect_files} files and {max_collect_size} are kept (truncated says when more matched); they expire with the task. \
-Each file also comes as a resource_link (task://<task_id>/files/<path>) that resources/read returns on its own.",
+Each file's uri (task://<task_id>/files/<path>) is what resources/read returns it at; with resource_links, \
+each also comes as a resource_link content item.",
         output_schema = rmcp::handler::server::common::schema_for_output::<TaskFilesOutput>(),
         annotations(
             title = "Get a task's files",
@@ -370,7 +371,7 @@ Each file also comes as a resource_link (task://<task_id>/files/<path>) that res
     )]
     async fn get_task_files(
         &self,
-        Parameters(Named(input)): Parameters<Named<TaskIdInput>>,
+        Parameters(Named(input)): Parameters<Named<TaskFilesInput>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ToolError> {
         let who = allowed(&ctx, Scope::Read, "get_task_files")?;
@@ -390,21 +391,29 @@ Each file also comes as a resource_link (task://<task_id>/files/<path>) that res
                 what: format!("its files listing: {e}"),
             })?,
         };
-        let links: Vec<_> = listing
+        let mut links = Vec::new();
+        let files = listing
             .files
-            .iter()
+            .into_iter()
             .map(|f| {
                 let uri = ResourceUri::TaskFile {
                     task_id: task_id.clone(),
                     path: f.name.clone(),
                 };
-                uri.link(f.size)
+                if input.resource_links == Some(true) {
+                    links.push(uri.link(f.size));
+                }
+                TaskFile {
+                    uri: uri.to_string(),
+                    name: f.name,
+                    size: f.size,
+                }
             })
             .collect();
         let output = TaskFilesOutput {
             task_id,
             state,
-            files: listing.files,
+            files,
             truncated: listing.truncated,
             zip_base64: zip.map(|z| general_purpose::STANDARD.encode(z)),
         };

@@ -54,6 +54,10 @@ pub struct ReadFilesInput {
     /// says `truncated`.
     #[serde(default)]
     pub max_bytes: Option<i64>,
+    /// Optional: also answer with a resource_link content item per file cut
+    /// short (default false; each file's uri is in the answer either way).
+    #[serde(default)]
+    pub resource_links: Option<bool>,
 }
 
 /// One entry of the version that a pattern matched.
@@ -78,6 +82,10 @@ pub struct FileContent {
     /// The file's bytes as base64, when they are not UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content_base64: Option<String>,
+    /// A file's uri for resources/read, which returns it whole:
+    /// workspace://<workspace_id>@<version>/<path>.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
     /// True: only the start of the file is here, or none of it (max_bytes
     /// was used up).
     pub truncated: bool,
@@ -240,8 +248,8 @@ without running a task: paths are relative to /workspace and may be patterns (\"
 Each match comes back in path order with its size and mode, and its content as text (or content_base64 for \
 binary files), up to max_bytes in all (default {default_read_bytes}, at most {max_read_bytes}); a file cut \
 short says truncated. Links are listed with their target, never followed. unmatched lists the patterns that \
-matched nothing. A file cut short also comes as a resource_link (workspace://<workspace_id>@<version>/<path>) \
-that resources/read returns whole.",
+matched nothing. Each file's uri (workspace://<workspace_id>@<version>/<path>) is where resources/read returns \
+it whole; with resource_links, a file cut short also comes as a resource_link content item.",
         output_schema = rmcp::handler::server::common::schema_for_output::<ReadFilesOutput>(),
         annotations(
             title = "Read workspace files",
@@ -352,6 +360,7 @@ that resources/read returns whole.",
                     target: Some(target.clone()),
                     content: None,
                     content_base64: None,
+                    uri: None,
                     truncated: false,
                 },
                 EntryKind::File { mode, size, .. } => {
@@ -365,20 +374,30 @@ that resources/read returns whole.",
                         target: None,
                         content,
                         content_base64,
+                        uri: Some(
+                            ResourceUri::WorkspaceFile {
+                                id,
+                                version: n,
+                                path: entry.path.clone(),
+                            }
+                            .to_string(),
+                        ),
                         truncated,
                     }
                 }
                 EntryKind::Dir { .. } => continue,
             });
         }
-        // A link for each file cut short, which resources/read returns whole
-        // (the others are here in full). Not one per file: agent frameworks
-        // that meet a non-text item turn the answer into a list or a file
-        // attachment (Pydantic AI, LangChain), so links are kept for where
-        // they add something. Version 0 has no files, so no link is to it.
+        // Asked for (`resource_links`): a link for each file cut short, which
+        // resources/read returns whole (the others are here in full). Only
+        // when asked: agent frameworks that meet a non-text item turn the
+        // answer into a list (Pydantic AI) or a file attachment their model
+        // API refuses (LangChain on OpenAI). Version 0 has no files.
         let links: Vec<_> = files
             .iter()
-            .filter(|f| f.kind == FileKind::File && f.truncated)
+            .filter(|f| {
+                input.resource_links == Some(true) && f.kind == FileKind::File && f.truncated
+            })
             .map(|f| {
                 let uri = ResourceUri::WorkspaceFile {
                     id,

@@ -3,7 +3,6 @@
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use shared::options::CollectedFile;
 use shared::time::rfc3339_ms;
 use shared::usage::UsageView;
 use shared::view::{StatusView, WorkspaceView};
@@ -97,13 +96,25 @@ pub struct TaskFilesOutput {
     pub task_id: String,
     /// The task's state (final).
     pub state: TaskState,
-    /// The files collected: path relative to /workspace and size in bytes.
-    pub files: Vec<CollectedFile>,
+    /// The files collected: path relative to /workspace, size in bytes, and
+    /// the uri resources/read returns the file at.
+    pub files: Vec<TaskFile>,
     /// True when more matched than the caps allow ({max_collect_files} files,
     /// {max_collect_size}): the listing and the zip hold what fitted.
     pub truncated: bool,
     /// The files as a zip archive, base64; null when nothing was collected.
     pub zip_base64: Option<String>,
+}
+
+/// One collected file in `get_task_files`.
+#[derive(Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TaskFile {
+    /// Path relative to /workspace.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Where resources/read returns it: task://<task_id>/files/<path>.
+    pub uri: String,
 }
 
 impl From<ListedTask> for TaskSummary {

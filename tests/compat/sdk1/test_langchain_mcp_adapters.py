@@ -17,6 +17,7 @@ from typing import Any
 from checks import b64, lists_every_tool, run, runs_python_and_node_and_reads_a_file
 from harness.stack import Stack
 from langchain_core.messages import ToolMessage
+from langchain_core.messages.utils import convert_to_openai_messages
 from langchain_core.tools import BaseTool
 from langchain_mcp_adapters.client import MultiServerMCPClient
 
@@ -70,5 +71,34 @@ def test_a_runtime_the_adapter_swallowed_is_named_back_to_the_agent(stack: Stack
         assert "runtime is missing" in text and "runtime_name" in text, text
         with_json = [b for b in message.content if isinstance(b, dict) and b.get("text", "").startswith("{")]
         assert not any("task_id" in json.loads(b["text"]) for b in with_json), message
+
+    run(go())
+
+
+def test_collected_files_reach_an_openai_model_as_text(stack: Stack) -> None:
+    """get_task_files through the adapter, then the ToolMessage as LangChain
+    sends it to OpenAI Chat Completions: only text, so nothing is refused (a
+    resource_link would become a file block, which that API refuses for a
+    non-http URL). The file's uri is in the JSON, for resources/read."""
+
+    async def go() -> None:
+        tools = await langchain_tools(stack)
+        made = await tool_call(
+            tools["run_script"],
+            {
+                "runtime_name": "python3.13",
+                "command_base64": b64("echo x > out.txt"),
+                "collect": ["out.txt"],
+                "wait_seconds": 30,
+            },
+        )
+        ran = made.artifact["structured_content"]
+        assert ran["state"] == "succeeded", ran
+        message = await tool_call(tools["get_task_files"], {"task_id": ran["task_id"]})
+        assert message.status == "success", message
+        [file] = message.artifact["structured_content"]["files"]
+        assert file["uri"] == f"task://{ran['task_id']}/files/out.txt", file
+        sent = convert_to_openai_messages([message])
+        assert sent[0]["role"] == "tool", sent
 
     run(go())
