@@ -1,9 +1,8 @@
-//! Nine of the eleven tools (`files` has `read_files`, `edits` `write_files`):
-//! `run_script`, `get_task_status`, `kill_task`,
-//! `get_task_files` and `list_tasks`, and the workspace tools
-//! `list_workspaces`, `get_workspace`, `fork_workspace` and
-//! `delete_workspace`. Their arguments are in `args`, their answers in
-//! `output`, their errors in `error`; the descriptions here hold
+//! The five task tools (`workspaces` has the four workspace tools, `files`
+//! `read_files`, `edits` `write_files`): `run_script`, `get_task_status`,
+//! `kill_task`, `get_task_files` and `list_tasks`, and the SUBMIT loop
+//! `write_files` shares (`submit_task`). Their arguments are in `args`, their
+//! answers in `output`, their errors in `error`; the descriptions here hold
 //! `{placeholders}` that `describe` fills in from the config.
 
 use base64::Engine as _;
@@ -17,16 +16,14 @@ use shared::tail::{DEFAULT_TAIL_BYTES, TAIL_CAP};
 use shared::{TaskRecord, TaskState};
 
 use super::args::{
-    DEFAULT_LIST_LIMIT, ForkWorkspaceInput, ListTasksInput, ListWorkspacesInput, MAX_LIST_LIMIT,
-    Named, RunScriptInput, StatusInput, TaskFilesInput, TaskIdInput, WorkspaceIdInput,
-    decode_base64, decode_command, parse_cursor, parse_task_id, parse_version,
-    parse_workspace_cursor, parse_workspace_id, wait_duration, workspace_cursor,
+    DEFAULT_LIST_LIMIT, ListTasksInput, MAX_LIST_LIMIT, Named, RunScriptInput, StatusInput,
+    TaskFilesInput, TaskIdInput, decode_base64, decode_command, parse_cursor, parse_task_id,
+    wait_duration,
 };
 use super::edits::EditCheck;
 use super::error::{MOVED_ATTEMPTS, ToolError};
 use super::output::{
-    DeleteWorkspaceOutput, ForkWorkspaceOutput, ForkedFrom, GetWorkspaceOutput, KillOutput,
-    ListTasksOutput, ListWorkspacesOutput, RunScriptOutput, TaskFile, TaskFilesOutput, TaskStatus,
+    KillOutput, ListTasksOutput, RunScriptOutput, TaskFile, TaskFilesOutput, TaskStatus,
 };
 use super::progress::Progress;
 use super::resources::ResourceUri;
@@ -37,7 +34,7 @@ use crate::auth::{Grant, Principal, Scope};
 use crate::config::OPERATOR_CEILING;
 use crate::db::StoreError;
 use shared::apikey::Limits;
-use shared::scripts::{Quota, Submit, SubmitReply, SubmitWorkspace, WsRefusal, WsReply};
+use shared::scripts::{Quota, Submit, SubmitReply, SubmitWorkspace, WsRefusal};
 use shared::workspace::{SAVE_GRACE_MS, WorkspaceId, WorkspaceUse};
 
 /// Index entries one `list_tasks` call examines at most (a rare state filter
@@ -470,162 +467,6 @@ a task's output. Tasks are kept for the server's retention period.",
             next_cursor: next.map(|c| format!("{}.{}", c.created_ms, c.task_id)),
         }))
     }
-
-    #[tool(
-        name = "list_workspaces",
-        description = "List your persistent workspaces, newest first: workspace_id, head (the newest version, \
-which a task starts from by default), busy_task (the task using it, if one is), created_at, last_used_at and \
-forked_from. Page with limit (1-{max_list_limit}, default {default_list_limit}) and the returned next_cursor until \
-it is null. get_workspace shows one with its versions; run_script with workspace {\"id\": ...} runs on one.",
-        annotations(
-            title = "List workspaces",
-            read_only_hint = true,
-            destructive_hint = false,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
-    )]
-    async fn list_workspaces(
-        &self,
-        Parameters(Named(input)): Parameters<Named<ListWorkspacesInput>>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ListWorkspacesOutput>, ToolError> {
-        let who = allowed(&ctx, Scope::Read, "list_workspaces")?;
-        let limit = match input.limit {
-            None => DEFAULT_LIST_LIMIT,
-            Some(n) if n < 1 || n > MAX_LIST_LIMIT as i64 => {
-                return Err(ToolError::BadLimit {
-                    got: n,
-                    max: MAX_LIST_LIMIT,
-                });
-            }
-            Some(n) => n as usize,
-        };
-        let cursor = input
-            .cursor
-            .as_deref()
-            .map(parse_workspace_cursor)
-            .transpose()?;
-        let (workspaces, next) = self
-            .store
-            .list_workspaces(who.owner(), cursor.as_ref(), limit)
-            .await?;
-        Ok(Json(ListWorkspacesOutput {
-            workspaces: workspaces.into_iter().map(Into::into).collect(),
-            next_cursor: next.as_ref().map(workspace_cursor),
-        }))
-    }
-
-    #[tool(
-        name = "get_workspace",
-        description = "Get one of your workspaces and its kept versions: each version's number, the task that \
-made it (its /workspace when it ended), bytes, files (entry count), created_at and parent (the version that task \
-started from). Start a task from any of them with run_script workspace {\"id\": ..., \"version\": N} (a roll \
-back), or fork one with fork_workspace. Version 0 is the empty one every workspace starts at.",
-        annotations(
-            title = "Get a workspace",
-            read_only_hint = true,
-            destructive_hint = false,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
-    )]
-    async fn get_workspace(
-        &self,
-        Parameters(Named(input)): Parameters<Named<WorkspaceIdInput>>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<GetWorkspaceOutput>, ToolError> {
-        let who = allowed(&ctx, Scope::Read, "get_workspace")?;
-        let id = parse_workspace_id(&input.workspace_id)?;
-        let (ws, versions) = self
-            .store
-            .workspace_with_versions(&id, who.owner())
-            .await?
-            .ok_or(ToolError::UnknownWorkspace(id))?;
-        Ok(Json(GetWorkspaceOutput {
-            workspace: ws.into(),
-            versions: versions.into_iter().map(Into::into).collect(),
-        }))
-    }
-
-    #[tool(
-        name = "fork_workspace",
-        description = "Make a new workspace from a version of one of yours (its head unless version is given), \
-at once and whatever its size: no file is copied. Returns the new workspace_id; tasks on the two then diverge, \
-and the original stays as it was. Use it to run on a workspace that is busy, or to try two things from one state.",
-        annotations(
-            title = "Fork a workspace",
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn fork_workspace(
-        &self,
-        Parameters(Named(input)): Parameters<Named<ForkWorkspaceInput>>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ForkWorkspaceOutput>, ToolError> {
-        let who = allowed(&ctx, Scope::Run, "fork_workspace")?;
-        let source = parse_workspace_id(&input.workspace_id)?;
-        let version = parse_version(input.version)?;
-        let new = WorkspaceId::from_bytes(*uuid::Uuid::new_v4().as_bytes());
-        let reply = self
-            .store
-            .fork_workspace(
-                who.owner(),
-                &source,
-                version,
-                &new,
-                self.config.workspace_owner_max_bytes,
-            )
-            .await?;
-        match reply {
-            WsReply::Done(forked) => {
-                tracing::info!(workspace_id = %new, source = %source, version = forked, "workspace forked");
-                Ok(Json(ForkWorkspaceOutput {
-                    workspace_id: new,
-                    forked_from: ForkedFrom {
-                        workspace_id: source,
-                        version: forked,
-                    },
-                    head: u64::from(forked != 0),
-                }))
-            }
-            WsReply::Refused { why, detail } => {
-                Err(self.workspace_refusal(Some(source), version, why, detail))
-            }
-        }
-    }
-
-    #[tool(
-        name = "delete_workspace",
-        description = "Delete one of your workspaces and all its versions; its id is then unknown. Forks made \
-from it are not affected. A task still running on it keeps running, but its files are not saved.",
-        annotations(
-            title = "Delete a workspace",
-            read_only_hint = false,
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn delete_workspace(
-        &self,
-        Parameters(Named(input)): Parameters<Named<WorkspaceIdInput>>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<DeleteWorkspaceOutput>, ToolError> {
-        let who = allowed(&ctx, Scope::Run, "delete_workspace")?;
-        let id = parse_workspace_id(&input.workspace_id)?;
-        if !self.store.delete_workspace(who.owner(), &id).await? {
-            return Err(ToolError::UnknownWorkspace(id));
-        }
-        tracing::info!(workspace_id = %id, owner = %who.owner(), "workspace deleted");
-        Ok(Json(DeleteWorkspaceOutput {
-            workspace_id: id,
-            deleted: true,
-        }))
-    }
 }
 
 impl ScriptRunner {
@@ -706,7 +547,7 @@ impl ScriptRunner {
     /// A workspace script's (or SUBMIT's) refusal as the tool error a client reads.
     /// `asked` is the version the call named or read (for a `no_version` whose
     /// detail does not read).
-    fn workspace_refusal(
+    pub(super) fn workspace_refusal(
         &self,
         workspace: Option<WorkspaceId>,
         asked: Option<u64>,

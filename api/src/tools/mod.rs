@@ -14,7 +14,8 @@
 //! - `resources`: results as MCP resources (links, `resources/read`, the lists);
 //! - `status`: a task record as `get_task_status` shows it, and the waits;
 //! - `tasks`: `tasks/get` and `tasks/cancel` (the MCP tasks extension);
-//! - `calls`: the nine tools (five for tasks, four for workspaces);
+//! - `calls`: the five task tools, and the SUBMIT loop `write_files` shares;
+//! - `workspaces`: the four workspace tools (a router of their own);
 //! - `files`: `read_files`, with its own arguments and answer (a router of its
 //!   own, which `runner` adds to `calls`'s);
 //! - `edits`: `write_files`, likewise (it submits through `calls`' SUBMIT
@@ -38,6 +39,7 @@ mod server;
 mod server_info;
 mod status;
 mod tasks;
+mod workspaces;
 
 pub use edits::WriteFilesOutput;
 pub use error::{ErrorCode, ToolError};

@@ -49,9 +49,12 @@ impl ScriptRunner {
         }
     }
 
-    /// Every tool: `calls`'s, `files`'s and `edits`'s.
+    /// Every tool: `calls`'s, `workspaces`'s, `files`'s and `edits`'s.
     pub(super) fn routes() -> ToolRouter<ScriptRunner> {
-        ScriptRunner::tool_router() + ScriptRunner::files_router() + ScriptRunner::edits_router()
+        ScriptRunner::tool_router()
+            + ScriptRunner::workspaces_router()
+            + ScriptRunner::files_router()
+            + ScriptRunner::edits_router()
     }
 
     /// The blob store, or the tool error that says why there is none.
