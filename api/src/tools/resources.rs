@@ -171,8 +171,9 @@ fn not_found(uri: &str) -> McpError {
     )
 }
 
-/// Cache hints exist from protocol 2026-07-28 on (rmcp's own rule).
-fn hints(ctx: &RequestContext<RoleServer>) -> bool {
+/// Whether a list answer may carry cache hints (`ttlMs`, `cacheScope`): they
+/// exist from protocol 2026-07-28 on (rmcp's own rule). Every list method's.
+pub(super) fn hints(ctx: &RequestContext<RoleServer>) -> bool {
     ctx.protocol_version()
         .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
 }

@@ -7,14 +7,15 @@ use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CancelTaskParams, CustomRequest,
     CustomResult, ErrorCode as RpcCode, GetTaskParams, GetTaskResult, InitializeRequestParams,
     InitializeResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 use super::error::{ErrorCode, error_result};
 use super::fallback;
+use super::resources::hints;
 use super::runner::ScriptRunner;
 use super::server_info::{implementation, stamp};
 
@@ -62,11 +63,7 @@ impl ServerHandler for ScriptRunner {
     ) -> Result<ListToolsResult, McpError> {
         let mut result = ListToolsResult::with_all_items(self.tools.list_all());
         stamp(&mut result.meta);
-        // Cache hints exist from protocol 2026-07-28 on (rmcp's own rule).
-        let hints = context
-            .protocol_version()
-            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
-        Ok(if hints {
+        Ok(if hints(&context) {
             // The list is the same for every caller: any cache may share it.
             result
                 .with_ttl_ms(TOOL_LIST_TTL_MS)
