@@ -17,30 +17,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared harness package
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/compat: checks.py
-from harness.procs import HarnessError  # noqa: E402
-from harness.stack import Stack, one_worker_stack  # noqa: E402
-
-_STACK: Stack | None = None  # for the failure-report hook below
+from harness.pytest_stack import attach_logs, session_stack  # noqa: E402
+from harness.stack import Stack  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    global _STACK
-    try:
-        with one_worker_stack("compat", {"WORKER_CONCURRENCY": "2", "SHUTDOWN_GRACE_SECONDS": "0"}) as stack:
-            _STACK = stack
-            yield stack
-    except (HarnessError, TimeoutError) as e:
-        pytest.fail(str(e), pytrace=False)
-    finally:
-        _STACK = None
+    yield from session_stack("compat", {"WORKER_CONCURRENCY": "2", "SHUTDOWN_GRACE_SECONDS": "0"})
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Attaches the services' logs to the report of a failing test."""
     outcome = yield
-    report = outcome.get_result()
-    if report.failed and _STACK is not None:
-        for title, text in _STACK.logs():
-            report.sections.append((title, text))
+    attach_logs(outcome.get_result())

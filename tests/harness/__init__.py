@@ -10,6 +10,8 @@ soak runs (tests/reliability) and the benchmark (scripts/bench) share.
     stack     redis-server, workers, api replicas and Caddy as real processes
               under one key prefix and one temporary directory
     mcp_http  MCP as plain JSON-RPC over HTTP, one POST per call
+    pytest_stack  a pytest session's stack fixture and its failure-log hook
+              (tests/python, tests/compat; the one module needing pytest)
 
 Redis is spoken through redis-py (`redis`, in tests/python/requirements.txt).
 The entry points put `tests/` on sys.path and `import harness`; there is

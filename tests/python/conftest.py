@@ -27,8 +27,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared harness package
-from harness.procs import HarnessError  # noqa: E402
-from harness.stack import RUNTIMES, Api, Stack, one_worker_stack  # noqa: E402
+from harness.pytest_stack import attach_logs, session_stack  # noqa: E402
+from harness.stack import RUNTIMES, Api, Stack  # noqa: E402
 
 __all__ = ["RUNTIMES", "Stack", "connect", "second_api", "task_count"]
 
@@ -45,22 +45,11 @@ def task_count(stack: Stack) -> int:
     return sum(1 for k in stack.redis.scan_iter(match=f"{head}*", count=1000) if ":" not in k[len(head) :])
 
 
-_STACK: Stack | None = None  # for the failure-report hook below
-
-
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
     """redis-server + script-runner-worker + script-runner-api, for the whole session."""
-    global _STACK
     pool = {"POOL_SIZE": POOL_SIZE} if POOL_SIZE is not None else {}
-    try:
-        with one_worker_stack("pytest", {"WORKER_CONCURRENCY": "2", "SHUTDOWN_GRACE_SECONDS": "0"} | pool) as stack:
-            _STACK = stack
-            yield stack
-    except (HarnessError, TimeoutError) as e:
-        pytest.fail(str(e), pytrace=False)
-    finally:
-        _STACK = None
+    yield from session_stack("pytest", {"WORKER_CONCURRENCY": "2", "SHUTDOWN_GRACE_SECONDS": "0"} | pool)
 
 
 def second_api(stack: Stack, short: str) -> Api:
@@ -74,10 +63,7 @@ def second_api(stack: Stack, short: str) -> Api:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """Attaches the services' logs to the report of a failing test."""
     outcome = yield
-    report = outcome.get_result()
-    if report.failed and _STACK is not None:
-        for title, text in _STACK.logs():
-            report.sections.append((title, text))
+    attach_logs(outcome.get_result())
 
 
 # --------------------------------------------------------------------------- the client
