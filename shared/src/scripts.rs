@@ -144,8 +144,8 @@ pub const SUBMIT: &str = include_str!("lua/submit.lua");
 #[derive(Debug, Clone, Copy)]
 pub struct Submit<'a> {
     pub task_id: &'a str,
-    pub zip: Option<&'a [u8]>,
-    pub stdin: Option<&'a [u8]>,
+    /// The zip and stdin, hashed (what the spec signs of them).
+    pub inputs: &'a spec::Inputs,
     /// Index entries older than this many milliseconds are dropped.
     pub index_horizon_ms: u64,
     /// `MAX_QUEUED_TASKS`: with this many jobs in the stream, nothing is stored.
@@ -313,8 +313,8 @@ impl ScriptCall<SubmitReply> {
             ],
             [
                 id.as_bytes(),
-                s.zip.unwrap_or_default(),
-                s.stdin.unwrap_or_default(),
+                s.inputs.zip().unwrap_or_default(),
+                s.inputs.stdin().unwrap_or_default(),
                 horizon.as_bytes(),
                 max.as_bytes(),
                 owner.as_bytes(),
@@ -338,8 +338,7 @@ impl ScriptCall<SubmitReply> {
         let signature = s.signer.sign(&spec::message(
             id,
             fields.iter().map(|(f, v)| (*f, v)),
-            s.zip,
-            s.stdin,
+            s.inputs,
         ));
         let signed = (Field::SpecSignature, signature.into_bytes());
         for (field, value) in fields.into_iter().chain([signed]) {
@@ -848,8 +847,7 @@ mod tests {
                 record.network = Some(Network::None);
                 let s = Submit {
                     task_id: "t",
-                    zip: None,
-                    stdin: Some(b"in"),
+                    inputs: &crate::spec::Inputs::hash(None, Some(b"in".to_vec())),
                     index_horizon_ms: 1,
                     max_queued: 2,
                     owner: &Owner::Key("alice".into()),
@@ -1052,7 +1050,11 @@ mod tests {
         let signer = crate::spec::SpecSigner::from_seed(&[1; 32]);
         let verifier = crate::spec::SpecVerifier::from_list(&signer.public_base64()).unwrap();
         let stored = fields.iter().map(|(f, v)| (f.parse::<Field>().unwrap(), v));
-        let message = crate::spec::message("t", stored, None, Some(b"in"));
+        let message = crate::spec::message(
+            "t",
+            stored,
+            &crate::spec::Inputs::hash(None, Some(b"in".to_vec())),
+        );
         assert_eq!(
             verifier.verify(&message, Some(&signature.1)),
             Ok(signer.key_id())

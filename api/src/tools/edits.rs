@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use shared::apikey::Limits;
 use shared::edit::Written;
 use shared::scripts::{Submit, SubmitWorkspace};
+use shared::spec;
 use shared::view::StatusView;
 use shared::workspace::{
     BlobDigest, Manifest, SAVE_GRACE_MS, VersionLimits, WorkspaceId, check_path,
@@ -248,10 +249,16 @@ time per workspace: a workspace a task is using is refused as busy. read_files r
         let id = parse_workspace_id(&input.workspace_id)?;
         let version = parse_version(input.version)?;
         let Edit { files, deletes } = Edit::parse(input, cfg.max_zip_bytes)?;
-        let (written, zip) = tokio::task::spawn_blocking(move || Edit::pack(&files))
-            .await
-            .map_err(|e| ToolError::WriteFailed(e.to_string()))?
-            .map_err(|e| ToolError::WriteFailed(e.to_string()))?;
+        // Packing and hashing (what the spec signs of the zip) are CPU-bound.
+        let (written, inputs) = tokio::task::spawn_blocking(move || {
+            Edit::pack(&files).map(|(written, zip)| {
+                let zip = Some(zip).filter(|_| !written.is_empty());
+                (written, spec::Inputs::hash(zip, None))
+            })
+        })
+        .await
+        .map_err(|e| ToolError::WriteFailed(e.to_string()))?
+        .map_err(|e| ToolError::WriteFailed(e.to_string()))?;
         let task_id = uuid::Uuid::new_v4().to_string();
         let mut record = TaskRecord {
             has_zip: Some(!written.is_empty()),
@@ -266,8 +273,7 @@ time per workspace: a workspace a task is using is refused as busy. read_files r
         };
         let submit = Submit {
             task_id: &task_id,
-            zip: Some(&zip).filter(|_| !written.is_empty()).map(|z| &z[..]),
-            stdin: None,
+            inputs: &inputs,
             index_horizon_ms: (cfg.retention_seconds + cfg.max_timeout_seconds) * 1000,
             max_queued: cfg.max_queued_tasks,
             owner: who.owner(),

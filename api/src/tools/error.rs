@@ -249,6 +249,9 @@ pub enum ToolError {
     EditRefused(String),
     #[error("the files could not be packed ({0}); this is a server fault")]
     WriteFailed(String),
+    /// The blocking thread that decodes and hashes a large zip was lost.
+    #[error("the zip and stdin could not be decoded ({0}); this is a server fault")]
+    InputsLost(String),
     /// The worker could not make the edit: the workspace is as it was.
     #[error("write_files task {task_id} made no version: {reason}")]
     FilesNotWritten { task_id: String, reason: String },
@@ -384,7 +387,7 @@ impl ToolError {
             | ToolError::EditRefused(_)
             | ToolError::BadWorkspaceCursor(_) => C::InvalidArgument,
             ToolError::TooManyWrites { .. } | ToolError::WriteTooLarge { .. } => C::TooLarge,
-            ToolError::WriteFailed(_) => C::Internal,
+            ToolError::WriteFailed(_) | ToolError::InputsLost(_) => C::Internal,
             ToolError::FilesNotWritten { .. } => C::FilesNotWritten,
             ToolError::WorkspaceStore(_) => C::Unavailable,
             ToolError::WorkspaceQuota { .. } => C::QuotaExceeded,

@@ -274,7 +274,7 @@ async fn per_owner_usage_totals_show_in_metrics_and_the_ctl() {
         let stored = hash
             .iter()
             .filter_map(|(k, v)| k.parse::<shared::Field>().ok().map(|f| (f, v)));
-        let signature = signer.sign(&shared::spec::message(id, stored, None, None));
+        let signature = signer.sign(&shared::spec::message(id, stored, &Default::default()));
         let () = r
             .hset(keys.task(id), "spec_signature", signature)
             .await

@@ -15,8 +15,7 @@ async fn submit_as(
 ) -> SubmitReply {
     let submit = Submit {
         task_id: id,
-        zip: None,
-        stdin: None,
+        inputs: &Default::default(),
         index_horizon_ms: 86_400_000,
         max_queued: 100,
         owner: &owner_of(owner),
