@@ -241,3 +241,62 @@ async fn a_submit_no_replica_confirms_gets_try_again_and_runs_nothing() {
     assert_eq!(done["stdout_tail"], "confirmed\n");
     stack.shutdown().await;
 }
+
+/// A Redis node that joins after the worker started (here a replica the
+/// sentinels learn of) is refused to tasks from the worker's next heartbeat
+/// on, like the nodes it knew at start: a central Redis's new replica on
+/// another host would otherwise be open to every task until a restart.
+#[tokio::test]
+async fn a_replica_added_later_is_put_in_the_task_firewall() {
+    // A bridge of its own, with its chains emptied first: chains keep what
+    // earlier workers on that bridge refused (an earlier run of this test).
+    const NETWORK: &str = "script-runner-fwredis";
+    const BRIDGE: &str = "sr-fwredis0";
+    let chain = format!("SR-FWD-{BRIDGE}");
+    let _ = std::process::Command::new("iptables")
+        .args(["-w", "-F", &chain])
+        .status();
+    let stack = Stack::start(Options {
+        sentinels: true,
+        concurrency: 1,
+        extra_env: vec![
+            // A beat (and so a look at the sentinels) every second.
+            ("WORKER_HEARTBEAT_SECONDS", "3".into()),
+            ("TASK_NETWORK", NETWORK.into()),
+            ("TASK_BRIDGE", BRIDGE.into()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let rules = || {
+        let out = std::process::Command::new("iptables")
+            .args(["-w", "-S", &chain])
+            .output()
+            .expect("iptables");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let refuses = |listing: &str, ip: &str| {
+        listing
+            .lines()
+            .any(|l| l.starts_with(&format!("-A {chain} -d {ip}/32 ")) && l.contains("REJECT"))
+    };
+    let at_start = rules();
+    assert!(refuses(&at_start, "127.0.0.1"), "{at_start}");
+    assert!(!refuses(&at_start, "127.0.0.2"), "{at_start}");
+
+    // A replica of the primary: the sentinels list what the primary does.
+    let late = Redis::start_replica_on(&stack.redis, "127.0.0.2").await;
+    wait_until(
+        "the worker to refuse the replica that joined",
+        Duration::from_secs(60),
+        || async { refuses(&rules(), "127.0.0.2").then_some(()) },
+    )
+    .await;
+    // Still refusing what it did, and still running tasks.
+    assert!(refuses(&rules(), "127.0.0.1"), "{}", rules());
+    let client = stack.client().await;
+    let done = run_to_end(&client, "python3.13", "echo after", json!({})).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    drop(late);
+    stack.shutdown().await;
+}

@@ -92,10 +92,17 @@ impl Redis {
 
     /// A replica of `primary` (same durability), as Sentinel needs to promote one.
     pub async fn start_replica_of(primary: &Redis) -> Redis {
+        Redis::start_replica_on(primary, "127.0.0.1").await
+    }
+
+    /// A replica of `primary` listening on `bind` (another loopback address,
+    /// say), which it announces: the primary and its sentinels list it there.
+    pub async fn start_replica_on(primary: &Redis, bind: &str) -> Redis {
         let port = primary.port.to_string();
         let mut config = DURABLE.to_vec();
         config.extend(["--replicaof", "127.0.0.1", &port]);
-        let replica = Redis::start_with("127.0.0.1", &config).await;
+        config.extend(["--replica-announce-ip", bind]);
+        let replica = Redis::start_with(bind, &config).await;
         let client = replica.client();
         wait_until(
             "the replica to sync with its primary",
@@ -124,8 +131,13 @@ impl Redis {
         self.wait_ready().await;
     }
 
+    /// Where it answers: its own address, or loopback when it listens on all.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let host = match self.bind.as_str() {
+            "0.0.0.0" => "127.0.0.1",
+            bind => bind,
+        };
+        format!("redis://{host}:{}", self.port)
     }
 
     pub fn client(&self) -> redis::Client {

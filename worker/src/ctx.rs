@@ -10,7 +10,7 @@ use tokio_util::task::TaskTracker;
 use crate::cache::Caches;
 use crate::config::Config;
 use crate::egress::EgressProxy;
-use crate::firewall::Firewall;
+use crate::firewall::{Firewall, Refusals};
 use crate::pool::Pool;
 use crate::queue::Queue;
 use crate::sandbox::Sandbox;
@@ -30,6 +30,9 @@ pub struct Ctx {
     /// The task firewall, checked before each task starts (None with
     /// `TASK_FIREWALL=off`).
     pub firewall: Option<Firewall>,
+    /// What tasks may not reach: the firewall and the egress proxy follow
+    /// it, and the heartbeat reads the Redis hosts into it again.
+    pub refusals: Refusals,
     /// The egress proxy of allow-list tasks.
     pub egress: EgressProxy,
     /// Workspace versions: restored before a task, saved after it.

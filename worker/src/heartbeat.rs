@@ -13,7 +13,7 @@ use crate::slots::Slots;
 /// reaper).
 pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
     let ttl = ctx.config.heartbeat_ttl;
-    let host = host_name();
+    let host = host_name().await;
     let version = env!("CARGO_PKG_VERSION");
     let metrics = ctx.sandbox.metrics();
     metrics.set_identity(ctx.queue.worker(), &host, version, ctx.config.concurrency);
@@ -33,6 +33,23 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
         if let Err(e) = ctx.queue.heartbeat(ttl, &beat).await {
             tracing::warn!(error = %e, "heartbeat failed");
         }
+        // A Redis node added since (a replica, a sentinel) is refused from
+        // here on, by the rules (the check below) and by the egress proxy.
+        // Bounded like the check, for a sentinel that does not answer.
+        match tokio::time::timeout(ttl / 3, ctx.refusals.refresh()).await {
+            Ok(Ok(added)) if !added.is_empty() => tracing::info!(
+                added = %added.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "),
+                "new Redis hosts; tasks may not reach them"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                error = %e,
+                "cannot list the Redis hosts again; those known stay refused"
+            ),
+            Err(_) => tracing::warn!(
+                "listing the Redis hosts took longer than a heartbeat; those known stay refused"
+            ),
+        }
         // Reinstalled if a firewall reload took it away; a failure is logged
         // and keeps tasks from starting (see `Firewall::ensure`). After the
         // beat, and bounded, so an `iptables` stuck on its lock never lets the
@@ -50,8 +67,9 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
 }
 
 /// This host's name, for ops (the heartbeat, the metrics).
-fn host_name() -> String {
-    std::fs::read_to_string("/etc/hostname")
+async fn host_name() -> String {
+    tokio::fs::read_to_string("/etc/hostname")
+        .await
         .ok()
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())

@@ -176,10 +176,10 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
     // bridge's gateway, and lives as long as tasks may run.
     let abort = CancellationToken::new();
     let gateway = sandbox.ensure_egress_network().await?;
-    let refused = firewall::Refused::read(&config.limits.blocked_cidrs, &redis).await?;
+    let refusals = firewall::Refusals::read(&config.limits.blocked_cidrs, &redis).await?;
     let policy = egress::Policy {
         ports: config.egress.ports.clone(),
-        blocked: refused.networks(),
+        blocked: refusals.clone(),
         resolver: config.egress.resolver.clone(),
     };
     let egress = egress::EgressProxy::start(
@@ -199,7 +199,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         };
         let firewall = firewall::install(
             &config.limits.bridge,
-            &refused,
+            &refusals,
             Some(door),
             sandbox.metrics().clone(),
         )
@@ -279,6 +279,7 @@ async fn prepare(mut config: Config, stop: &CancellationToken) -> Result<Ctx, Wo
         pool,
         caches,
         firewall,
+        refusals,
         egress,
         workspaces,
         cleanups: TaskTracker::new(),

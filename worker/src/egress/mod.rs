@@ -270,7 +270,7 @@ mod tests {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: Policy {
                 ports: vec![443],
-                blocked: Vec::new(),
+                blocked: crate::firewall::Refusals::fixed(&[]),
                 resolver: Resolver::Dns,
             },
             metrics: Metrics::default(),

@@ -5,8 +5,10 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use shared::egress::{AllowList, Verdict, fold_host};
+
+use crate::firewall::Refusals;
 
 /// How long resolving one name may take.
 const LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -17,8 +19,9 @@ pub struct Policy {
     /// `EGRESS_PORTS`: the only ports a task may ask for.
     pub ports: Vec<u16>,
     /// Never connected to: the task firewall's refusals (special-purpose
-    /// ranges, this host's networks, the Redis host, `TASK_BLOCKED_CIDRS`).
-    pub blocked: Vec<Ipv4Net>,
+    /// ranges, this host's networks, the Redis hosts as they are seen,
+    /// `TASK_BLOCKED_CIDRS`).
+    pub blocked: Refusals,
     /// Where names come from: DNS, in every binary.
     pub resolver: Resolver,
 }
@@ -130,7 +133,7 @@ impl Policy {
     }
 
     fn is_public_v4(&self, ip: Ipv4Addr) -> bool {
-        !self.blocked.iter().any(|n| n.contains(&ip))
+        !self.blocked.now().refuses(ip)
     }
 }
 
@@ -173,7 +176,7 @@ mod tests {
     fn policy() -> Policy {
         Policy {
             ports: vec![80, 443],
-            blocked: crate::firewall::BLOCKED.to_vec(),
+            blocked: Refusals::fixed(&[]),
             resolver: Resolver::Fixed(
                 FixedHosts::default()
                     .answer("pkgs.test", &[ip("127.0.0.1")])

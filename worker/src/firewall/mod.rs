@@ -27,20 +27,20 @@
 //! I/O); `host` runs `iptables` and reads the host's addresses.
 
 mod host;
+mod refused;
 mod rules;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use store::redis_pool::RedisTarget;
-
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 
 use crate::metrics::Metrics;
 use host::{ensure_jump, iptables, restore, save};
+pub use refused::{Refusals, Refused};
 pub use rules::{BLOCKED, FWD_PREFIX, IN_PREFIX};
-use rules::{Destination, FORWARD_POLICY, LEGACY_CHAINS, Wanted, forward_policy};
+use rules::{FORWARD_POLICY, LEGACY_CHAINS, Wanted, forward_policy};
 
 /// How long a check (and its repair) may take before the rules count as not
 /// in place: a task never waits on a stuck `iptables` longer than this.
@@ -87,62 +87,19 @@ pub struct EgressDoor<'a> {
     pub ports: std::ops::RangeInclusive<u16>,
 }
 
-/// What tasks may not reach besides `BLOCKED`, read from the host once at
-/// start: this host's subnets, and the Redis host's addresses with
-/// `TASK_BLOCKED_CIDRS`. The firewall's rules and the egress proxy (which
-/// connects from the host, where the rules do not apply) both refuse it.
-#[derive(Debug, Clone)]
-pub struct Refused {
-    subnets: Vec<ipnet::Ipv4Net>,
-    /// The Redis hosts' addresses, then `TASK_BLOCKED_CIDRS` as written.
-    extra: Vec<Destination>,
-}
-
-impl Refused {
-    /// `redis` is the Redis this worker uses: its addresses (with sentinels,
-    /// theirs and every node's they know) are refused too.
-    pub async fn read(
-        extra_blocked: &[String],
-        redis: &RedisTarget,
-    ) -> Result<Refused, FirewallError> {
-        let subnets = host::host_subnets().await?;
-        let mut extra: Vec<Destination> = host::redis_addresses(redis)
-            .await?
-            .into_iter()
-            .map(Destination::Net)
-            .collect();
-        extra.extend(extra_blocked.iter().map(|e| Destination::parse(e)));
-        Ok(Refused { subnets, extra })
-    }
-
-    /// Everything refused, `BLOCKED` included, as IPv4 networks (an entry of
-    /// `TASK_BLOCKED_CIDRS` that is not one is skipped, with a warning).
-    pub fn networks(&self) -> Vec<ipnet::Ipv4Net> {
-        let mut out = BLOCKED.to_vec();
-        out.extend(&self.subnets);
-        for d in &self.extra {
-            match d {
-                Destination::Net(net) => out.push(*net),
-                Destination::Verbatim(n) => {
-                    tracing::warn!(network = %n, "not an IPv4 network; the egress proxy skips it")
-                }
-            }
-        }
-        out
-    }
-}
-
-/// Installs the rules for tasks on bridge interface `bridge` (refusing
-/// `refused` besides `BLOCKED`) and returns the guard that keeps them.
+/// Installs the rules for tasks on bridge interface `bridge` (refusing what
+/// `refusals` holds besides `BLOCKED`, as it changes) and returns the guard
+/// that keeps them.
 pub async fn install(
     bridge: &str,
-    refused: &Refused,
+    refusals: &Refusals,
     egress: Option<EgressDoor<'_>>,
     metrics: Metrics,
 ) -> Result<Firewall, FirewallError> {
     let dns = host::nameservers().await;
-    let Refused { subnets, extra } = refused;
-    let mut wanted = vec![Wanted::new(bridge, &dns, subnets, extra)];
+    let mut refused = refusals.watch();
+    let now = refused.borrow_and_update().clone();
+    let mut wanted = vec![Wanted::new(bridge, &dns, now.subnets(), &now.extra())];
     if let Some(door) = egress {
         wanted.push(Wanted::egress(door.bridge, door.gateway, &door.ports));
     }
@@ -160,24 +117,27 @@ pub async fn install(
     for w in &wanted {
         reinstall(w, &listing).await?;
     }
+    let blocked = wanted[0].forward.len();
     let firewall = Firewall(Arc::new(Guard {
-        wanted,
         metrics,
-        verified: Mutex::new(None),
+        checked: Mutex::new(Checked {
+            verified: None,
+            wanted,
+            refused,
+            dns,
+        }),
         intact: AtomicBool::new(false),
     }));
     // Read back at once (with the repair's retries, in case another worker
     // rewrote the chains meanwhile): rules that do not read back as written
     // would otherwise be "repaired" on every check.
-    firewall.check_and_repair().await?;
+    {
+        let checked = firewall.0.checked.lock().await;
+        firewall.check_and_repair(&checked.wanted).await?;
+    }
     firewall.0.intact.store(true, Ordering::SeqCst);
     firewall.0.metrics.set_firewall_intact(true);
-    tracing::info!(
-        bridge,
-        chains = %firewall.0.wanted.iter().map(|w| format!("{} {}", w.chain_in, w.chain_fwd)).collect::<Vec<_>>().join(" "),
-        blocked = subnets.len() + BLOCKED.len() + extra.len(),
-        "task firewall installed"
-    );
+    tracing::info!(bridge, blocked, "task firewall installed");
     Ok(firewall)
 }
 
@@ -187,13 +147,23 @@ pub struct Firewall(Arc<Guard>);
 
 #[derive(Debug)]
 struct Guard {
-    /// The task bridge's chains, and the egress bridge's.
-    wanted: Vec<Wanted>,
     metrics: Metrics,
-    /// When the last check that found the rules in place began.
-    verified: Mutex<Option<Instant>>,
+    /// Held through each check, so checks never overlap.
+    checked: Mutex<Checked>,
     /// What the last check found (or its repair made).
     intact: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Checked {
+    /// When the last check that found the rules in place began.
+    verified: Option<Instant>,
+    /// The task bridge's chains, and the egress bridge's.
+    wanted: Vec<Wanted>,
+    /// What the task bridge's chains refuse, as it changes.
+    refused: watch::Receiver<Arc<Refused>>,
+    /// The name servers tasks may reach on port 53 (read at start).
+    dns: Vec<Ipv4Addr>,
 }
 
 impl Firewall {
@@ -205,15 +175,35 @@ impl Firewall {
     /// An error means the rules are not in place: no task may start.
     pub async fn ensure(&self) -> Result<(), FirewallError> {
         let asked = Instant::now();
-        let mut verified = self.0.verified.lock().await;
-        if verified.is_some_and(|at| at >= asked) {
+        let mut checked = self.0.checked.lock().await;
+        // New refusals (a Redis host seen since the last check) make new task
+        // chains, written before this check (not counted as a repair).
+        let changed = checked.refused.has_changed().unwrap_or(false);
+        if changed {
+            let now = checked.refused.borrow_and_update().clone();
+            let task = &checked.wanted[0];
+            let rebuilt = Wanted::new(&task.bridge, &checked.dns, now.subnets(), &now.extra());
+            tracing::info!(
+                bridge = %task.bridge,
+                "the Redis hosts changed; the task firewall refuses them all now"
+            );
+            checked.wanted[0] = rebuilt;
+            checked.verified = None;
+        }
+        if checked.verified.is_some_and(|at| at >= asked) {
             return Ok(());
         }
         let began = Instant::now();
-        let r = tokio::time::timeout(CHECK_LIMIT, self.check_and_repair())
+        let check = async {
+            if changed {
+                reinstall(&checked.wanted[0], &save().await?).await?;
+            }
+            self.check_and_repair(&checked.wanted).await
+        };
+        let r = tokio::time::timeout(CHECK_LIMIT, check)
             .await
             .unwrap_or(Err(FirewallError::TooSlow(CHECK_LIMIT.as_secs())));
-        *verified = r.is_ok().then_some(began);
+        checked.verified = r.is_ok().then_some(began);
         self.0.intact.store(r.is_ok(), Ordering::SeqCst);
         self.0.metrics.set_firewall_intact(r.is_ok());
         if let Err(e) = &r {
@@ -227,8 +217,8 @@ impl Firewall {
         self.0.intact.load(Ordering::SeqCst)
     }
 
-    async fn check_and_repair(&self) -> Result<(), FirewallError> {
-        for wanted in &self.0.wanted {
+    async fn check_and_repair(&self, wanted: &[Wanted]) -> Result<(), FirewallError> {
+        for wanted in wanted {
             self.check_and_repair_one(wanted).await?;
         }
         Ok(())
@@ -291,30 +281,4 @@ async fn reinstall(wanted: &Wanted, listing: &str) -> Result<(), FirewallError> 
         ensure_jump(parent, &wanted.bridge, target).await?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_egress_proxy_refuses_every_network_the_rules_do_but_a_verbatim_entry() {
-        let net = |s: &str| s.parse::<ipnet::Ipv4Net>().expect("a network");
-        let refused = Refused {
-            subnets: vec![net("192.0.2.0/24")],
-            extra: ["203.0.113.7/32", "198.51.100.9/24", "example.com"]
-                .map(Destination::parse)
-                .to_vec(),
-        };
-        let networks = refused.networks();
-        assert_eq!(networks[..BLOCKED.len()], BLOCKED);
-        assert_eq!(
-            networks[BLOCKED.len()..],
-            [
-                net("192.0.2.0/24"),
-                net("203.0.113.7/32"),
-                net("198.51.100.9/24")
-            ]
-        );
-    }
 }
