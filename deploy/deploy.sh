@@ -89,6 +89,11 @@ main() {
         git reset --quiet --hard "origin/$branch"
     fi
 
+    # The weekly rebuild takes upstream's updates: each tag resolved to its digest
+    # again before the build (a rollback puts the last good .env, and its pins, back).
+    if ((rebuild && pull)); then
+        deploy/pin-images.sh --repin || die "cannot pin the images again (nothing changed); the rebuild stops"
+    fi
     local build=(docker compose build) pulled=""
     if ((pull)); then build+=(--pull); else pulled=" (DEPLOY_PULL=0: nothing pulled)"; fi
     ((rebuild == 0)) || build+=(--no-cache)

@@ -34,7 +34,7 @@
 #   --redis-tls-port N   with --firewall-only: the TLS port for those rules (default
 #                        REDIS_TLS_PORT in .env, or 6380 when .env does not set it, as
 #                        Compose does; refused when there is no .env)
-#   --skip-images        do not pull the runtime images tasks run in
+#   --skip-images        do not pull and pin the runtime and base images (pin-images.sh)
 #   --dry-run            print what would be done, change nothing
 #   -h, --help           this text
 #
@@ -42,7 +42,7 @@
 # curl, openssl; clone or update the checkout; write .env (a generated
 # SCRIPT_RUNNER_TOKEN, printed once, generated Redis passwords and the task spec key
 # pair); with --remote-workers create the TLS material in deploy/tls; pull the runtime
-# images; apply the --allow-workers rules; start the stack with deploy/deploy.sh
+# images and pin them by digest (deploy/pin-images.sh); apply the --allow-workers rules; start the stack with deploy/deploy.sh
 # --no-fetch, which waits until it is healthy.
 set -euo pipefail
 
@@ -364,18 +364,12 @@ make_tls() {
     ((CLIENT_CERTS == 0)) || env_set REDIS_TLS_CLIENT_CERTS on
 }
 
+# The runtime images, and the base images the binaries' images are built from, pulled
+# and pinned by digest in .env (deploy/pin-images.sh): every host runs the same bytes.
 pull_images() {
-    local images image
-    images="$(env_get RUNTIME_IMAGES)"
-    images="node24=node:24-slim,python3.8=python:3.8-slim,python3.13=python:3.13-slim${images:+,$images}"
-    declare -A chosen=()
-    IFS=',' read -ra pairs <<<"$images"
-    for pair in "${pairs[@]}"; do chosen["${pair%%=*}"]="${pair#*=}"; done
-    for image in "${chosen[@]}"; do
-        if docker image inspect "$image" >/dev/null 2>&1; then continue; fi
-        log "pulling runtime image $image"
-        run docker pull -q "$image" >/dev/null || die "cannot pull $image: set RUNTIME_IMAGES in .env to images this host has, or --skip-images"
-    done
+    log "pulling the runtime and base images and pinning them by digest"
+    run "$DIR/deploy/pin-images.sh" --env "$DIR/.env" \
+        || die "cannot pin the images: set RUNTIME_IMAGES in .env to images this host can pull, or --skip-images"
 }
 
 install_packages

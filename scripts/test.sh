@@ -2,7 +2,7 @@
 # The whole test suite, on a machine with a Docker engine (no registry needed).
 #
 # Sets up what it needs, idempotently: redis-server, redis-sentinel, debootstrap, tmux, gcc,
-# npm, caddy, curl, wrk, chromium, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
+# npm, caddy, curl, wrk, chromium, docker-registry, the shellcheck linter and gVisor's runsc (apt; runsc registered with the
 # Docker engine as `runsc`, see register_runsc), cargo-nextest (cargo install, if missing),
 # Garage, an S3 server (cargo install, if missing: minutes, beside clippy and the build),
 # the MCP Python SDK, pytest, Compose v2 and check-jsonschema (pip, into .venv),
@@ -65,6 +65,8 @@ command -v wrk >/dev/null || need_apt+=(wrk)
 command -v runsc >/dev/null || need_apt+=(runsc)
 # tests/python/test_console.py drives the task console in Debian's Chromium (Playwright).
 command -v chromium >/dev/null || need_apt+=(chromium)
+# e2e/tests/pinned.rs pushes images to a real registry and pulls them by digest.
+command -v docker-registry >/dev/null || need_apt+=(docker-registry)
 if ((${#need_apt[@]})); then
     echo "test.sh: installing ${need_apt[*]}"
     SUDO=""; [[ $(id -u) == 0 ]] || SUDO=sudo

@@ -14,6 +14,7 @@ mod forged;
 mod hostile;
 mod oci_runtime;
 mod ops;
+mod pinned;
 mod pool;
 mod projects;
 mod recovery;

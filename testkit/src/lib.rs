@@ -13,6 +13,7 @@ pub mod json;
 mod mcp;
 pub mod process;
 mod redis_server;
+pub mod registry;
 pub mod sentinel;
 
 use std::collections::HashMap;
