@@ -612,3 +612,49 @@ async fn an_empty_stdin_runs_and_reads_nothing() {
     );
     stack.shutdown().await;
 }
+
+/// A zip and a stdin large enough to be decoded, checked and hashed off the
+/// api's async runtime, and hashed off the worker's (past
+/// `spec::Inputs::HASH_INLINE_MAX`), arrive whole and the signed spec holds.
+#[tokio::test]
+async fn a_large_zip_and_stdin_are_signed_and_arrive_whole() {
+    let stack = Stack::start(Options::default()).await;
+    let client = stack.client().await;
+    // Pseudo-random hex, so deflate cannot shrink the zip below the line.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut text = |n: usize| -> String {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from_digit((x % 16) as u32, 16).unwrap_or('0')
+            })
+            .collect()
+    };
+    let (file, stdin) = (text(1 << 20), text(300 << 10));
+    let zip = zip_of(&[("big.txt", &file)]);
+    assert!(zip.len() > 256 << 10, "the zip is only {} bytes", zip.len());
+    let sum = |s: &str| s.bytes().map(u64::from).sum::<u64>();
+    let end = run_to_end(
+        &client,
+        "python3.13",
+        "python3 -c 'import sys; a=open(\"big.txt\",\"rb\").read(); b=sys.stdin.buffer.read(); \
+         print(len(a), sum(a), len(b), sum(b))'",
+        json!({ "zip_base64": b64(&zip), "stdin_base64": b64(stdin.as_bytes()) }),
+    )
+    .await;
+    assert_eq!(end["state"], "succeeded", "{end}");
+    assert_eq!(
+        end["stdout_tail"],
+        format!(
+            "{} {} {} {}\n",
+            file.len(),
+            sum(&file),
+            stdin.len(),
+            sum(&stdin)
+        ),
+        "{end}"
+    );
+    stack.shutdown().await;
+}
