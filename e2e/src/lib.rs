@@ -460,13 +460,21 @@ pub fn docker_ids(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Ids of worker `worker`'s idle (running) warm pool containers of `runtime`.
+/// Ids of worker `worker`'s idle (running) warm pool containers of `runtime` on the
+/// task bridge (the `internet` pool).
 pub fn pool_containers(worker: &str, runtime: &str) -> Vec<String> {
+    pool_containers_on(worker, runtime, "internet")
+}
+
+/// The idle pool containers of `runtime` on `network` (`internet`, `allow`).
+pub fn pool_containers_on(worker: &str, runtime: &str, network: &str) -> Vec<String> {
     docker_ids(&[
         "--filter",
         &format!("label=script-runner.worker={worker}"),
         "--filter",
         &format!("label=script-runner.pool={runtime}"),
+        "--filter",
+        &format!("label=script-runner.pool-network={network}"),
         "--filter",
         "name=sr-pool-",
     ])

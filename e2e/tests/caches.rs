@@ -44,10 +44,13 @@ fn project_zip() -> Vec<u8> {
 /// A stack whose worker keeps caches (`extra` on top), with the pool on
 /// (one idle python3.13 container) or off.
 async fn stack(pool: bool, extra: &[(&'static str, &str)]) -> Stack {
-    let mut env = vec![(
-        "POOL_SIZE",
-        if pool { "python3.13=1" } else { "0" }.to_owned(),
-    )];
+    let mut env = vec![
+        (
+            "POOL_SIZE",
+            if pool { "python3.13=1" } else { "0" }.to_owned(),
+        ),
+        ("EGRESS_POOL_SIZE", "0".to_owned()),
+    ];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     Stack::start(Options {
         extra_env: env,
@@ -499,7 +502,10 @@ async fn a_second_task_of_the_owner_running_meanwhile_gets_no_cache() {
 async fn a_lost_workers_caches_are_removed_by_the_worker_that_reaps_it() {
     let mut stack = Stack::start(Options {
         start_worker: false,
-        extra_env: vec![("POOL_SIZE", "0".to_owned())],
+        extra_env: vec![
+            ("POOL_SIZE", "0".to_owned()),
+            ("EGRESS_POOL_SIZE", "0".to_owned()),
+        ],
         ..Options::default()
     })
     .await;

@@ -545,3 +545,71 @@ async fn an_allow_list_outside_a_ceiling_is_refused_naming_the_entry_and_the_cei
     assert!(lines(&s).iter().any(|l| l.starts_with("OK")), "{s}");
     stack.shutdown().await;
 }
+
+/// Allow-list tasks start warm (`EGRESS_POOL_SIZE`): a container made ahead
+/// of time on the egress network, whose proxy lease is taken at the claim by
+/// the address it was given. Each reaches its own list's hosts and no other,
+/// the pool refills with a new container, and a task never runs in the task
+/// bridge's pool (which is off here, so every warm claim is the egress pool's).
+#[tokio::test]
+async fn allow_list_tasks_start_in_the_egress_pool_each_with_its_own_list() {
+    let server = Server::start();
+    let metrics_port = free_port();
+    let stack = stack_with(
+        &server,
+        vec![
+            ("POOL_SIZE", "0".into()),
+            ("EGRESS_POOL_SIZE", "python3.13=1".into()),
+            ("WORKER_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
+        ],
+    )
+    .await;
+    let client = stack.client().await;
+    let idle = || pool_containers_on(&stack.worker_name, "python3.13", "allow");
+    let warm_claims = || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+            .await
+            .expect("worker metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        let read = exposition::read(&text);
+        let n = |path| {
+            read.count("script_runner_worker_pool_claims_total", &[("path", path)])
+                .unwrap_or(0)
+        };
+        (n("warm"), n("cold") + n("fallback"))
+    };
+    let body = r#"
+fetch(f'https://pkgs.test:{HTTPS}/hello')
+fetch(f'https://other.test:{HTTPS}/hello')
+"#;
+    let mut seen = Vec::new();
+    for (round, (mine, theirs)) in [("pkgs.test", "other.test"), ("other.test", "pkgs.test")]
+        .into_iter()
+        .enumerate()
+    {
+        let waiting = wait_until(
+            "an idle container in the egress pool",
+            std::time::Duration::from_secs(90),
+            || async {
+                let ids = idle();
+                (ids.len() == 1 && !seen.contains(&ids[0])).then(|| ids[0].clone())
+            },
+        )
+        .await;
+        let s = probe(&client, &server, &[mine], body).await;
+        let out = lines(&s);
+        let (ok, refused) = if mine == "pkgs.test" { (0, 1) } else { (1, 0) };
+        assert_eq!(out[ok], format!("OK hello from {mine}"), "{s}");
+        assert!(
+            out[refused].starts_with("ERR") && out[refused].contains("403"),
+            "{s}"
+        );
+        assert!(attempt(&s, theirs, "not_allowed").is_some(), "{s}");
+        // It ran in the container that was waiting: claimed warm, and gone.
+        assert_eq!(warm_claims().await, (round as u64 + 1, 0), "{s}");
+        seen.push(waiting);
+    }
+    stack.shutdown().await;
+}

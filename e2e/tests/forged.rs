@@ -153,7 +153,11 @@ async fn forged_or_altered_records_are_refused_and_never_start_a_container() {
     stack
         .start_worker(
             "honest",
-            &[("POOL_SIZE", "0"), ("WORKER_METRICS_ADDR", &metrics_addr)],
+            &[
+                ("POOL_SIZE", "0"),
+                ("EGRESS_POOL_SIZE", "0"),
+                ("WORKER_METRICS_ADDR", &metrics_addr),
+            ],
         )
         .await;
     let worker = stack.worker("honest");

@@ -144,7 +144,11 @@ async fn tasks_run_under_gvisor_with_timeout_kill_tails_and_the_firewall_intact(
     stack
         .start_worker(
             "gvisor",
-            &[("TASK_OCI_RUNTIME", &runtime), ("POOL_SIZE", "0")],
+            &[
+                ("TASK_OCI_RUNTIME", &runtime),
+                ("POOL_SIZE", "0"),
+                ("EGRESS_POOL_SIZE", "0"),
+            ],
         )
         .await;
     let client = stack.client().await;

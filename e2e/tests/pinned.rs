@@ -128,6 +128,7 @@ async fn a_tag_moved_after_pinning_changes_nothing_a_worker_runs_until_repinned(
         extra_env: vec![
             ("RUNTIME_IMAGES", pinned.clone()),
             ("POOL_SIZE", "0".into()),
+            ("EGRESS_POOL_SIZE", "0".into()),
         ],
         ..Options::default()
     })

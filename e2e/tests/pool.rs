@@ -117,9 +117,13 @@ fn unix_now() -> u64 {
 }
 
 /// A stack whose worker keeps one idle python3.13 container (python3.8 maps to
-/// the same image in tests and has no pool: the cold path, side by side).
+/// the same image in tests and has no pool: the cold path, side by side), and
+/// no egress pool (its container would count in the host directories below).
 async fn pooled(extra: &[(&'static str, &str)]) -> Stack {
-    let mut env = vec![("POOL_SIZE", "python3.13=1".to_owned())];
+    let mut env = vec![
+        ("POOL_SIZE", "python3.13=1".to_owned()),
+        ("EGRESS_POOL_SIZE", "0".to_owned()),
+    ];
     env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
     Stack::start(Options {
         concurrency: 2,
@@ -477,6 +481,8 @@ async fn the_pool_refills_after_a_burst() {
         concurrency: 4,
         extra_env: vec![
             ("POOL_SIZE", "python3.13=2".to_owned()),
+            // Only this pool's containers, so its counts are exact.
+            ("EGRESS_POOL_SIZE", "0".to_owned()),
             ("WORKER_METRICS_ADDR", format!("127.0.0.1:{metrics_port}")),
         ],
         ..Options::default()
@@ -541,7 +547,7 @@ async fn the_pool_refills_after_a_burst() {
     assert_eq!(
         sample(
             "script_runner_worker_pool_idle",
-            &[("runtime", "python3.13")]
+            &[("runtime", "python3.13"), ("network", "internet")]
         ),
         2
     );
@@ -691,6 +697,8 @@ async fn a_reaper_removes_a_dead_worker_s_pool_but_not_what_its_next_life_made()
             "doomed",
             &[
                 ("POOL_SIZE", "python3.13=1"),
+                // Its one pool container, made before the second below.
+                ("EGRESS_POOL_SIZE", "0"),
                 ("WORKER_HEARTBEAT_SECONDS", "1"),
             ],
         )
@@ -709,7 +717,11 @@ async fn a_reaper_removes_a_dead_worker_s_pool_but_not_what_its_next_life_made()
     stack
         .start_worker(
             "reaper",
-            &[("WORKER_HEARTBEAT_SECONDS", "6"), ("POOL_SIZE", "0")],
+            &[
+                ("WORKER_HEARTBEAT_SECONDS", "6"),
+                ("POOL_SIZE", "0"),
+                ("EGRESS_POOL_SIZE", "0"),
+            ],
         )
         .await;
     stack.wait_reaper_suspects(&name).await;

@@ -346,6 +346,8 @@ async fn a_record_naming_an_image_outside_the_workers_catalogue_is_refused_and_n
             &[
                 ("RUNTIME_IMAGES", &catalogue),
                 ("POOL_SIZE", "python3.13=1,python3.8=1"),
+                // No container made after the fill below but the tasks' own.
+                ("EGRESS_POOL_SIZE", "0"),
             ],
         )
         .await;

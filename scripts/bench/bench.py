@@ -8,15 +8,16 @@ worker names unique to the run, the task firewall on as by default) and measures
 
   e2e     `echo hi` from run_script until a get_task_status poll sees `succeeded`,
           through the official MCP Python SDK, for each worker configuration
-          (pool off: POOL_SIZE=0; pool on: --pool), against
+          (pool off: POOL_SIZE=0 and EGRESS_POOL_SIZE=0; pool on: --pool for both), against
           `docker run --rm <image> sh -c 'echo hi'` on the default bridge (the floor).
           Samples are interleaved (floor, off, on, rotating), each taken when the
           worker is idle and its pool full.
   onecall `echo hi` in one run_script call with wait_seconds (the answer is the
           result), interleaved the same way (with e2e: in the same rotation).
   egress  the same one call with network {"allow": ["pypi.org"]}: an allow-list
-          task, which never takes a pool container (docs/egress.md), on the
-          egress network with its proxy lease; interleaved in the same rotation.
+          task, on the egress network with its proxy lease (pool on: a container
+          of the egress pool, EGRESS_POOL_SIZE, as large as POOL_SIZE);
+          interleaved in the same rotation.
   shapes  ComputeSDK's shapes, each --shapes-n one-call `echo hi` tasks per
           configuration: sequential, staggered (--stagger-ms apart) and burst
           (all at once); time to first command (call to result, client) and
@@ -1348,9 +1349,11 @@ def main() -> int:
         rep.out(f"redis-server {redis.info('server')['redis_version']} on port {stack.redis_port}, AOF everysec")
         extra = dict(kv.split("=", 1) for kv in args.worker_env)
         common = {"WORKER_CONCURRENCY": str(args.concurrency)} | extra
-        configs = [Config("pool off", common | {"POOL_SIZE": "0"}, 0)]
+        configs = [Config("pool off", common | {"POOL_SIZE": "0", "EGRESS_POOL_SIZE": "0"}, 0)]
         if args.pool != "0":
-            configs.append(Config(f"pool on ({args.pool})", common | {"POOL_SIZE": args.pool}, parse_pool(args.pool)))
+            # The same pool on the egress network, for the allow-list samples.
+            pools = {"POOL_SIZE": args.pool, "EGRESS_POOL_SIZE": args.pool}
+            configs.append(Config(f"pool on ({args.pool})", common | pools, 2 * parse_pool(args.pool)))
         mem: dict[str, Any] = {}
         if sections & SERVICE_SECTIONS:
             # The floor first: warm the engine (image cache, network) for everyone.

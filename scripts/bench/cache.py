@@ -237,7 +237,7 @@ def main() -> int:
     status = 1
     try:
         stack.start_redis()
-        stack.add_worker("w", {"POOL_SIZE": "0", "WORKER_CONCURRENCY": "1"})
+        stack.add_worker("w", {"POOL_SIZE": "0", "EGRESS_POOL_SIZE": "0", "WORKER_CONCURRENCY": "1"})
         stack.start_worker("w")
         api = stack.add_api("api")
         stack.start_api("api")

@@ -157,7 +157,7 @@ def fill(mb: int) -> str:
     return f"for i in $(seq 1 100); do head -c {per} /dev/urandom > f$i; done"
 
 
-POOL_IDLE = re.compile(r'^script_runner_worker_pool_idle\{runtime="python3\.13"\} (\d+)', re.M)
+POOL_IDLE = re.compile(r'^script_runner_worker_pool_idle\{runtime="python3\.13",network="internet"\} (\d+)', re.M)
 
 
 def wait_pool(stack: Stack, deadline: float = 60) -> None:
@@ -219,7 +219,7 @@ def main() -> int:
             stacks.append(stack)
             stack.start_redis()
             disk = max(sizes) * 2 + 64
-            stack.add_worker("w", {"POOL_SIZE": "python3.13=1", "WORKER_CONCURRENCY": "1",
+            stack.add_worker("w", {"POOL_SIZE": "python3.13=1", "EGRESS_POOL_SIZE": "0", "WORKER_CONCURRENCY": "1",
                                    "TASK_DISK_MB": str(disk), "TASK_MEMORY_MB": str(disk + 512), **env},
                              metrics=True)  # fmt: skip
             stack.start_worker("w")

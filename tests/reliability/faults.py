@@ -208,6 +208,8 @@ class FaultRun:
             # Every version a chain makes stays listed, so "lost" means lost.
             "WORKSPACE_VERSIONS_KEPT": "10000",
         } | ({"POOL_SIZE": a.pool_size} if a.pool_size is not None else {})
+        if a.pool_size == "0":
+            worker_env["EGRESS_POOL_SIZE"] = "0"  # no pool at all: allow-list tasks' too
         for i in range(1, a.workers + 1):
             st.add_worker(f"w{i}", worker_env)
         self.starts = ContainerStarts(st.worker_names())

@@ -156,6 +156,8 @@ class Soak:
         await asyncio.to_thread(st.start_redis)
         st.common_env = {"TASK_RETENTION_SECONDS": str(a.retention)}
         pool = {"POOL_SIZE": a.pool_size} if a.pool_size is not None else {}
+        if a.pool_size == "0":
+            pool["EGRESS_POOL_SIZE"] = "0"
         for i in range(1, a.workers + 1):
             st.add_worker(f"w{i}", {"WORKER_CONCURRENCY": str(a.concurrency)} | pool)
         await asyncio.gather(*(asyncio.to_thread(st.start_worker, s) for s in st.workers))

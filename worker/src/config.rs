@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use shared::envvar::{Common, Var, VarError, non_blank, parse_list, parse_range};
+use shared::options::Network;
 use shared::spec::SpecVerifier;
 use shared::zipcheck::ZipLimits;
 use shared::{Keys, RuntimeCatalog, RuntimeError, RuntimeName, WorkerName};
@@ -26,11 +27,15 @@ pub enum ConfigError {
     MissingVerifyKeys,
     #[error("TASK_VERIFY_KEYS: {0}")]
     VerifyKeys(#[source] shared::spec::KeyError),
-    #[error("POOL_SIZE={value:?}: {why}")]
-    PoolSize { value: String, why: PoolSizeError },
+    #[error("{var}={value:?}: {why}")]
+    PoolSize {
+        var: &'static str,
+        value: String,
+        why: PoolSizeError,
+    },
 }
 
-/// What is wrong with one entry of `POOL_SIZE`.
+/// What is wrong with one entry of `POOL_SIZE` or `EGRESS_POOL_SIZE`.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolSizeError {
     #[error("entry {0:?} is not runtime=count (e.g. python3.13=2,node24=1; 0 turns the pool off)")]
@@ -173,7 +178,9 @@ impl CacheConfig {
 /// task claims one (see `pool.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// `POOL_SIZE`: idle containers kept per runtime, with the image each runs
+    /// `POOL_SIZE` (on the task bridge, for `internet` tasks) then
+    /// `EGRESS_POOL_SIZE` (on the egress network, for allow-list tasks): idle
+    /// containers kept per runtime and network, with the image each runs
     /// (this worker's catalogue: its `RUNTIME_IMAGES` over the defaults).
     /// Empty: no pool.
     pub sizes: Vec<PoolTarget>,
@@ -186,6 +193,8 @@ pub struct PoolConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolTarget {
     pub runtime: RuntimeName,
+    /// `Internet` or `Allow`: a `none` task never runs where a network was.
+    pub network: Network,
     pub image: String,
     pub size: usize,
 }
@@ -194,14 +203,33 @@ pub struct PoolTarget {
 const MAX_POOL_PER_RUNTIME: usize = 64;
 
 impl PoolConfig {
-    /// `runtime=n,runtime=n`, or `0` (or empty) for no pool. Every runtime named
-    /// must be in `catalog`.
+    /// `POOL_SIZE` and `EGRESS_POOL_SIZE`, each `runtime=n,runtime=n`, or `0`
+    /// (or empty) for none. Every runtime named must be in `catalog`.
     fn parse(
-        value: &str,
+        internet: &str,
+        allow: &str,
         catalog: &RuntimeCatalog,
         max_age: Duration,
     ) -> Result<Self, ConfigError> {
+        let mut sizes = PoolConfig::targets(POOL_SIZE.name, internet, Network::Internet, catalog)?;
+        sizes.extend(PoolConfig::targets(
+            EGRESS_POOL_SIZE.name,
+            allow,
+            Network::Allow,
+            catalog,
+        )?);
+        Ok(PoolConfig { sizes, max_age })
+    }
+
+    /// One variable's targets, each on `network`.
+    fn targets(
+        var: &'static str,
+        value: &str,
+        network: Network,
+        catalog: &RuntimeCatalog,
+    ) -> Result<Vec<PoolTarget>, ConfigError> {
         let bad = |why: PoolSizeError| ConfigError::PoolSize {
+            var,
             value: value.to_owned(),
             why,
         };
@@ -235,13 +263,14 @@ impl PoolConfig {
                 if size > 0 {
                     sizes.push(PoolTarget {
                         runtime: name.clone(),
+                        network,
                         image: image.to_owned(),
                         size,
                     });
                 }
             }
         }
-        Ok(PoolConfig { sizes, max_age })
+        Ok(sizes)
     }
 }
 
@@ -289,6 +318,8 @@ const WORKER_HEARTBEAT_SECONDS: Var = Var::new("WORKER_HEARTBEAT_SECONDS", "15")
 const SHUTDOWN_GRACE_SECONDS: Var = Var::new("SHUTDOWN_GRACE_SECONDS", "30");
 const WORKER_METRICS_ADDR: Var = Var::new("WORKER_METRICS_ADDR", "");
 const POOL_SIZE: Var = Var::new("POOL_SIZE", "python3.13=2,node24=1");
+/// Allow-list tasks' own pool, on the egress network.
+const EGRESS_POOL_SIZE: Var = Var::new("EGRESS_POOL_SIZE", "python3.13=1");
 const POOL_MAX_AGE_SECONDS: Var = Var::new("POOL_MAX_AGE_SECONDS", "600");
 const CACHE_MB_PER_OWNER: Var = Var::new("CACHE_MB_PER_OWNER", "1024");
 const CACHE_TOTAL_MB: Var = Var::new("CACHE_TOTAL_MB", "10240");
@@ -307,7 +338,7 @@ const WORKSPACE_SWEEP_SECONDS: Var = Var::new("WORKSPACE_SWEEP_SECONDS", "3600")
 
 /// The worker's own variables with their defaults (besides `shared`'s common
 /// ones); docs/configuration.md and `.env.example` are checked against them.
-pub const VARS: [Var; 34] = [
+pub const VARS: [Var; 35] = [
     WORKER_NAME,
     TASK_VERIFY_KEYS,
     MAX_TIMEOUT_SECONDS,
@@ -334,6 +365,7 @@ pub const VARS: [Var; 34] = [
     SHUTDOWN_GRACE_SECONDS,
     WORKER_METRICS_ADDR,
     POOL_SIZE,
+    EGRESS_POOL_SIZE,
     POOL_MAX_AGE_SECONDS,
     CACHE_MB_PER_OWNER,
     CACHE_TOTAL_MB,
@@ -366,6 +398,7 @@ impl Config {
         let catalog = RuntimeCatalog::from_lookup(&var)?;
         let pool = PoolConfig::parse(
             &POOL_SIZE.get(&var),
+            &EGRESS_POOL_SIZE.get(&var),
             &catalog,
             Duration::from_secs(POOL_MAX_AGE_SECONDS.range(&var, 10, 86_400)?),
         )?;
@@ -668,9 +701,16 @@ mod tests {
             .pool
             .sizes
             .iter()
-            .map(|t| (t.runtime.as_str(), t.size))
+            .map(|t| (t.runtime.as_str(), t.network, t.size))
             .collect();
-        assert_eq!(sizes, [("python3.13", 2), ("node24", 1)]);
+        assert_eq!(
+            sizes,
+            [
+                ("python3.13", Network::Internet, 2),
+                ("node24", Network::Internet, 1),
+                ("python3.13", Network::Allow, 1)
+            ]
+        );
         assert_eq!(c.pool.sizes[0].image, "python:3.13-slim");
     }
 
@@ -697,24 +737,37 @@ mod tests {
     fn the_pool_is_per_runtime_and_zero_turns_it_off() {
         let c = load(&[
             ("POOL_SIZE", "node24=3, python3.8=0"),
+            ("EGRESS_POOL_SIZE", "node24=1"),
             ("RUNTIME_IMAGES", "node24=mirror/node"),
         ])
         .expect("valid");
+        let target = |network, size| PoolTarget {
+            runtime: RuntimeName::from_stored("node24"),
+            network,
+            image: "mirror/node".into(),
+            size,
+        };
         assert_eq!(
             c.pool.sizes,
-            [PoolTarget {
-                runtime: RuntimeName::from_stored("node24"),
-                image: "mirror/node".into(),
-                size: 3
-            }]
+            [target(Network::Internet, 3), target(Network::Allow, 1)]
         );
         assert!(
-            load(&[("POOL_SIZE", "0")])
+            load(&[("POOL_SIZE", "0"), ("EGRESS_POOL_SIZE", "0")])
                 .expect("off")
                 .pool
                 .sizes
                 .is_empty()
         );
+        // By default, allow-list tasks have one Python container waiting.
+        let default = load(&[]).expect("defaults").pool.sizes;
+        assert!(
+            default
+                .iter()
+                .any(|t| t.network == Network::Allow && t.runtime.as_str() == "python3.13"),
+            "{default:?}"
+        );
+        let egress = refused(&[("EGRESS_POOL_SIZE", "ruby3=1")]);
+        assert!(egress.starts_with("EGRESS_POOL_SIZE="), "{egress}");
         let unknown = refused(&[("POOL_SIZE", "ruby3=1")]);
         assert!(unknown.contains("unknown runtime \"ruby3\""), "{unknown}");
         assert!(

@@ -25,6 +25,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use shared::options::Network;
 
 /// Upper bounds (seconds) for Docker call latencies.
 const DOCKER_BUCKETS: &[f64] = &[
@@ -137,6 +138,12 @@ struct RuntimeLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PoolLabel {
+    runtime: String,
+    network: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PathLabel {
     path: &'static str,
 }
@@ -160,7 +167,7 @@ struct Inner {
     latency: BTreeMap<Op, Histogram>,
     errors: Family<OpLabel, Counter>,
     run: RunTimes,
-    pool_idle: Family<RuntimeLabel, Gauge>,
+    pool_idle: Family<PoolLabel, Gauge>,
     pool_claims: Family<PathLabel, Counter>,
     info: Family<InfoLabels, Gauge>,
     slots: Family<Unset, Gauge>,
@@ -252,7 +259,8 @@ impl Default for Metrics {
         let pool_idle = Family::default();
         registry.register(
             "script_runner_worker_pool_idle",
-            "Warm pool containers waiting idle for a task, by runtime (POOL_SIZE)",
+            "Warm pool containers waiting idle for a task, by runtime and network (POOL_SIZE \
+             for internet, EGRESS_POOL_SIZE for allow)",
             pool_idle.clone(),
         );
         let pool_claims = Family::default();
@@ -363,13 +371,14 @@ impl Metrics {
             .observe(ran.as_secs_f64());
     }
 
-    /// How many warm containers of `runtime` wait idle now.
-    pub fn set_pool_idle(&self, runtime: &str, idle: usize) {
-        let runtime = RuntimeLabel {
-            runtime: runtime.to_owned(),
+    /// How many warm containers of a runtime on a network wait idle now.
+    pub fn set_pool_idle(&self, (runtime, network): &(shared::RuntimeName, Network), idle: usize) {
+        let label = PoolLabel {
+            runtime: runtime.to_string(),
+            network: network.as_str(),
         };
         let idle = i64::try_from(idle).unwrap_or(i64::MAX);
-        self.0.pool_idle.get_or_create(&runtime).set(idle);
+        self.0.pool_idle.get_or_create(&label).set(idle);
     }
 
     /// Whether a task got its owner's dependency cache, and with files in it.
@@ -589,7 +598,11 @@ mod tests {
             "histogram",
             &["runtime"],
         ),
-        ("script_runner_worker_pool_idle", "gauge", &["runtime"]),
+        (
+            "script_runner_worker_pool_idle",
+            "gauge",
+            &["runtime", "network"],
+        ),
         (
             "script_runner_worker_pool_claims_total",
             "counter",
@@ -629,7 +642,13 @@ mod tests {
         m.set_firewall(true);
         m.set_firewall_intact(true);
         m.task_ran("python3.13", Duration::from_millis(1500));
-        m.set_pool_idle("python3.13", 2);
+        m.set_pool_idle(
+            &(
+                shared::RuntimeName::from_stored("python3.13"),
+                Network::Allow,
+            ),
+            2,
+        );
         m.pool_claim(Claim::Warm);
         for op in Op::ALL {
             let _ = m.docker(op, async { Ok::<_, ()>(()) }).await;

@@ -9,16 +9,21 @@
 //! zip claims it and the worker extracts the zip there) and its collection pipe
 //! are mounted ahead of time.
 //!
-//! Only tasks on the default network are served warm: a `network: "none"` task
-//! must not run in a container that was started with a network, so it gets a
-//! cold one.
+//! There is a pool per runtime and network: `POOL_SIZE` on the task bridge for
+//! `internet` tasks, `EGRESS_POOL_SIZE` on the egress network for allow-list
+//! tasks (whose proxy lease is taken at the claim, by the container's address,
+//! read when it was made: until then the proxy knows the address for no task
+//! and refuses it everything). A `network: "none"` task must not run in a
+//! container that was started with a network, so it always gets a cold one.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use shared::options::Network;
 use shared::{RuntimeName, WorkerName};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +51,9 @@ pub struct Warm {
     /// The container's id.
     pub id: String,
     pub image: String,
+    /// On the egress network: its address there, which the claiming task's
+    /// proxy lease names. `None` on the task bridge.
+    pub egress: Option<IpAddr>,
     /// Its streams, attached since before it started: the handoff goes to its
     /// prelude through them. Taken at the handoff.
     pub attached: Option<Attached>,
@@ -85,6 +93,9 @@ impl Warm {
     }
 }
 
+/// One pool: a runtime on a network (`Internet` or `Allow`).
+type PoolKey = (RuntimeName, Network);
+
 /// The warm pool of one worker. Clones share it.
 #[derive(Clone)]
 pub struct Pool {
@@ -96,7 +107,7 @@ struct Inner {
     config: PoolConfig,
     /// `TASKS_DIR/pool-<worker>`: every pool container's host directory.
     root: PathBuf,
-    idle: Mutex<HashMap<RuntimeName, VecDeque<Warm>>>,
+    idle: Mutex<HashMap<PoolKey, VecDeque<Warm>>>,
     /// Woken when a container was taken.
     taken: Notify,
     /// Whether containers get a cache mount directory.
@@ -128,25 +139,24 @@ impl Pool {
         !self.inner.config.sizes.is_empty()
     }
 
-    /// Takes an idle container of `runtime`, if there is one young enough; the
-    /// refill starts at once. `None` means: start a cold one. Pool containers
-    /// run this worker's catalogue image for their runtime (`PoolConfig::parse`
-    /// takes it from the catalogue), the one a task of that runtime runs in.
-    pub fn take(&self, runtime: &RuntimeName) -> Option<Warm> {
+    /// Takes an idle container of `runtime` on `network`, if there is one
+    /// young enough; the refill starts at once. `None` means: start a cold one.
+    /// Pool containers run this worker's catalogue image for their runtime
+    /// (`PoolConfig::parse` takes it from the catalogue), the one a task of
+    /// that runtime runs in.
+    pub fn take(&self, runtime: &RuntimeName, network: Network) -> Option<Warm> {
         let inner = &self.inner;
+        let key = (runtime.clone(), network);
         let warm = {
             let mut idle = inner.lock();
-            let queue = idle.get_mut(runtime)?;
+            let queue = idle.get_mut(&key)?;
             // Oldest first, so none ages out unused while younger ones serve;
             // one past its age is left for the refill loop to replace.
             let fresh = queue
                 .iter()
                 .position(|w| w.born.elapsed() < inner.config.max_age)?;
             let warm = queue.remove(fresh);
-            inner
-                .sandbox
-                .metrics()
-                .set_pool_idle(runtime.as_str(), queue.len());
+            inner.sandbox.metrics().set_pool_idle(&key, queue.len());
             warm
         };
         inner.taken.notify_one();
@@ -168,14 +178,15 @@ impl Pool {
             let backing_off = failed
                 .as_ref()
                 .is_some_and(|(_, at, wait)| at.elapsed() < *wait);
-            if !backing_off && let Some((runtime, image)) = self.next_missing() {
-                if self.add(&runtime, &image, &stop).await {
+            if !backing_off && let Some((key, image)) = self.next_missing() {
+                if self.add(&key, &image, &stop).await {
                     failed = None;
                 } else {
                     let mut schedule = failed.take().map_or_else(retry_schedule, |(s, ..)| s);
                     let wait = schedule.next().unwrap_or(RETRY_MAX);
                     tracing::warn!(
-                        %runtime,
+                        runtime = %key.0,
+                        network = %key.1,
                         image,
                         "pool container not made; next try in {wait:?}"
                     );
@@ -198,15 +209,16 @@ impl Pool {
         self.clear().await;
     }
 
-    /// The first runtime short of its size, and its image.
-    fn next_missing(&self) -> Option<(RuntimeName, String)> {
+    /// The first pool short of its size, and its image.
+    fn next_missing(&self) -> Option<(PoolKey, String)> {
         let idle = self.inner.lock();
         self.inner
             .config
             .sizes
             .iter()
-            .find(|t| idle.get(&t.runtime).map_or(0, VecDeque::len) < t.size)
-            .map(|t| (t.runtime.clone(), t.image.clone()))
+            .map(|t| ((t.runtime.clone(), t.network), t))
+            .find(|(key, t)| idle.get(key).map_or(0, VecDeque::len) < t.size)
+            .map(|(key, t)| (key, t.image.clone()))
     }
 
     /// How long until the oldest idle container reaches its age.
@@ -220,9 +232,10 @@ impl Pool {
             .min()
     }
 
-    /// Creates and starts one container for `runtime`'s pool. False if it could
+    /// Creates and starts one container for the pool `key`. False if it could
     /// not be made (logged).
-    async fn add(&self, runtime: &RuntimeName, image: &str, stop: &CancellationToken) -> bool {
+    async fn add(&self, key: &PoolKey, image: &str, stop: &CancellationToken) -> bool {
+        let (runtime, network) = key;
         let inner = &self.inner;
         let name = pool_container_name();
         let dir = inner.root.join(&name);
@@ -245,12 +258,29 @@ impl Pool {
             restore: &dir.join("restore"),
             fifo: &dir.join("collect"),
             cache: cache_dir.as_deref(),
+            network: *network,
         };
-        match inner.sandbox.create_warm(&spec).await {
-            Ok((id, attached)) => {
+        let made = match inner.sandbox.create_warm(&spec).await {
+            // Its address on the egress network, read once here rather than
+            // at every claim (an inspect, a few ms on the task's path).
+            Ok((id, attached)) if *network == Network::Allow => {
+                match inner.sandbox.egress_address(&id).await {
+                    Ok(ip) => Ok((id, attached, Some(ip))),
+                    Err(e) => {
+                        inner.sandbox.remove(&id).await;
+                        Err(e)
+                    }
+                }
+            }
+            Ok((id, attached)) => Ok((id, attached, None)),
+            Err(e) => Err(e),
+        };
+        match made {
+            Ok((id, attached, egress)) => {
                 let warm = Warm {
                     id,
                     image: image.to_owned(),
+                    egress,
                     attached: Some(attached),
                     dir,
                     cache: inner.caches,
@@ -262,16 +292,13 @@ impl Pool {
                     return true;
                 }
                 let mut idle = inner.lock();
-                let queue = idle.entry(runtime.clone()).or_default();
+                let queue = idle.entry(key.clone()).or_default();
                 queue.push_back(warm);
-                inner
-                    .sandbox
-                    .metrics()
-                    .set_pool_idle(runtime.as_str(), queue.len());
+                inner.sandbox.metrics().set_pool_idle(key, queue.len());
                 true
             }
             Err(e) => {
-                tracing::warn!(%runtime, image, error = %e, "could not start a pool container");
+                tracing::warn!(%runtime, %network, image, error = %e, "could not start a pool container");
                 remove_dir(dir).await;
                 false
             }
@@ -284,14 +311,11 @@ impl Pool {
         let old: Vec<Warm> = {
             let mut idle = self.inner.lock();
             let mut old = Vec::new();
-            for (runtime, queue) in idle.iter_mut() {
+            for (key, queue) in idle.iter_mut() {
                 let (keep, expired): (VecDeque<Warm>, VecDeque<Warm>) =
                     queue.drain(..).partition(|w| w.born.elapsed() < max_age);
                 *queue = keep;
-                self.inner
-                    .sandbox
-                    .metrics()
-                    .set_pool_idle(runtime.as_str(), queue.len());
+                self.inner.sandbox.metrics().set_pool_idle(key, queue.len());
                 old.extend(expired);
             }
             old
@@ -306,12 +330,9 @@ impl Pool {
     async fn clear(&self) {
         let all: Vec<Warm> = {
             let mut idle = self.inner.lock();
-            for (runtime, queue) in idle.iter() {
+            for (key, queue) in idle.iter() {
                 if !queue.is_empty() {
-                    self.inner
-                        .sandbox
-                        .metrics()
-                        .set_pool_idle(runtime.as_str(), 0);
+                    self.inner.sandbox.metrics().set_pool_idle(key, 0);
                 }
             }
             idle.drain().flat_map(|(_, q)| q).collect()
@@ -334,7 +355,7 @@ impl Pool {
 
 impl Inner {
     /// Only held for a lookup or a push, never across an await.
-    fn lock(&self) -> MutexGuard<'_, HashMap<RuntimeName, VecDeque<Warm>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, VecDeque<Warm>>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

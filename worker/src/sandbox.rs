@@ -39,6 +39,8 @@ pub const LABEL_WORKER: &str = "script-runner.worker";
 /// On warm pool containers: the runtime whose pool holds it. A claimed one is
 /// renamed `sr-<task_id>` (labels cannot change).
 pub const LABEL_POOL: &str = "script-runner.pool";
+/// On warm pool containers: the network of that pool (`internet`, `allow`).
+pub const LABEL_POOL_NETWORK: &str = "script-runner.pool-network";
 
 /// How every warm pool container's name begins (see `pool_container_name`).
 pub const POOL_CONTAINER_PREFIX: &str = "sr-pool-";

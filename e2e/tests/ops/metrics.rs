@@ -81,6 +81,7 @@ async fn the_dashboard_queries_only_metrics_a_real_api_and_worker_serve() {
     // Cold starts only, so each count below is exactly the two tasks' (the pool's
     // own metrics are checked in e2e/tests/pool.rs).
     options.extra_env.push(("POOL_SIZE", "0".to_owned()));
+    options.extra_env.push(("EGRESS_POOL_SIZE", "0".to_owned()));
     let stack = Stack::start(options).await;
     let client = stack.client().await;
     run_to_end(&client, "python3.13", "echo hi", json!({})).await;

@@ -65,13 +65,21 @@ pub(super) async fn launch_cold(
 }
 
 /// A warm start: the pool container's prelude, waiting since the container
-/// started, is handed the task.
+/// started, is handed the task. An allow-list task's lease is taken first, by
+/// the address its egress pool container was given (as a cold one's is).
 pub(super) async fn launch_warm(
     ctx: &Ctx,
     warm: &mut Warm,
     spec: &ContainerSpec<'_>,
     stdin: Option<Vec<u8>>,
+    allow: Option<&AllowList>,
 ) -> Result<Launched, SandboxError> {
+    let egress = match (allow, warm.egress) {
+        (None, _) => None,
+        (Some(list), Some(ip)) => Some(ctx.egress.lease(ip, spec.task_id, list.clone())),
+        // Taken from the task bridge's pool: never run there.
+        (Some(_), None) => return Err(SandboxError::HandoffNotTaken),
+    };
     let attached = warm.attached.take().ok_or(SandboxError::HandoffNotTaken)?;
     let handed_at = Instant::now();
     let output = ctx
@@ -81,7 +89,7 @@ pub(super) async fn launch_warm(
     Ok(Launched {
         container: warm.id.clone(),
         output,
-        egress: None,
+        egress,
         handed_at,
     })
 }

@@ -193,12 +193,11 @@ async fn execute(
             return (Outcome::image_refused(refusal), None);
         }
     };
-    // A task without a network must not run where a network was set up.
-    // Pool containers sit on the task bridge: an allow-list task gets a cold
-    // one on the egress network.
+    // A task without a network must not run where a network was set up; an
+    // allow-list task takes one of the egress network's pool.
     let mut warm = match spec.egress.network() {
-        Network::Internet => ctx.pool.take(&spec.runtime),
-        Network::None | Network::Allow => None,
+        network @ (Network::Internet | Network::Allow) => ctx.pool.take(&spec.runtime, network),
+        Network::None => None,
     };
     let mut claim = if warm.is_some() {
         Claim::Warm
@@ -254,31 +253,33 @@ async fn execute(
         }
         let stdin = inputs.stdin.clone();
         match &mut warm {
-            Some(w) => match launch_warm(ctx, w, &container_spec, stdin).await {
-                Ok(launched) => break (Ok(launched), inputs),
-                Err(e) => {
-                    // Nothing of the task ran: a pool container that died while
-                    // idle (an engine restart, a hand), or just before its
-                    // process could start, costs a cold start, not the task.
-                    tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
-                    claim = Claim::Fallback;
-                    if let Some(c) = inputs.collector {
-                        c.finish().await;
-                    }
-                    // Removed before the cold one is made (it may already bear
-                    // the task's container name), and before the cache is
-                    // looked at: the engine may have started the process after
-                    // all. Then the cache goes back, to be lent again to the
-                    // cold one, or is dropped if the container is not gone.
-                    if let Some(w) = warm.take() {
-                        let gone = ctx.sandbox.remove(&w.id).await;
-                        if let Some(lease) = inputs.cache {
-                            return_cache(ctx, lease, gone).await;
+            Some(w) => {
+                match launch_warm(ctx, w, &container_spec, stdin, spec.egress.allow_list()).await {
+                    Ok(launched) => break (Ok(launched), inputs),
+                    Err(e) => {
+                        // Nothing of the task ran: a pool container that died while
+                        // idle (an engine restart, a hand), or just before its
+                        // process could start, costs a cold start, not the task.
+                        tracing::warn!(task_id, error = %e, "pool container unusable; starting a new one");
+                        claim = Claim::Fallback;
+                        if let Some(c) = inputs.collector {
+                            c.finish().await;
                         }
-                        crate::pool::remove_dir(w.dir().to_path_buf()).await;
+                        // Removed before the cold one is made (it may already bear
+                        // the task's container name), and before the cache is
+                        // looked at: the engine may have started the process after
+                        // all. Then the cache goes back, to be lent again to the
+                        // cold one, or is dropped if the container is not gone.
+                        if let Some(w) = warm.take() {
+                            let gone = ctx.sandbox.remove(&w.id).await;
+                            if let Some(lease) = inputs.cache {
+                                return_cache(ctx, lease, gone).await;
+                            }
+                            crate::pool::remove_dir(w.dir().to_path_buf()).await;
+                        }
                     }
                 }
-            },
+            }
             None => {
                 let launched =
                     launch_cold(ctx, &container_spec, stdin, spec.egress.allow_list()).await;

@@ -15,7 +15,9 @@ use futures_util::StreamExt;
 use shared::options::Network;
 
 use super::prelude::{COLLECT_MOUNT, RESTORE_MOUNT, SOURCE_MOUNT, container_command, task_env};
-use super::{Attached, LABEL_POOL, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError};
+use super::{
+    Attached, LABEL_POOL, LABEL_POOL_NETWORK, LABEL_TASK, LABEL_WORKER, Sandbox, SandboxError,
+};
 use crate::cache::CACHE_MOUNT;
 
 /// Where an allow-list task's Docker DNS server forwards: nowhere that answers.
@@ -83,6 +85,8 @@ pub struct WarmSpec<'a> {
     pub fifo: &'a Path,
     /// Mounted at `CACHE_MOUNT`: a claiming task's cache is lent into it.
     pub cache: Option<&'a Path>,
+    /// The task bridge (`Internet`) or the egress network (`Allow`).
+    pub network: Network,
 }
 
 /// Host paths mounted into a task container.
@@ -144,6 +148,10 @@ impl Sandbox {
             labels: Some(HashMap::from([
                 (LABEL_WORKER.to_owned(), self.worker.clone()),
                 (LABEL_POOL.to_owned(), warm.runtime.to_owned()),
+                (
+                    LABEL_POOL_NETWORK.to_owned(),
+                    warm.network.as_str().to_owned(),
+                ),
             ])),
             host_config: Some(self.host_config(
                 &Mounts {
@@ -152,7 +160,7 @@ impl Sandbox {
                     collect: Some(warm.fifo),
                     cache: warm.cache,
                 },
-                Network::Internet,
+                warm.network,
             )),
             ..self.base_body()
         };
