@@ -180,14 +180,21 @@ wait_healthy() {
 }
 
 show_failing_logs() {
-    local service state code health
+    local service state code health shown=0
     while read -r service state code health; do
         [[ "$service" == functions && "$state" == exited && "$code" == 0 ]] && continue
         if [[ "$state" != running || ( -n "$health" && "$health" != healthy ) ]]; then
             log "--- $service ($state${health:+, $health}) ---"
             docker compose logs --no-color --tail 50 "$service" >&2 || true
+            shown=1
         fi
     done < <(docker compose ps -a --format '{{.Service}} {{.State}} {{.ExitCode}} {{.Health}}' 2>/dev/null)
+    # A crash-looping service can look healthy for the instant ps looks (seen once in
+    # the deploy test, under load): then every service's last lines, so its reason shows.
+    if ((!shown)); then
+        log "--- no service is failing at this instant; the last lines of each ---"
+        docker compose logs --no-color --tail 20 >&2 || true
+    fi
     # A service that never got a container (a build failure) shows nothing above.
 }
 
