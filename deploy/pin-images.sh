@@ -41,7 +41,14 @@ while (($#)); do
 done
 [[ -f "$ENV_FILE" ]] || die "no $ENV_FILE (setup-host.sh writes it)"
 
-env_get() { grep -E "^$1=" "$ENV_FILE" | tail -n1 | cut -d= -f2- || true; }
+# The last value of NAME, without the quotes deploy.sh's reader also drops.
+env_get() {
+    local line
+    line="$(grep -E "^$1=" "$ENV_FILE" | tail -n1 || true)"
+    line="${line#*=}"
+    line="${line%\"}"; line="${line#\"}"
+    printf '%s' "$line"
+}
 env_set() {
     local tmp
     tmp="$(mktemp "$ENV_FILE.XXXXXX")"
@@ -60,17 +67,28 @@ repository() {
 }
 
 # Prints REF pinned: NAME:TAG@sha256:... of what the tag names now, pulled. A reference
-# that is pinned already is printed as it is, unless --repin.
+# that is pinned already is printed as it is, unless --repin; one pinned with no tag
+# (NAME@sha256:...) always is, since there is no tag to follow. An image that this host
+# has but no registry serves (built or loaded here) is kept by its tag, with a warning.
 pin() {
-    local ref="$1" tagged repo digests d
-    if [[ "$ref" == *@sha256:* ]] && ((!REPIN)); then printf '%s' "$ref"; return; fi
+    local ref="$1" tagged repo digests d=""
+    if [[ "$ref" == *@sha256:* ]] && { ((!REPIN)) || [[ "${ref%%@*}" != "$(repository "$ref"):"* ]]; }; then
+        printf '%s' "$ref"
+        return
+    fi
     tagged="${ref%%@*}"
-    docker pull -q "$tagged" >/dev/null || die "cannot pull $tagged"
+    if ! docker pull -q "$tagged" >/dev/null 2>&1; then
+        docker image inspect "$tagged" >/dev/null 2>&1 || die "cannot pull $tagged, and this host does not have it"
+        log "WARNING: $tagged cannot be pulled; kept by its tag (this host's own copy)"
+        printf '%s' "$tagged"
+        return
+    fi
     repo="$(repository "$tagged")"
     digests="$(docker image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$tagged")"
-    # Docker lists Docker Hub's own images without docker.io/ and library/.
+    # Docker lists Docker Hub's own images without docker.io/ and library/. The
+    # repository must match whole: `python` is not `mirror.local/python`.
     for candidate in "$repo" "${repo#docker.io/}" "${repo#docker.io/library/}"; do
-        d="$(grep -m1 -F "$candidate@sha256:" <<<"$digests" | sed 's/.*@//' || true)"
+        d="$(awk -F@ -v r="$candidate" '$1 == r { print $2; exit }' <<<"$digests")"
         [[ -z "$d" ]] || break
     done
     [[ -n "$d" ]] || die "$tagged has no digest from $repo (an image built or loaded here, not pulled, has none)"

@@ -152,6 +152,23 @@ async fn a_tag_moved_after_pinning_changes_nothing_a_worker_runs_until_repinned(
     assert_ne!(repinned, pinned);
     assert!(said.contains("runtime python3.13:"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
+    untag_all(&registry.host());
+}
+
+/// Removes every name of this run's registry from the engine (by tag and by
+/// digest, never by image id: the images are the test images under other names).
+fn untag_all(host: &str) {
+    let filter = format!("reference={host}/*/*");
+    for format in ["{{.Repository}}:{{.Tag}}", "{{.Repository}}@{{.Digest}}"] {
+        let listed = Command::new("docker")
+            .args(["image", "ls", "--filter", &filter, "--format", format])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for name in listed.lines().filter(|l| !l.contains("<none>")) {
+            let _ = Command::new("docker").args(["rmi", name]).output();
+        }
+    }
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

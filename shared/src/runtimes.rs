@@ -143,7 +143,10 @@ impl RuntimeCatalog {
     /// runtime is not here, or its image is neither this catalogue's for the
     /// runtime nor the runtime's default (what an api without an override
     /// records), so a record written by anything but an api that agrees with
-    /// this worker cannot choose what runs.
+    /// this worker cannot choose what runs. A pinned digest (`NAME:TAG@sha256:…`,
+    /// deploy/pin-images.sh) is not compared: a worker host still on last
+    /// week's pin runs its own bytes for the same image instead of refusing
+    /// every task the api records with this week's.
     pub fn resolve(
         &self,
         runtime: &RuntimeName,
@@ -156,7 +159,9 @@ impl RuntimeCatalog {
             });
         };
         let default = default_image(runtime.as_str());
-        if recorded_image == image || default == Some(recorded_image) {
+        let unpinned = |r: &str| r.split_once('@').map_or(r, |(name, _)| name).to_owned();
+        let recorded = unpinned(recorded_image);
+        if recorded == unpinned(image) || default.is_some_and(|d| unpinned(d) == recorded) {
             return Ok(image);
         }
         let accepted = match default {
@@ -289,6 +294,27 @@ mod tests {
                  node24; this worker accepts only \"mirror/node:24\" or \"node:24-slim\" for it"
             )
         );
+        // Pins are not compared: a worker on another week's digest runs its
+        // own pin of the same image; another image stays refused, pinned or not.
+        let pinned =
+            RuntimeCatalog::from_env_value(Some("python3.13=python:3.13-slim@sha256:aa")).ok();
+        let resolve_pinned = |i: &str| {
+            pinned.as_ref().map(|c| {
+                c.resolve(&RuntimeName::from_stored("python3.13"), i)
+                    .map(str::to_owned)
+            })
+        };
+        for recorded in ["python:3.13-slim@sha256:bb", "python:3.13-slim"] {
+            assert_eq!(
+                resolve_pinned(recorded),
+                Some(Ok("python:3.13-slim@sha256:aa".into())),
+                "{recorded}"
+            );
+        }
+        assert!(matches!(
+            resolve_pinned("attacker.invalid/evil:1@sha256:aa"),
+            Some(Err(ImageRefusal::ImageNotInCatalogue { .. }))
+        ));
         // Another runtime's image is not this runtime's.
         assert!(matches!(
             resolve("python3.13", "python:3.8-slim"),
