@@ -396,9 +396,17 @@ impl Config {
         };
         let worker_name = WorkerName::parse(&worker_name)?;
         let catalog = RuntimeCatalog::from_lookup(&var)?;
+        let pool_size = POOL_SIZE.get(&var);
+        // A worker that turned its pool off (runsc's hosts must) keeps the
+        // egress one off too unless it names one.
+        let egress_pool_size = match var(EGRESS_POOL_SIZE.name) {
+            Some(v) => v,
+            None if pool_size.trim() == "0" => "0".to_owned(),
+            None => EGRESS_POOL_SIZE.default.to_owned(),
+        };
         let pool = PoolConfig::parse(
-            &POOL_SIZE.get(&var),
-            &EGRESS_POOL_SIZE.get(&var),
+            &pool_size,
+            &egress_pool_size,
             &catalog,
             Duration::from_secs(POOL_MAX_AGE_SECONDS.range(&var, 10, 86_400)?),
         )?;
@@ -766,6 +774,19 @@ mod tests {
                 .any(|t| t.network == Network::Allow && t.runtime.as_str() == "python3.13"),
             "{default:?}"
         );
+        // POOL_SIZE=0 alone turns both off; EGRESS_POOL_SIZE named keeps its own.
+        assert!(
+            load(&[("POOL_SIZE", "0")])
+                .expect("off")
+                .pool
+                .sizes
+                .is_empty()
+        );
+        let only_egress = load(&[("POOL_SIZE", "0"), ("EGRESS_POOL_SIZE", "node24=1")])
+            .expect("egress only")
+            .pool
+            .sizes;
+        assert_eq!(only_egress.len(), 1, "{only_egress:?}");
         let egress = refused(&[("EGRESS_POOL_SIZE", "ruby3=1")]);
         assert!(egress.starts_with("EGRESS_POOL_SIZE="), "{egress}");
         let unknown = refused(&[("POOL_SIZE", "ruby3=1")]);

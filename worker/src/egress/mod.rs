@@ -128,15 +128,7 @@ impl EgressProxy {
     /// Lets the container at `ip` through for `task_id` under `allow`, until
     /// the returned lease is dropped.
     pub fn lease(&self, ip: IpAddr, task_id: &str, allow: AllowList) -> EgressLease {
-        let entry = Arc::new(Entry {
-            task_id: task_id.to_owned(),
-            allow,
-            log: Mutex::new(EgressLog::default()),
-            changed: AtomicBool::new(false),
-            open: watch::Sender::new(0),
-            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_TASK)),
-            ended: CancellationToken::new(),
-        });
+        let entry = Self::entry_for(task_id, allow);
         let old = self.leases().insert(ip, entry.clone());
         if let Some(old) = old {
             // Its container is gone (the engine gave its address away).
@@ -147,6 +139,37 @@ impl EgressProxy {
             ip,
             entry,
         }
+    }
+
+    /// `lease`, unless another task holds `ip`: then `None`. For a warm
+    /// container, whose address was read when it was made: should it have
+    /// died idle, the engine may have given that address to another task's
+    /// container since, whose lease must not be taken over.
+    pub fn try_lease(&self, ip: IpAddr, task_id: &str, allow: AllowList) -> Option<EgressLease> {
+        let entry = Self::entry_for(task_id, allow);
+        match self.leases().entry(ip) {
+            std::collections::hash_map::Entry::Occupied(_) => return None,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(entry.clone());
+            }
+        }
+        Some(EgressLease {
+            proxy: self.clone(),
+            ip,
+            entry,
+        })
+    }
+
+    fn entry_for(task_id: &str, allow: AllowList) -> Arc<Entry> {
+        Arc::new(Entry {
+            task_id: task_id.to_owned(),
+            allow,
+            log: Mutex::new(EgressLog::default()),
+            changed: AtomicBool::new(false),
+            open: watch::Sender::new(0),
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS_PER_TASK)),
+            ended: CancellationToken::new(),
+        })
     }
 
     fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Arc<Entry>>> {
@@ -281,6 +304,27 @@ mod tests {
     fn lease(proxy: &EgressProxy) -> EgressLease {
         let allow = AllowList::parse(&["pkgs.test"]).expect("an allow-list");
         proxy.lease(IpAddr::from([172, 30, 0, 2]), "t1", allow)
+    }
+
+    #[test]
+    fn a_warm_claim_never_takes_over_another_tasks_address() {
+        let proxy = proxy();
+        let ip = IpAddr::from([172, 30, 0, 2]);
+        let held = lease(&proxy);
+        let allow = AllowList::parse(&["other.test"]).expect("an allow-list");
+        assert!(proxy.try_lease(ip, "t2", allow.clone()).is_none());
+        assert_eq!(
+            proxy.entry(ip).map(|e| e.task_id.clone()).as_deref(),
+            Some("t1")
+        );
+        drop(held);
+        let mine = proxy.try_lease(ip, "t2", allow).expect("a free address");
+        assert_eq!(
+            proxy.entry(ip).map(|e| e.task_id.clone()).as_deref(),
+            Some("t2")
+        );
+        drop(mine);
+        assert!(proxy.entry(ip).is_none());
     }
 
     #[tokio::test]

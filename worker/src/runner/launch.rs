@@ -76,7 +76,13 @@ pub(super) async fn launch_warm(
 ) -> Result<Launched, SandboxError> {
     let egress = match (allow, warm.egress) {
         (None, _) => None,
-        (Some(list), Some(ip)) => Some(ctx.egress.lease(ip, spec.task_id, list.clone())),
+        // Another task holds the address: this container died idle and the
+        // engine gave its address away. Nothing ran: a cold start instead.
+        (Some(list), Some(ip)) => Some(
+            ctx.egress
+                .try_lease(ip, spec.task_id, list.clone())
+                .ok_or(SandboxError::HandoffNotTaken)?,
+        ),
         // Taken from the task bridge's pool: never run there.
         (Some(_), None) => return Err(SandboxError::HandoffNotTaken),
     };
