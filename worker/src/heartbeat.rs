@@ -30,13 +30,18 @@ pub async fn run(ctx: Ctx, slots: Slots, stop: CancellationToken) {
             version: Some(version.to_owned()),
             ttl_seconds: Some(ttl.as_secs()),
         };
-        if let Err(e) = ctx.queue.heartbeat(ttl, &beat).await {
-            tracing::warn!(error = %e, "heartbeat failed");
-        }
         // A Redis node added since (a replica, a sentinel) is refused from
         // here on, by the rules (the check below) and by the egress proxy.
-        // Bounded like the check, for a sentinel that does not answer.
-        match tokio::time::timeout(ttl / 3, ctx.refusals.refresh()).await {
+        // Beside the beat, not before it (sentinels are slowest during a
+        // failover), and bounded, for a sentinel that does not answer.
+        let (beat, refreshed) = tokio::join!(
+            ctx.queue.heartbeat(ttl, &beat),
+            tokio::time::timeout(ttl / 3, ctx.refusals.refresh()),
+        );
+        if let Err(e) = beat {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+        match refreshed {
             Ok(Ok(added)) if !added.is_empty() => tracing::info!(
                 added = %added.iter().map(ToString::to_string).collect::<Vec<_>>().join(" "),
                 "new Redis hosts; tasks may not reach them"

@@ -96,8 +96,13 @@ pub async fn iptables(args: &[&str]) -> Result<String, FirewallError> {
 
 /// The IPv4 addresses of the Redis hosts (`RedisTarget::hosts`: `REDIS_URL`'s,
 /// or the sentinels and every node they know), as `/32` ranges. Only host names
-/// are looked at: no password is ever logged.
-pub async fn redis_addresses(redis: &RedisTarget) -> Result<Vec<Ipv4Net>, FirewallError> {
+/// are looked at: no password is ever logged. `strict` (at start): a name that
+/// does not resolve is an error; otherwise (a refresh) it is logged and
+/// skipped, so one removed node's stale name does not keep a new one open.
+pub async fn redis_addresses(
+    redis: &RedisTarget,
+    strict: bool,
+) -> Result<Vec<Ipv4Net>, FirewallError> {
     let hosts = redis.hosts().await.map_err(FirewallError::RedisHosts)?;
     let mut nets = Vec::new();
     for (host, port) in hosts {
@@ -105,7 +110,11 @@ pub async fn redis_addresses(redis: &RedisTarget) -> Result<Vec<Ipv4Net>, Firewa
         let lookup = tokio::net::lookup_host((host.clone(), port)).await;
         let addrs = match lookup {
             Ok(addrs) => addrs,
-            Err(error) => return Err(FirewallError::Resolve { host, error }),
+            Err(error) if strict => return Err(FirewallError::Resolve { host, error }),
+            Err(error) => {
+                tracing::warn!(host, error = %error, "a Redis host does not resolve; skipped");
+                continue;
+            }
         };
         nets.extend(addrs.filter_map(|a| match a.ip() {
             IpAddr::V4(v4) => Some(Ipv4Net::from(v4)),
@@ -317,17 +326,17 @@ mod tests {
     #[tokio::test]
     async fn the_redis_address_is_blocked_even_when_public() {
         let at = |url: &str| RedisTarget::url(url).expect("a Redis URL");
-        let nets = redis_addresses(&at("rediss://worker:secret@203.0.113.7:6380")).await;
+        let nets = redis_addresses(&at("rediss://worker:secret@203.0.113.7:6380"), true).await;
         assert_eq!(
             nets.ok().as_deref().map(shown),
             Some(vec!["203.0.113.7/32".to_owned()])
         );
-        let nets = redis_addresses(&at("redis://127.0.0.1")).await;
+        let nets = redis_addresses(&at("redis://127.0.0.1"), true).await;
         assert_eq!(
             nets.ok().as_deref().map(shown),
             Some(vec!["127.0.0.1/32".to_owned()])
         );
-        let nets = redis_addresses(&at("redis+unix:///run/redis.sock")).await;
+        let nets = redis_addresses(&at("redis+unix:///run/redis.sock"), true).await;
         assert_eq!(nets.ok(), Some(vec![]));
     }
 }

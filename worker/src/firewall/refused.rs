@@ -117,7 +117,7 @@ impl Refusals {
     ) -> Result<Refusals, FirewallError> {
         let refused = Refused {
             subnets: host::host_subnets().await?,
-            redis: host::redis_addresses(redis).await?,
+            redis: host::redis_addresses(redis, true).await?,
             blocked_cidrs: blocked_cidrs
                 .iter()
                 .map(|e| Destination::parse(e))
@@ -165,7 +165,7 @@ impl Refusals {
         let Some(redis) = &self.redis else {
             return Ok(Vec::new());
         };
-        let found = host::redis_addresses(redis).await?;
+        let found = host::redis_addresses(redis, false).await?;
         let mut added = Vec::new();
         self.now
             .send_if_modified(|now| match now.with_redis(&found) {
