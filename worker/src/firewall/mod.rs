@@ -124,6 +124,7 @@ pub async fn install(
             verified: None,
             wanted,
             refused,
+            pending: false,
             dns,
         }),
         intact: AtomicBool::new(false),
@@ -162,6 +163,9 @@ struct Checked {
     wanted: Vec<Wanted>,
     /// What the task bridge's chains refuse, as it changes.
     refused: watch::Receiver<Arc<Refused>>,
+    /// A change of `refused` not yet written (a reinstall that failed or was
+    /// cut short is tried again first, not found later as a "repair").
+    pending: bool,
     /// The name servers tasks may reach on port 53 (read at start).
     dns: Vec<Ipv4Addr>,
 }
@@ -178,8 +182,7 @@ impl Firewall {
         let mut checked = self.0.checked.lock().await;
         // New refusals (a Redis host seen since the last check) make new task
         // chains, written before this check (not counted as a repair).
-        let changed = checked.refused.has_changed().unwrap_or(false);
-        if changed {
+        if checked.refused.has_changed().unwrap_or(false) {
             let now = checked.refused.borrow_and_update().clone();
             let task = &checked.wanted[0];
             let rebuilt = Wanted::new(&task.bridge, &checked.dns, now.subnets(), &now.extra());
@@ -189,13 +192,15 @@ impl Firewall {
             );
             checked.wanted[0] = rebuilt;
             checked.verified = None;
+            checked.pending = true;
         }
         if checked.verified.is_some_and(|at| at >= asked) {
             return Ok(());
         }
         let began = Instant::now();
+        let pending = checked.pending;
         let check = async {
-            if changed {
+            if pending {
                 reinstall(&checked.wanted[0], &save().await?).await?;
             }
             self.check_and_repair(&checked.wanted).await
@@ -203,6 +208,9 @@ impl Firewall {
         let r = tokio::time::timeout(CHECK_LIMIT, check)
             .await
             .unwrap_or(Err(FirewallError::TooSlow(CHECK_LIMIT.as_secs())));
+        if r.is_ok() {
+            checked.pending = false;
+        }
         checked.verified = r.is_ok().then_some(began);
         self.0.intact.store(r.is_ok(), Ordering::SeqCst);
         self.0.metrics.set_firewall_intact(r.is_ok());
