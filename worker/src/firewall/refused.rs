@@ -48,27 +48,26 @@ impl Refused {
     /// `TASK_BLOCKED_CIDRS` that is not one is skipped: the firewall refuses
     /// to start with it, see `Destination::Verbatim`).
     pub fn networks(&self) -> Vec<Ipv4Net> {
-        let mut out = BLOCKED.to_vec();
-        out.extend(&self.subnets);
-        out.extend(&self.redis);
-        out.extend(self.blocked_cidrs.iter().filter_map(|d| match d {
-            Destination::Net(net) => Some(*net),
-            Destination::Verbatim(_) => None,
-        }));
-        out
+        self.all().collect()
     }
 
-    /// Whether `ip` is in any refused network.
+    /// Whether `ip` is in any refused network (what `networks` lists, unallocated:
+    /// the egress proxy asks for every address it connects to).
     pub fn refuses(&self, ip: Ipv4Addr) -> bool {
-        BLOCKED.iter().any(|n| n.contains(&ip))
-            || [&self.subnets, &self.redis]
-                .into_iter()
-                .flatten()
-                .any(|n| n.contains(&ip))
-            || self.blocked_cidrs.iter().any(|d| match d {
-                Destination::Net(n) => n.contains(&ip),
-                Destination::Verbatim(_) => false,
-            })
+        self.all().any(|n| n.contains(&ip))
+    }
+
+    fn all(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
+        let cidrs = self.blocked_cidrs.iter().filter_map(|d| match d {
+            Destination::Net(net) => Some(*net),
+            Destination::Verbatim(_) => None,
+        });
+        BLOCKED
+            .iter()
+            .chain(&self.subnets)
+            .chain(&self.redis)
+            .copied()
+            .chain(cidrs)
     }
 
     /// This reading with `found` added to the Redis hosts; the addresses that
