@@ -623,6 +623,16 @@ pub async fn calls_of(stack: &Stack, command: &str) -> Option<u64> {
 }
 
 /// Seconds since the epoch, as `docker events --since/--until` take them.
+/// The text of a worker's `/metrics` (`WORKER_METRICS_ADDR` 127.0.0.1:`port`).
+pub async fn worker_metrics(port: u16) -> String {
+    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .expect("worker metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 pub fn docker_now() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -567,12 +567,7 @@ async fn allow_list_tasks_start_in_the_egress_pool_each_with_its_own_list() {
     let client = stack.client().await;
     let idle = || pool_containers_on(&stack.worker_name, "python3.13", "allow");
     let warm_claims = || async {
-        let text = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-            .await
-            .expect("worker metrics")
-            .text()
-            .await
-            .expect("metrics text");
+        let text = worker_metrics(metrics_port).await;
         let read = exposition::read(&text);
         let n = |path| {
             read.count("script_runner_worker_pool_claims_total", &[("path", path)])

@@ -148,7 +148,7 @@ async fn forged_or_altered_records_are_refused_and_never_start_a_container() {
     assert_eq!(removed, 1);
 
     let since = docker_now();
-    let metrics_port = free_port().to_string();
+    let metrics_port = free_port();
     let metrics_addr = format!("127.0.0.1:{metrics_port}");
     stack
         .start_worker(
@@ -182,12 +182,7 @@ async fn forged_or_altered_records_are_refused_and_never_start_a_container() {
     );
 
     // Each refusal is counted where ops watch.
-    let page = reqwest::get(format!("http://{metrics_addr}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("metrics text");
+    let page = worker_metrics(metrics_port).await;
     let rejected = exposition::read(&page).count("script_runner_worker_specs_rejected_total", &[]);
     assert_eq!(rejected, Some(refused.len() as u64), "{page}");
 

@@ -23,16 +23,6 @@ fn all_containers(worker: &str) -> Vec<String> {
     ])
 }
 
-/// The text of a worker's `/metrics`.
-async fn worker_metrics(port: u16) -> String {
-    reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .expect("worker metrics")
-        .text()
-        .await
-        .expect("metrics text")
-}
-
 /// The count in the series `name` with exactly `labels` in `metrics`.
 fn sample(metrics: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
     exposition::read(metrics)
